@@ -1,0 +1,1 @@
+"""What crosses sites: peer links, forward outbox, serving policy, pins, merge and fold."""
