@@ -1,0 +1,178 @@
+"""Start and stop real hub processes for tests and benchmarks.
+
+Both hubd and the published reference hub (synapse-channel, AGPL, driven only
+as a black box from its own virtual environment) are started as child
+processes on loopback ports and stopped by their PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE_SPEC = "synapse-channel[encryption]==0.99.38"
+REFERENCE_EXTRA = ["websockets==17.4"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(host: str, port: int, timeout: float = 20.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+@dataclass
+class HubProcess:
+    """A hub running as a child process."""
+
+    argv: list[str]
+    port: int
+    host: str = "127.0.0.1"
+    scheme: str = "ws"
+    env: dict[str, str] | None = None
+    log_path: Path | None = None
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}/"
+
+    @property
+    def http_url(self) -> str:
+        return f"{'https' if self.scheme == 'wss' else 'http'}://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, ready_timeout: float = 30.0) -> "HubProcess":
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
+        if out is not subprocess.DEVNULL:
+            out.close()
+        wait_port(self.host, self.port, ready_timeout, self.proc)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL if it does not exit in time."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def log(self) -> str:
+        if self.log_path and self.log_path.exists():
+            return self.log_path.read_text(errors="replace")
+        return ""
+
+    def get_json(self, path: str, timeout: float = 5.0, headers: dict | None = None):
+        import json
+        import ssl
+
+        req = urllib.request.Request(self.http_url + path, headers=headers or {})
+        ctx = None
+        if self.scheme == "wss":
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
+            return json.loads(resp.read())
+
+
+def hubd_process(workdir: Path, *args: str, port: int | None = None, hub_id: str | None = "test-hub",
+                 db: Path | None = None, env: dict | None = None, scheme: str = "ws",
+                 host: str = "127.0.0.1") -> HubProcess:
+    """A hubd process (not yet started) with a fresh journal in workdir."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    db = db or workdir / "hubd.db"
+    argv = [sys.executable, "-m", "hubd", "--host", host, "--port", str(port), "--db", str(db)]
+    if hub_id:
+        argv += ["--hub-id", hub_id]
+    argv += list(args)
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return HubProcess(argv, port, host=host, scheme=scheme, env=full_env,
+                      log_path=workdir / f"hubd-{port}.log")
+
+
+def reference_venv() -> Path:
+    """A virtual environment holding the reference package, built once and cached.
+
+    HUBD_REFERENCE_VENV overrides the location. The package is AGPL: it runs
+    only as a separate program and is never imported by hubd or by the tests.
+    """
+    venv = Path(os.environ.get("HUBD_REFERENCE_VENV", REPO / ".cache" / "reference-venv"))
+    marker = venv / ".installed"
+    if marker.exists():
+        return venv
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", REFERENCE_SPEC, *REFERENCE_EXTRA],
+                   check=True)
+    marker.write_text(REFERENCE_SPEC + "\n")
+    return venv
+
+
+def reference_env(home: Path) -> dict[str, str]:
+    """Environment for the reference CLI with its state kept inside home."""
+    env = dict(os.environ)
+    for var in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
+        env[var] = str(home / var.lower())
+    env["HOME"] = str(home)
+    env.pop("SYNAPSE_TOKEN", None)
+    return env
+
+
+def reference_hub_process(workdir: Path, *args: str, port: int | None = None, hub_id: str = "ref-hub",
+                          db: Path | None = None, scheme: str = "ws") -> HubProcess:
+    """A reference hub process (not yet started), durable journal, metrics on."""
+    venv = reference_venv()
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    db = db or workdir / "ref.db"
+    argv = [str(venv / "bin" / "synapse"), "hub", "--host", "127.0.0.1", "--port", str(port),
+            "--db", str(db), "--hub-id", hub_id, "--metrics", *args]
+    return HubProcess(argv, port, scheme=scheme, env=reference_env(workdir / "home"),
+                      log_path=workdir / f"ref-{port}.log")
