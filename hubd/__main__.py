@@ -1,0 +1,5 @@
+import sys
+
+from hubd.cli import main
+
+sys.exit(main())

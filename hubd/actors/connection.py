@@ -1,0 +1,246 @@
+"""Connection: one per WebSocket. Owns the socket, its send queue and its
+place in the session (authentication, the registration deadline).
+
+Inbound frames are decoded here (sans-IO wire layer) and handed to the Router
+as commands; a frame that cannot be decoded is answered here with a typed
+error and the socket stays open. Outbound frames arrive on the send queue,
+already encoded; a queue that overflows or a write that cannot drain within
+the deadline closes the socket with 1013.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import time
+from collections import deque
+
+import structlog
+from aiohttp import WSMsgType, web
+
+from hubd.wire import codec
+from hubd.wire.envelope import check_routing_fields, error_frame, hub_frame
+
+log = structlog.get_logger("hubd.connection")
+
+SEND_QUEUE_FRAMES = 8192
+SEND_DEADLINE_SECONDS = 5.0
+
+# close codes
+CLOSE_NAME_CONFLICT = 4009
+CLOSE_AUTH = 4010
+CLOSE_REGISTRATION_TIMEOUT = 4012
+CLOSE_CAPACITY = 4013
+CLOSE_TRY_AGAIN = 1013
+CLOSE_INTERNAL = 1011
+CLOSE_GOING_AWAY = 1001
+
+_ids = itertools.count(1)
+_CLOSE = object()
+
+
+class Inbound:
+    """A decoded frame from a connection, for the Router."""
+
+    __slots__ = ("conn", "frame", "size")
+
+    def __init__(self, conn: "Connection", frame: dict, size: int):
+        self.conn = conn
+        self.frame = frame
+        self.size = size
+
+
+class Opened:
+    __slots__ = ("conn",)
+
+    def __init__(self, conn):
+        self.conn = conn
+
+
+class Closed:
+    __slots__ = ("conn",)
+
+    def __init__(self, conn):
+        self.conn = conn
+
+
+def token_principal(token: str) -> str:
+    return "token:" + hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+class Connection:
+    def __init__(self, ws: web.WebSocketResponse, peer_host: str, hub):
+        self.id = next(_ids)
+        self.ws = ws
+        self.peer_host = peer_host
+        self.hub = hub
+        self.principal = f"open-host:{peer_host}"
+        self.authenticated = hub.config.token is None
+        # set by the TLS layer for peer hubs: the DER client certificate
+        self.peer_cert: bytes | None = None
+        self.opened_at = time.monotonic()
+        self.closed = False
+        self.close_code: int | None = None
+        self._queue: deque = deque()
+        self._wake = asyncio.Event()
+        self._write_started: float | None = None
+        self._registered = False
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.id} {self.peer_host}>"
+
+    # -- send side (called on the event loop by the Router and the JournalWriter)
+
+    def send(self, text: str) -> None:
+        if self.closed:
+            return
+        if len(self._queue) >= SEND_QUEUE_FRAMES:
+            self.hub.metrics.send_queue_overflows += 1
+            log.warning("send queue full; closing slow consumer", conn=self.id,
+                        frames=len(self._queue))
+            self.close(CLOSE_TRY_AGAIN, "send queue overflow")
+            return
+        self._queue.append(text)
+        self._wake.set()
+
+    def close(self, code: int, reason: str) -> None:
+        """Close after the frames already queued (a refusal reaches the client first)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.close_code = code
+        self._queue.append((_CLOSE, code, reason))
+        self._wake.set()
+
+    def write_stalled_for(self, now: float) -> float:
+        started = self._write_started
+        return 0.0 if started is None else now - started
+
+    def abort(self) -> None:
+        """Drop the transport without a close handshake (a stalled writer)."""
+        self.closed = True
+        transport = self.ws._req.transport if self.ws._req is not None else None
+        if transport is not None:
+            transport.abort()
+
+    async def _writer(self) -> None:
+        ws, queue, wake = self.ws, self._queue, self._wake
+        loop = asyncio.get_running_loop()
+        while True:
+            await wake.wait()
+            wake.clear()
+            while queue:
+                item = queue.popleft()
+                if type(item) is tuple:
+                    _, code, reason = item
+                    self._write_started = loop.time()
+                    await ws.close(code=code, message=reason.encode())
+                    self._write_started = None
+                    return
+                self._write_started = loop.time()
+                try:
+                    await ws.send_str(item)
+                except ConnectionError:
+                    self.closed = True
+                    return
+                finally:
+                    self._write_started = None
+
+    def replay(self, seqs: list[int]) -> None:
+        """Send the stored directed chats with these (committed) seqs, marked
+        replayed. Runs as its own task so the journal read blocks nobody."""
+        task = asyncio.get_running_loop().create_task(self._replay(seqs))
+        self.hub.track(task)
+
+    async def _replay(self, seqs: list[int]) -> None:
+        rows = await self.hub.read_journal("payloads", seqs)
+        for seq, payload in rows:
+            frame = codec.loads_stored(payload)
+            frame.pop("receipt_requested", None)
+            frame["replayed"] = True
+            frame["seq"] = seq
+            self.send(codec.encode(frame))
+        self.hub.metrics.frames_out["chat"] = self.hub.metrics.frames_out.get("chat", 0) + len(rows)
+
+    # -- receive side
+
+    def _reply_error(self, text: str, target: str = "all") -> None:
+        self.send(codec.encode(error_frame(self.hub.hub_id, target, text, time.time())))
+
+    async def run(self) -> None:
+        hub = self.hub
+        writer = asyncio.create_task(self._writer(), name=f"conn-{self.id}-writer")
+        deadline = asyncio.get_running_loop().call_later(
+            hub.config.auth_timeout, self._registration_timeout)
+        if self.authenticated:
+            await hub.router.inbox.put(Opened(self))
+        try:
+            async for msg in self.ws:
+                if msg.type is WSMsgType.TEXT or msg.type is WSMsgType.BINARY:
+                    data = msg.data
+                    hub.metrics.frames_in_bytes += len(data)
+                    frame = codec.decode_frame(data)
+                    if type(frame) is not dict:
+                        hub.metrics.count_in("invalid")
+                        self._reply_error(frame.text)
+                        if not self.authenticated:
+                            self.close(CLOSE_AUTH, "auth required")
+                        continue
+                    bad = check_routing_fields(frame)
+                    if bad is not None:
+                        hub.metrics.count_in("invalid")
+                        self._reply_error(bad.text)
+                        continue
+                    hub.metrics.count_in(frame.get("type") or "chat")
+                    if not self.authenticated:
+                        if not self._authenticate(frame):
+                            continue
+                        # On a secured hub the welcome comes only now.
+                        await hub.router.inbox.put(Opened(self))
+                    if not self._registered:
+                        self._registered = True
+                        deadline.cancel()
+                    await hub.router.inbox.put(Inbound(self, frame, len(data)))
+                elif msg.type is WSMsgType.ERROR:
+                    log.info("socket error", conn=self.id, error=repr(self.ws.exception()))
+                    break
+        finally:
+            deadline.cancel()
+            self.closed = True
+            if self.authenticated and hub.ready:
+                # The name is freed as soon as the socket's close is read: a
+                # client that reconnects under the same name must find it free.
+                await hub.router.inbox.put(Closed(self))
+            self._wake.set()
+            if not writer.done():
+                writer.cancel()
+            try:
+                await writer
+            except (asyncio.CancelledError, ConnectionError):
+                pass
+
+    def _authenticate(self, frame: dict) -> bool:
+        """The first frame on a secured hub must carry the token; nothing is
+        sent to the socket before it does."""
+        token = frame.get("token")
+        target = frame.get("sender") or "unknown"
+        hub = self.hub
+        if token is None:
+            reason = "Authentication token required."
+        elif not isinstance(token, str) or not hub.token_matches(token):
+            reason = "Invalid authentication token."
+        else:
+            self.authenticated = True
+            self.principal = token_principal(token)
+            return True
+        hub.metrics.auth_denied += 1
+        self.send(codec.encode(hub_frame(hub.hub_id, "auth_denied", target, reason, time.time())))
+        self.close(CLOSE_AUTH, "auth denied")
+        return False
+
+    def _registration_timeout(self) -> None:
+        if not self._registered and not self.closed:
+            log.info("no first frame before the deadline", conn=self.id)
+            self.close(CLOSE_REGISTRATION_TIMEOUT,
+                       "auth timeout" if not self.authenticated else "registration timeout")

@@ -1,0 +1,133 @@
+"""JournalWriter: owns the SQLite write connection; group commit, then release.
+
+Batches of outcomes arrive from the Router in seq order. Whatever has queued up
+while the previous commit ran is committed together in one transaction on the
+writer's own thread (sqlite3 releases the GIL while it waits on the disk), and
+only then are the outcomes' frames handed to the sockets, in seq order. That is
+commit-before-publish, with one fsync shared by every event in the group.
+
+A failed commit fails every outcome in the group and every later one until the
+Router, told about the failure, has rebuilt its state from the journal and sent
+a Resync marker. Outcomes without events (replies to reads) still go out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import structlog
+
+from hubd.journal.store import JournalStore
+
+from .outcome import Flush, Outcome, Resync
+
+log = structlog.get_logger("hubd.journal")
+
+QUEUE_BATCHES = 256
+MAX_GROUP_EVENTS = 20_000
+
+
+class JournalFailed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def release(outcomes: list[Outcome], use_failure: bool, frames_out: dict) -> None:
+    for outcome in outcomes:
+        sends = outcome.failure if use_failure and outcome.events else outcome.sends
+        for dest, item, type_ in sends:
+            if type(dest) is tuple:
+                for conn in dest:
+                    conn.send(item)
+                frames_out[type_] = frames_out.get(type_, 0) + len(dest)
+            elif type(item) is str:
+                dest.send(item)
+                frames_out[type_] = frames_out.get(type_, 0) + 1
+            else:  # CloseSocket, after the frames queued before it
+                dest.close(item.code, item.reason)
+        if outcome.after_release is not None and not (use_failure and outcome.events):
+            outcome.after_release()
+
+
+class JournalWriter:
+    def __init__(self, path: str | Path, metrics, on_failure: Callable[[JournalFailed], None]):
+        self.path = Path(path)
+        self.inbox: asyncio.Queue = asyncio.Queue(QUEUE_BATCHES)
+        self.metrics = metrics
+        self._on_failure = on_failure
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="journal-writer")
+        self.store: JournalStore | None = None
+        self.failed = False
+        self.committed_seq = 0
+
+    async def call(self, fn, *args):
+        """Run fn on the writer thread (the write connection lives there)."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def open(self) -> JournalStore:
+        self.store = await self.call(JournalStore, self.path)
+        self.committed_seq = await self.call(self.store.max_seq)
+        return self.store
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self.call(self.store.close)
+            self.store = None
+        self._thread.shutdown(wait=True)
+
+    def _append(self, events) -> None:
+        self.store.append([event.row() for event in events])
+
+    async def run(self) -> None:
+        inbox = self.inbox
+        while True:
+            items = [await inbox.get()]
+            while True:
+                try:
+                    items.append(inbox.get_nowait())
+                except asyncio.QueueEmpty:
+                    break
+            await self._process(items)
+
+    async def _process(self, items: list) -> None:
+        group: list[Outcome] = []
+        for item in items:
+            if isinstance(item, list):
+                group.extend(item)
+                if sum(len(o.events) for o in group) < MAX_GROUP_EVENTS:
+                    continue
+            await self._commit(group)
+            group = []
+            if isinstance(item, Resync):
+                self.failed = False
+            elif isinstance(item, Flush):
+                if not item.done.done():
+                    item.done.set_result(self.committed_seq)
+        if group:
+            await self._commit(group)
+
+    async def _commit(self, group: list[Outcome]) -> None:
+        if not group:
+            return
+        events = [event for outcome in group for event in outcome.events]
+        failed = self.failed
+        if events and not failed:
+            started = time.perf_counter()
+            try:
+                await self.call(self._append, events)
+            except Exception as exc:  # sqlite3.Error, OSError: the disk said no
+                failed = self.failed = True
+                self.metrics.journal_failures += 1
+                log.error("journal commit failed; mutations refused until state is rebuilt",
+                          events=len(events), first_seq=events[0].seq, error=repr(exc))
+                self._on_failure(JournalFailed(exc))
+            else:
+                self.committed_seq = events[-1].seq
+                self.metrics.observe_commit(len(events), time.perf_counter() - started)
+        release(group, failed, self.metrics.frames_out)

@@ -1,0 +1,47 @@
+"""What the Router hands the JournalWriter: events to commit and the frames
+that may leave the hub only once those events are durable."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+class Outcome:
+    """The result of handling one command.
+
+    `sends` are (destination, text, frame type); a destination is one
+    connection or a tuple of connections. If committing `events` fails, the
+    `failure` frames go out instead of `sends` (a private error to whoever
+    asked). `after_release` runs once the sends are on their sockets' queues.
+    """
+
+    __slots__ = ("events", "sends", "failure", "after_release")
+
+    def __init__(self, events=None, sends=None, failure=None,
+                 after_release: Callable[[], None] | None = None):
+        self.events = events if events is not None else []
+        self.sends = sends if sends is not None else []
+        self.failure = failure if failure is not None else []
+        self.after_release = after_release
+
+    def send(self, dest, text: str, type_: str) -> None:
+        self.sends.append((dest, text, type_))
+
+    def fail_with(self, dest, text: str) -> None:
+        self.failure.append((dest, text, "error"))
+
+
+class Resync:
+    """Marks the point in the writer's queue after which the Router's state is
+    rebuilt from the journal again (end of a failed-commit episode)."""
+
+    __slots__ = ()
+
+
+class Flush:
+    """Resolved once everything queued before it is committed and released."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, done):
+        self.done = done

@@ -1,0 +1,291 @@
+"""Router: owns the coordination state and decides what every command means.
+
+The Router reads commands from one bounded queue, hands each to the handler
+for its verb (hubd/handlers/), and collects the resulting events and frames.
+Everything it drained in one go becomes one batch for the JournalWriter, which
+commits it and only then releases the frames. Events are applied to the state
+as they are made, with the same `apply` that replays the journal at start.
+
+Recovery keeps the invariant "state is a projection of the journal":
+- a handler that raises leaves no trace: its connection is closed 1011 and the
+  state is rebuilt from the journal once everything queued is committed;
+- a failed commit is answered by the writer with private errors, and the
+  Router rebuilds from the journal before new events are accepted again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Callable
+
+import structlog
+
+from hubd.state.events import Event
+from hubd.state.hub import HubState, apply
+from hubd.state.presence import Presence, Session
+from hubd.state.quota import IngressQuota
+from hubd.wire import codec
+from hubd.wire.envelope import BROADCAST, error_frame, frame_type, hub_frame
+
+from .connection import CLOSE_INTERNAL, Closed, Inbound, Opened
+from .journal_writer import JournalFailed
+from .outcome import Flush, Outcome, Resync
+
+log = structlog.get_logger("hubd.router")
+
+INBOX_COMMANDS = 4096
+MAX_BATCH_COMMANDS = 2048
+
+Handler = Callable[["Router", Session, dict, int], None]
+HANDLERS: dict[str, Handler] = {}
+# Called when a socket registers a name (after the presence broadcast).
+ON_REGISTER: list[Callable[["Router", Session, dict], None]] = []
+# Called when a registered socket goes away.
+ON_UNREGISTER: list[Callable[["Router", Session], None]] = []
+# Run as ordinary commands once a second (lease expiry and the like).
+PERIODIC: list[Callable[["Router"], None]] = []
+
+
+def handles(*types: str):
+    def register(fn: Handler) -> Handler:
+        for type_ in types:
+            HANDLERS[type_] = fn
+        return fn
+    return register
+
+
+class CloseSocket:
+    """A send entry that closes the socket once the frames before it are out."""
+
+    __slots__ = ("code", "reason")
+
+    def __init__(self, code: int, reason: str):
+        self.code = code
+        self.reason = reason
+
+
+class Wake:
+    __slots__ = ()
+
+
+WAKE = Wake()
+
+
+class Router:
+    def __init__(self, hub, state: HubState):
+        self.hub = hub
+        self.config = hub.config
+        self.hub_id: str = hub.hub_id
+        self.metrics = hub.metrics
+        self.state = state
+        self.presence = Presence()
+        self.quota = IngressQuota(self.config.quota)
+        self.inbox: asyncio.Queue = asyncio.Queue(INBOX_COMMANDS)
+        self._control: deque = deque()
+        self._batch: list[Outcome] = []
+        self._needs_rebuild = False
+        self._journal_failed = False
+        self.refusing_mutations: str | None = None  # why mutations are refused, if they are
+        self.now = 0.0
+        self.out = Outcome()
+
+    # -- the actor loop
+
+    async def run(self) -> None:
+        inbox = self.inbox
+        while True:
+            command = await inbox.get()
+            self._dispatch(command)
+            handled = 1
+            while handled < MAX_BATCH_COMMANDS:
+                try:
+                    command = inbox.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+                self._dispatch(command)
+                handled += 1
+            while self._control:
+                self._dispatch(self._control.popleft())
+            await self._flush()
+            if self._journal_failed:
+                await self._recover_from_journal_failure()
+            elif self._needs_rebuild:
+                await self._rebuild_after_crash()
+
+    def post_control(self, message) -> None:
+        """For other actors on this loop (the writer, timers): never blocks.
+
+        The control queue is drained after every inbox round, so it holds at
+        most what arrived during one round; the wake-up goes into the inbox
+        only when it is empty, so it can never find the inbox full.
+        """
+        self._control.append(message)
+        if self.inbox.empty():
+            self.inbox.put_nowait(WAKE)
+
+    async def _flush(self) -> None:
+        if self._batch:
+            batch, self._batch = self._batch, []
+            await self.hub.writer.inbox.put(batch)
+
+    # -- dispatch
+
+    def _dispatch(self, command) -> None:
+        kind = type(command)
+        self.now = time.time()
+        self.out = out = Outcome()
+        if kind is Inbound:
+            conn = command.conn
+            session = self.presence.sessions.get(conn)
+            if session is not None:
+                self._safely(conn, self._inbound, session, command.frame, command.size)
+        elif kind is Opened:
+            self._safely(command.conn, self._opened, command.conn)
+        elif kind is Closed:
+            self._safely(command.conn, self._closed, command.conn)
+        elif kind is JournalFailed:
+            self._journal_failed = True
+        elif kind is Wake:
+            pass
+        elif callable(command):
+            self._safely(None, command, self)
+        else:
+            raise TypeError(f"router got an unknown command {command!r}")
+        if out.events or out.sends or out.after_release is not None:
+            self._batch.append(out)
+
+    def _safely(self, conn, fn, *args) -> None:
+        """Run one handler; an exception it did not expect closes only its
+        connection (1011) and leaves no partial state behind."""
+        try:
+            fn(*args)
+        except Exception:
+            out = self.out
+            log.exception("handler failed; closing its connection", conn=getattr(conn, "id", None))
+            self.metrics.handler_crashes += 1
+            if out.events:
+                # The state may hold part of this command: drop its events
+                # and rebuild from the journal once the queue is committed.
+                self._needs_rebuild = True
+            self.out = Outcome()
+            if conn is not None:
+                conn.close(CLOSE_INTERNAL, "internal error")
+
+    def _inbound(self, session: Session, frame: dict, size: int) -> None:
+        name = session.name
+        sender = frame.get("sender") or name
+        if name is None:
+            from hubd.handlers.session import register
+
+            if not register(self, session, frame):
+                return
+        elif sender != name:
+            from hubd.handlers.session import refuse_name_switch
+
+            refuse_name_switch(self, session, sender)
+            return
+        type_ = frame_type(frame)
+        handler = HANDLERS.get(type_)
+        if handler is None:
+            self.error(session, f"Unknown message type '{type_}'.")
+            return
+        handler(self, session, frame, size)
+
+    def _opened(self, conn) -> None:
+        from hubd.handlers.session import opened
+
+        opened(self, conn)
+
+    def _closed(self, conn) -> None:
+        session = self.presence.close(conn)
+        if session is None or session.name is None:
+            return
+        for hook in ON_UNREGISTER:
+            hook(self, session)
+        from hubd.handlers.session import announce_presence
+
+        if self.presence.by_name.get(session.name) is None:
+            announce_presence(self, "left", session.name)
+
+    # -- the API handlers use
+
+    def event(self, kind: str, payload: dict, route: dict | None = None,
+              payload_text: str | None = None, ts: float | None = None) -> Event:
+        """Make the next event, apply it, and attach it to this command's outcome."""
+        event = Event(self.state.last_seq + 1, self.now if ts is None else ts, kind, payload,
+                      route, payload_text)
+        apply(self.state, event)
+        self.out.events.append(event)
+        return event
+
+    def next_seq(self) -> int:
+        return self.state.last_seq + 1
+
+    def frame(self, type_: str, target: str, payload, **fields) -> dict:
+        return hub_frame(self.hub_id, type_, target, payload, self.now, **fields)
+
+    def send(self, dest, frame: dict) -> None:
+        """Queue a frame to one connection (or a tuple of them) for release."""
+        self.out.sends.append((dest, codec.encode(frame), frame["type"]))
+
+    def reply(self, session: Session, type_: str, payload, **fields) -> None:
+        self.send(session.conn, self.frame(type_, session.name or BROADCAST, payload, **fields))
+
+    def broadcast(self, frame: dict) -> None:
+        if self.presence.sockets:
+            self.send(self.presence.sockets, frame)
+
+    def error(self, session: Session, text: str, **fields) -> None:
+        self.send(session.conn, error_frame(self.hub_id, session.name or BROADCAST, text,
+                                            self.now, **fields))
+
+    def fail_privately(self, session: Session, text: str, **fields) -> None:
+        """The reply if this command's events cannot be committed."""
+        self.out.fail_with(session.conn, codec.encode(
+            error_frame(self.hub_id, session.name or BROADCAST, text, self.now, **fields)))
+
+    def close(self, conn, code: int, reason: str) -> None:
+        self.out.sends.append((conn, CloseSocket(code, reason), "close"))
+
+    def after_release(self, fn: Callable[[], None]) -> None:
+        previous = self.out.after_release
+        if previous is None:
+            self.out.after_release = fn
+        else:
+            def both():
+                previous()
+                fn()
+            self.out.after_release = both
+
+    # -- recovery
+
+    async def _wait_committed(self) -> None:
+        done = asyncio.get_running_loop().create_future()
+        await self.hub.writer.inbox.put(Flush(done))
+        await done
+
+    async def _rebuild(self) -> None:
+        self.state = await self.hub.load_state()
+
+    async def _rebuild_after_crash(self) -> None:
+        await self._wait_committed()
+        self._needs_rebuild = False
+        await self._rebuild()
+        log.warning("state rebuilt from the journal after a handler failure",
+                    last_seq=self.state.last_seq)
+
+    async def _recover_from_journal_failure(self) -> None:
+        self._journal_failed = False
+        self._needs_rebuild = False
+        try:
+            await self._rebuild()
+        except Exception:
+            # The journal cannot even be read: keep serving reads from the
+            # last state, refuse mutations until an operator intervenes.
+            log.exception("journal unreadable after a failed commit; refusing mutations")
+            self.refusing_mutations = "journal unavailable"
+        await self.hub.writer.inbox.put(Resync())
+        log.warning("state rebuilt from the journal after a failed commit",
+                    last_seq=self.state.last_seq)

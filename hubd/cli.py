@@ -1,0 +1,178 @@
+"""The `hubd` command line.
+
+`hubd` alone runs one hub on 127.0.0.1:8876 with its journal in ./hubd.db.
+Where a feature is the same as the reference hub's, the flag has the same name,
+so an operator can move a site without rewriting its command line.
+Operator subcommands: `hubd certs ...` (a private PKI and pins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import structlog
+
+from hubd import __version__, logs
+from hubd.config import (DEFAULT_DB, DEFAULT_PORT, DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS,
+                         DEFAULT_QUOTA_WINDOW, HubConfig)
+from hubd.state.quota import QuotaLimits
+
+SUBCOMMANDS = {
+    "certs": ("federation.certs_cli", "make a private CA, hub certificates, and print pins"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hubd",
+        description="Coordination hub for fleets of AI agents. Without options: one hub on "
+                    f"127.0.0.1:{DEFAULT_PORT} with its journal in ./{DEFAULT_DB}.",
+        epilog="Operator commands: " + "; ".join(
+            f"hubd {name} --help ({text})" for name, (_, text) in SUBCOMMANDS.items()))
+    parser.add_argument("--version", action="version", version=f"hubd {__version__}")
+    net = parser.add_argument_group("listening")
+    net.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    net.add_argument("--port", type=int, default=DEFAULT_PORT)
+    net.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                     help="admit browser WebSocket handshakes from this exact Origin (repeatable)")
+    store = parser.add_argument_group("journal")
+    store.add_argument("--db", default=DEFAULT_DB,
+                       help=f"SQLite event journal (default: ./{DEFAULT_DB})")
+    store.add_argument("--hub-id", metavar="ID",
+                       help="stable hub id (default: generated once, then kept in the journal)")
+    store.add_argument("--max-history", type=int, default=1000,
+                       help="chats kept in memory for history/resume (default 1000)")
+    auth = parser.add_argument_group("authentication")
+    auth.add_argument("--token", help="shared-secret connect token (off by default)")
+    auth.add_argument("--token-file", help="read the connect token from this file")
+    auth.add_argument("--auth-timeout", type=float, default=10.0,
+                      help="seconds a new socket has to send its first frame (default 10)")
+    auth.add_argument("--metrics", action="store_true",
+                      help="accepted for compatibility: /health and /metrics are always on")
+    auth.add_argument("--metrics-token", help="bearer token required by /health and /metrics")
+    auth.add_argument("--metrics-token-file", help="read the metrics token from this file")
+    routing = parser.add_argument_group("routing and limits")
+    routing.add_argument("--private-directed-messages", action="store_true",
+                         help="send a directed chat only to its recipients (and their -rx "
+                              "sidecars) instead of to every socket")
+    routing.add_argument("--max-msg-kb", type=int, default=1024,
+                         help="largest inbound frame in KiB (default 1024)")
+    routing.add_argument("--max-clients", type=int, default=4096)
+    routing.add_argument("--max-connections-per-host", type=int, default=0,
+                         help="sockets admitted per remote host; 0 = no cap (default)")
+    routing.add_argument("--durable-ingress-events", type=int, default=DEFAULT_QUOTA_EVENTS,
+                         help=f"chats per principal per window (default {DEFAULT_QUOTA_EVENTS})")
+    routing.add_argument("--durable-ingress-bytes", type=int, default=DEFAULT_QUOTA_BYTES,
+                         help="chat bytes per principal per window (default 64 MiB)")
+    routing.add_argument("--durable-ingress-window", type=float, default=DEFAULT_QUOTA_WINDOW,
+                         help=f"quota window in seconds (default {DEFAULT_QUOTA_WINDOW:g})")
+    routing.add_argument("--no-durable-ingress-quota", action="store_true",
+                         help="turn the per-principal ingress quota off")
+    logging_ = parser.add_argument_group("logging")
+    logging_.add_argument("--log-format", choices=("text", "json"), default="text")
+    logging_.add_argument("--log-level", default="INFO",
+                          choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+    return parser
+
+
+def _read_secret(path: str, what: str, parser: argparse.ArgumentParser) -> str:
+    try:
+        value = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        parser.error(f"cannot read {what} file {path}: {exc.strerror}")
+    if not value:
+        parser.error(f"{what} file {path} is empty")
+    return value
+
+
+def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> HubConfig:
+    token = args.token
+    if token is None and args.token_file:
+        token = _read_secret(args.token_file, "token", parser)
+    metrics_token = args.metrics_token
+    if metrics_token is None and args.metrics_token_file:
+        metrics_token = _read_secret(args.metrics_token_file, "metrics token", parser)
+    for name in ("durable_ingress_events", "durable_ingress_bytes", "max_msg_kb", "max_clients"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.durable_ingress_window <= 0:
+        parser.error("--durable-ingress-window must be positive")
+    quota = None if args.no_durable_ingress_quota else QuotaLimits(
+        args.durable_ingress_events, args.durable_ingress_bytes, args.durable_ingress_window)
+    return HubConfig(
+        host=args.host, port=args.port, db=Path(args.db), hub_id=args.hub_id, token=token,
+        max_msg_bytes=args.max_msg_kb * 1024, auth_timeout=args.auth_timeout,
+        metrics_token=metrics_token, private_directed=args.private_directed_messages,
+        quota=quota, max_clients=args.max_clients,
+        max_connections_per_host=args.max_connections_per_host, max_history=args.max_history,
+        allow_origins=frozenset(args.allow_origin), log_format=args.log_format,
+        log_level=args.log_level)
+
+
+async def serve(config: HubConfig) -> int:
+    from aiohttp import web
+
+    from hubd.http.app import make_app
+    from hubd.hub import Hub, HubIdMismatch, _Stop
+
+    log = structlog.get_logger("hubd")
+    hub = Hub(config)
+    try:
+        await hub.open()
+    except HubIdMismatch as exc:
+        log.error("refusing to start", reason=str(exc))
+        return 2
+    runner = web.AppRunner(make_app(hub), access_log=None, handle_signals=False,
+                           shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=1024)
+    try:
+        await site.start()
+    except OSError as exc:
+        log.error("cannot listen", host=config.host, port=config.port, error=exc.strerror)
+        await runner.cleanup()
+        return 2
+    log.info("listening", url=f"ws://{config.host}:{config.port}/", hub_id=hub.hub_id,
+             journal=str(config.db), secured=config.token is not None)
+    if config.token is None:
+        log.info("open hub: any process that can reach this port may connect; "
+                 "use --token to require a shared secret")
+    await hub.replay()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, hub.stop)
+    exit_code = 0
+    try:
+        await hub.run()
+    except* _Stop:
+        log.info("stopping")
+    except* Exception as group:
+        for exc in group.exceptions:
+            log.error("actor failed; stopping the hub", error=repr(exc), exc_info=exc)
+        exit_code = 1
+    finally:
+        await site.stop()
+        await hub.shutdown()
+        await runner.cleanup()
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SUBCOMMANDS:
+        import importlib
+
+        module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
+        return module.main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    config = config_from_args(args, parser)
+    logs.configure(config.log_format, config.log_level)
+    try:
+        return asyncio.run(serve(config))
+    except KeyboardInterrupt:
+        return 130

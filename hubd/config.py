@@ -1,0 +1,46 @@
+"""Hub configuration: read-only once the hub starts."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hubd.state.quota import QuotaLimits
+
+DEFAULT_PORT = 8876
+DEFAULT_DB = "hubd.db"
+
+# Default ingress quota: a busy team on one host must not trip it by accident
+# (the reference's 100 chats/min for a whole open host does), while a runaway
+# client is still stopped before the journal balloons.
+DEFAULT_QUOTA_EVENTS = 6000
+DEFAULT_QUOTA_BYTES = 64 * 1024 * 1024
+DEFAULT_QUOTA_WINDOW = 60.0
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    db: Path = Path(DEFAULT_DB)
+    hub_id: str | None = None
+    token: str | None = None
+    max_msg_bytes: int = 1024 * 1024
+    auth_timeout: float = 10.0
+    metrics_token: str | None = None
+    private_directed: bool = False
+    quota: QuotaLimits | None = QuotaLimits(DEFAULT_QUOTA_EVENTS, DEFAULT_QUOTA_BYTES,
+                                            DEFAULT_QUOTA_WINDOW)
+    max_clients: int = 4096
+    max_connections_per_host: int = 0  # 0: no per-host cap
+    max_history: int = 1000
+    allow_origins: frozenset[str] = field(default_factory=frozenset)
+    log_format: str = "text"
+    log_level: str = "INFO"
+
+    def token_matches(self, presented: str) -> bool:
+        if self.token is None:
+            return True
+        return hmac.compare_digest(presented.encode("utf-8", "surrogatepass"),
+                                   self.token.encode("utf-8", "surrogatepass"))

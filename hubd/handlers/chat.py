@@ -1,0 +1,173 @@
+"""Chat: stamp, deduplicate, route, journal, receipt.
+
+The hot path. A chat frame is stamped in place (it was freshly decoded for
+this command and nothing else holds it), encoded once, and that one string is
+both the journal payload and the frame every recipient socket gets.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from hubd.actors.router import Router, handles
+from hubd.state import events as ev
+from hubd.state.chat import content_digest
+from hubd.state.presence import RX_SUFFIX, Presence, Session
+from hubd.wire import codec
+from hubd.wire.envelope import finite_number, valid_client_msg_id
+from hubd.wire.targets import RemoteTargetError, Target, is_glob, parse_remote, parse_target
+
+NO_ONLINE_RECIPIENT = "no_online_recipient"
+
+
+def resolve_recipients(presence: Presence, target: Target, sender: str) -> list[str]:
+    """Online names a directed target reaches (a -rx sidecar stands in for its
+    seat), excluding the sender."""
+    by_name = presence.by_name
+    found: set[str] = set()
+    for item in target.items:
+        if is_glob(item):
+            found.update(n for n in by_name if fnmatchcase(n, item))
+            continue
+        if item in by_name or (item + RX_SUFFIX) in by_name:
+            found.add(item)
+        holders = presence.by_role.get(item)
+        if holders:
+            found.update(holders)
+        if "/" not in item:
+            prefix = item + "/"
+            found.update(n for n in by_name if n.startswith(prefix))
+    found.discard(sender)
+    return sorted(found)
+
+
+def recipient_sockets(presence: Presence, recipients: list[str]) -> tuple:
+    """Private routing: each recipient's socket and its -rx sidecar's."""
+    by_name = presence.by_name
+    conns = []
+    for name in recipients:
+        session = by_name.get(name)
+        if session is not None:
+            conns.append(session.conn)
+        sidecar = by_name.get(name + RX_SUFFIX)
+        if sidecar is not None:
+            conns.append(sidecar.conn)
+    return tuple(conns)
+
+
+@handles("chat")
+def chat(router: Router, session: Session, frame: dict, size: int) -> None:
+    name = session.name
+    now = router.now
+    state = router.state
+    if router.refusing_mutations:
+        router.error(session, "Journal recovery is required; the chat was not accepted.")
+        return
+    refused = router.quota.admit(session.conn.principal, size, now)
+    if refused is not None:
+        router.metrics.refuse_quota(refused)
+        router.error(session, f"Durable ingress quota exceeded ({refused}).")
+        return
+    target_raw = frame.get("target") or "all"
+    if "@" in target_raw:
+        remote = parse_remote(target_raw)
+        if isinstance(remote, RemoteTargetError):
+            router.error(session, remote.text)
+            return
+        forwarding = router.hub.forwarding
+        if forwarding is None or not forwarding.knows(remote.hub):
+            router.error(session, f"Hub '{remote.hub}' is not a configured message peer of "
+                                  "this hub.")
+            return
+        forwarding.chat(router, session, frame, remote)
+        return
+
+    client_msg_id = valid_client_msg_id(frame.get("client_msg_id"))
+    digest = None
+    if client_msg_id is not None:
+        digest = content_digest(frame)
+        first = state.chat.retry.lookup(name, client_msg_id, now)
+        if first is not None:
+            if first.digest != digest:
+                router.error(session, f"client_msg_id '{client_msg_id}' was already used for "
+                                      "a different message.", client_msg_id=client_msg_id)
+                return
+            duplicate = {"duplicate": True, "client_msg_id": client_msg_id,
+                         "msg_id": first.msg_id, "seq": first.seq}
+            if first.forward_id:
+                duplicate["forward_id"] = first.forward_id
+            router.reply(session, "system",
+                         f"Chat '{client_msg_id}' was already accepted as message "
+                         f"{first.msg_id}; it was not routed again.", **duplicate)
+            return
+
+    stamp_chat(router, frame, name)
+    target = parse_target(target_raw)
+    directed = not target.is_broadcast and not frame.get("channel")
+    presence = router.presence
+    if directed:
+        recipients = resolve_recipients(presence, target, name)
+    else:
+        recipients = [n for n in presence.by_name if n != name]
+    text = codec.encode(frame)
+    route = {"recipients": recipients if directed else []}
+    if digest is not None:
+        route["digest"] = digest
+    event = router.event(ev.CHAT, frame, route, payload_text=text)
+
+    metrics = router.metrics
+    metrics.chats_routed += 1
+    if directed and router.config.private_directed:
+        dests = recipient_sockets(presence, recipients)
+        if dests:
+            router.out.sends.append((dests, text, "chat"))
+    elif presence.sockets:
+        router.out.sends.append((presence.sockets, text, "chat"))
+    if directed and not recipients:
+        metrics.dead_letters += 1
+    if frame.get("receipt_requested") is True:
+        send_receipt(router, session, frame, event.seq, recipients, directed)
+
+
+def stamp_chat(router: Router, frame: dict, sender: str) -> None:
+    """Hub time is the only order; a finite client time is kept as metadata."""
+    frame.pop("token", None)
+    client_ts = finite_number(frame.get("timestamp"))
+    if client_ts is not None:
+        frame["client_timestamp"] = client_ts
+    else:
+        frame.pop("client_timestamp", None)
+    frame["sender"] = sender
+    frame["timestamp"] = router.now
+    frame["hub_id"] = router.hub_id
+    frame["msg_id"] = router.state.chat.last_msg_id + 1
+    frame["seq"] = router.next_seq()
+
+
+def send_receipt(router: Router, session: Session, frame: dict, seq: int,
+                 recipients: list[str], directed: bool) -> None:
+    target_raw = frame.get("target") or "all"
+    delivered = bool(recipients)
+    dead_lettered = directed and not delivered
+    if delivered:
+        payload = "delivered to " + ", ".join(recipients)
+        notification = f"delivery-receipt:{seq}:immediate_delivered"
+    elif directed:
+        payload = f"delivery failed: no online recipient matched {target_raw}"
+        notification = f"delivery-receipt:{seq}:pending"
+    else:
+        payload = "delivered to nobody: no other agent is online"
+        notification = f"delivery-receipt:{seq}:immediate_undelivered"
+    by_name = router.presence.by_name
+    wake = {}
+    for name in recipients:
+        peer = by_name.get(name)
+        wake[name] = (peer.wake_capability if peer is not None and peer.wake_capability
+                      else "unknown")
+    router.reply(session, "delivery_receipt", payload,
+                 client_msg_id=frame.get("client_msg_id"), delivered=delivered, deferred=False,
+                 dead_lettered=dead_lettered,
+                 reason=NO_ONLINE_RECIPIENT if dead_lettered else "",
+                 recipients=recipients, matched_recipients=recipients, stale_recipients=[],
+                 message_id=frame["msg_id"], message_seq=seq, message_target=target_raw,
+                 receipt_notification_id=notification, recipient_wake_capabilities=wake)

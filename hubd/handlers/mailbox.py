@@ -1,0 +1,97 @@
+"""Mailbox verbs: replay on a mailbox heartbeat, ack watermarks, deferred
+receipts and the sender-notification outbox."""
+
+from __future__ import annotations
+
+from hubd.actors.router import ON_REGISTER, Router, handles
+from hubd.state import events as ev
+from hubd.state.presence import RX_SUFFIX, Session
+from hubd.wire.envelope import strict_int
+from hubd.wire.targets import parse_target
+
+
+def mailbox_identity(session: Session, mailbox_for) -> str:
+    """Whose mailbox a connection may read: its own, or its seat's when it is
+    that seat's -rx wake sidecar. Anything else falls back to its own."""
+    name = session.name
+    if isinstance(mailbox_for, str) and mailbox_for and (
+            mailbox_for == name or name == mailbox_for + RX_SUFFIX):
+        return mailbox_for
+    return name
+
+
+def _roles(router: Router, session: Session, identity: str) -> tuple[str, ...]:
+    return session.roles if identity == session.name else router.presence.roles_of(identity)
+
+
+def serve_mailbox(router: Router, session: Session, frame: dict) -> None:
+    state = router.state
+    identity = mailbox_identity(session, frame.get("mailbox_for"))
+    since = strict_int(frame.get("since_seq"))
+    if since is None or since < 0:
+        since = 0
+    since = min(since, state.last_seq)
+    if since > state.mailbox.watermark(identity):
+        router.event(ev.MAILBOX_WATERMARK, {"identity": identity, "seq": since})
+    seqs = state.mailbox.replay_seqs(identity, _roles(router, session, identity), since)
+    if seqs:
+        conn = session.conn
+        # After release, every seq in the list is committed: safe to read back.
+        router.after_release(lambda: conn.replay(seqs))
+
+
+@handles("ack")
+def ack(router: Router, session: Session, frame: dict, size: int) -> None:
+    seq = strict_int(frame.get("seq"))
+    if seq is None or seq <= 0:
+        return  # the reference ignores a malformed ack silently; so does hubd
+    state = router.state
+    identity = mailbox_identity(session, frame.get("mailbox_for"))
+    roles = _roles(router, session, identity)
+    if not state.mailbox.directed_to(seq, identity, roles):
+        return  # not this identity's mail: neither advances nor fabricates a receipt
+    if seq > state.mailbox.watermark(identity):
+        router.event(ev.MAILBOX_WATERMARK, {"identity": identity, "seq": seq})
+    pending = state.receipts.pending.get(seq)
+    if pending is None or not parse_target(pending.target).matches(identity, roles):
+        return
+    receipt = router.frame(
+        "delivery_receipt", pending.sender, f"delivered to {identity} on reconnect",
+        client_msg_id=pending.client_msg_id, delivered=True, deferred=True, dead_lettered=False,
+        reason="", recipients=[identity], matched_recipients=[identity], stale_recipients=[],
+        message_id=pending.msg_id, message_seq=seq, message_target=pending.target,
+        receipt_notification_id=f"delivery-receipt:{seq}:deferred")
+    router.event(ev.RECEIPT_DEFERRED, {"chat_seq": seq, "recipient": identity, "receipt": receipt})
+    sender = router.presence.session_of(pending.sender)
+    if sender is not None:
+        deliver_notifications(router, sender)
+
+
+def deliver_notifications(router: Router, session: Session) -> None:
+    """Send the receipts waiting for this sender; settle them once they are
+    on its socket's queue (a crash before that sends them again: at least once)."""
+    name = session.name
+    waiting = router.state.receipts.notifications_for(name)
+    if not waiting:
+        return
+    for _, frame in waiting:
+        router.send(session.conn, frame)
+    ids = [notification_id for notification_id, _ in waiting]
+    router.after_release(lambda: router.post_control(lambda r: _settle(r, name, ids)))
+
+
+def _settle(router: Router, sender: str, ids: list[str]) -> None:
+    outbox = router.state.receipts.outbox.get(sender, {})
+    still = [i for i in ids if i in outbox]
+    if still:
+        router.event(ev.RECEIPT_NOTIFIED, {"sender": sender, "notification_ids": still})
+
+
+def _on_register(router: Router, session: Session, frame: dict) -> None:
+    name = session.name
+    if name in router.state.chat.dead_letters.by_target:
+        router.event(ev.DEAD_LETTERS_CLEARED, {"target": name})
+    deliver_notifications(router, session)
+
+
+ON_REGISTER.append(_on_register)

@@ -1,0 +1,129 @@
+"""Read-only queries: who, state, history, resume. All replies are private.
+
+Replies still travel through the JournalWriter's release order, so a reply
+never reports an event that is not yet durable.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from hubd import __version__
+from hubd.actors.router import Router, handles
+from hubd.state.presence import Session
+from hubd.wire.envelope import strict_int
+
+MAILBOX_PENDING_IDENTITIES = 512
+
+# Other modules add sections to state_snapshot.snapshot: name -> builder.
+STATE_SECTIONS: dict[str, Callable[[Router], object]] = {}
+# A who_request naming a peer hub is answered by the forwarding layer.
+REMOTE_WHO: list[Callable[[Router, Session, dict, str], None]] = []
+
+
+def mailbox_pending(router: Router) -> dict[str, int]:
+    """Pending counts for online identities and the most recently addressed
+    ones, bounded like the reference (512 identities)."""
+    state = router.state
+    presence = router.presence
+    names = list(presence.by_name)
+    seen = set(names)
+    for key in reversed(state.mailbox.by_key):
+        if len(names) >= MAILBOX_PENDING_IDENTITIES:
+            break
+        if key not in seen and "/" in key:
+            names.append(key)
+            seen.add(key)
+    return {name: state.mailbox.pending(name, presence.roles_of(name))
+            for name in names[:MAILBOX_PENDING_IDENTITIES]}
+
+
+@handles("who_request")
+def who(router: Router, session: Session, frame: dict, size: int) -> None:
+    hub = frame.get("hub")
+    if isinstance(hub, str) and hub and hub != router.hub_id:
+        if REMOTE_WHO:
+            REMOTE_WHO[0](router, session, frame, hub)
+        else:
+            router.error(session, f"Hub '{hub}' is not a configured message peer of this hub.")
+        return
+    presence = router.presence
+    by_name = presence.by_name
+    router.reply(
+        session, "who_snapshot", "Who snapshot",
+        online_agents=presence.online(),
+        agent_roles={n: list(s.roles) for n, s in by_name.items() if s.roles},
+        connected_clients=len(presence.sockets),
+        hub_version=f"hubd {__version__}",
+        mailbox_pending=mailbox_pending(router),
+        wake_capabilities={n: s.wake_capability for n, s in by_name.items() if s.wake_capability},
+        agent_liveness={n: {"proven_live": True, "has_live_waiter": False,
+                            "last_reaction_age": round(router.now - s.last_reaction, 3)}
+                        for n, s in by_name.items()})
+
+
+@handles("state_request")
+def state_request(router: Router, session: Session, frame: dict, size: int) -> None:
+    fields = {}
+    request_id = frame.get("request_id")
+    if isinstance(request_id, str) and 1 <= len(request_id) <= 128:
+        fields["request_id"] = request_id
+    confirmation = frame.get("release_confirmation")
+    if confirmation is not None and "release_confirmation" in STATE_SECTIONS:
+        fields["snapshot"] = {"release_confirmation":
+                              STATE_SECTIONS["release_confirmation"](router, session, confirmation)}
+        router.reply(session, "state_snapshot", "State snapshot", **fields)
+        return
+    state = router.state
+    agents = dict(state.agents.last_seen)
+    for name, s in router.presence.by_name.items():
+        agents[name] = max(agents.get(name, 0.0), s.last_reaction)
+    snapshot = {
+        "active_claims": [],
+        "agents": [{"agent": n, "last_seen": ts} for n, ts in sorted(agents.items())],
+        "resources": [],
+        "generated_at": router.now,
+        "dead_letters": state.chat.dead_letters.listing(),
+        "pending_relay_approvals": [],
+    }
+    for name, build in STATE_SECTIONS.items():
+        if name != "release_confirmation":
+            snapshot[name] = build(router)
+    fields["snapshot"] = snapshot
+    router.reply(session, "state_snapshot", "State snapshot", **fields)
+
+
+@handles("history_request")
+def history(router: Router, session: Session, frame: dict, size: int) -> None:
+    entries = list(router.state.chat.history)
+    by_id = "history_client_msg_id" in frame
+    by_target = "history_target" in frame
+    if by_id or by_target:
+        # Exact selectors apply before the limit; an empty or non-string
+        # selector selects nothing, never the whole history.
+        wanted_id = frame.get("history_client_msg_id")
+        wanted_target = frame.get("history_target")
+        if (by_id and not (isinstance(wanted_id, str) and wanted_id)) or (
+                by_target and not (isinstance(wanted_target, str) and wanted_target)):
+            entries = []
+        else:
+            entries = [e for e in entries
+                       if (not by_id or e.get("client_msg_id") == wanted_id)
+                       and (not by_target or e.get("target") == wanted_target)]
+    limit = strict_int(frame.get("limit"))
+    if limit is not None and limit >= 0:
+        entries = entries[-limit:] if limit else []
+        requested = limit
+    else:
+        requested = "all"
+    router.reply(session, "history_snapshot", "History snapshot", history=entries,
+                 requested_limit=requested)
+
+
+@handles("resume_request")
+def resume(router: Router, session: Session, frame: dict, size: int) -> None:
+    since = strict_int(frame.get("since"))
+    if since is None or since < 0:
+        since = 0
+    messages = [e for e in router.state.chat.history if e.get("msg_id", 0) > since]
+    router.reply(session, "resume_snapshot", "Resume snapshot", since=since, messages=messages)

@@ -1,0 +1,88 @@
+"""Session verbs: welcome, registration (the first frame with a sender binds
+the name), name conflicts, presence announcements, keepalive heartbeats."""
+
+from __future__ import annotations
+
+from hubd.actors.connection import CLOSE_AUTH, CLOSE_CAPACITY, CLOSE_NAME_CONFLICT
+from hubd.actors.router import ON_REGISTER, Router, handles
+from hubd.state.presence import Session
+from hubd.wire.envelope import PROTOCOL_VERSION, reserved_name_reason, strict_int
+
+WELCOME_TEXT = "Welcome to hubd"
+
+
+def opened(router: Router, conn) -> None:
+    presence = router.presence
+    config = router.config
+    session = presence.open(conn)
+    if len(presence.sockets) > config.max_clients:
+        router.send(conn, router.frame("error", "self", "Hub at capacity."))
+        router.close(conn, CLOSE_CAPACITY, "hub at capacity")
+        return
+    per_host = config.max_connections_per_host
+    if per_host and sum(1 for c in presence.sockets if c.peer_host == conn.peer_host) > per_host:
+        router.send(conn, router.frame("error", "self", "Too many connections from this host."))
+        router.close(conn, 4015, "too many connections from host")
+        return
+    # online_agents lists registered names; the newcomer is not one yet.
+    router.send(conn, router.frame(
+        "welcome", "self", WELCOME_TEXT, connected_clients=len(presence.sockets),
+        online_agents=presence.online(), protocol_version=PROTOCOL_VERSION))
+    del session  # registered by the first frame that names a sender
+
+
+def _name_conflict(router: Router, session: Session, name: str, text: str, reason: str) -> None:
+    router.metrics.name_conflicts += 1
+    router.send(session.conn, router.frame("name_conflict", name, text))
+    router.close(session.conn, CLOSE_NAME_CONFLICT, reason)
+
+
+def register(router: Router, session: Session, frame: dict) -> bool:
+    """Bind the frame's sender to this socket, or refuse and close it."""
+    conn = session.conn
+    name = frame.get("sender") or f"anon-{conn.id}"
+    reserved = reserved_name_reason(name)
+    if reserved is not None:
+        _name_conflict(router, session, name, reserved, "reserved identity")
+        return False
+    presence = router.presence
+    holder = presence.by_name.get(name)
+    if holder is not None:
+        if frame.get("takeover") is not True:
+            _name_conflict(router, session, name,
+                           f"Name '{name}' is already online from another session. "
+                           "Use a unique --name.", "name conflict")
+            return False
+        presence.unbind(holder)
+        router.close(holder.conn, CLOSE_AUTH, "superseded")
+    roles = frame.get("roles")
+    roles = tuple(r for r in roles if isinstance(r, str) and r) if isinstance(roles, list) else ()
+    presence.bind(session, name, roles, router.now)
+    wake = frame.get("wake_capability")
+    session.wake_capability = wake if isinstance(wake, str) else None
+    session.protocol_version = strict_int(frame.get("protocol_version"))
+    for hook in ON_REGISTER:
+        hook(router, session, frame)
+    announce_presence(router, "joined", name)
+    return True
+
+
+def refuse_name_switch(router: Router, session: Session, sender: str) -> None:
+    _name_conflict(router, session, session.name,
+                   f"Sender name switch denied: '{session.name}' -> '{sender}'. "
+                   "One socket speaks for one name.", "name switch")
+
+
+def announce_presence(router: Router, event: str, name: str) -> None:
+    router.broadcast(router.frame("presence_update", "all", "Presence update",
+                                  online_agents=router.presence.online(), event=event, agent=name))
+
+
+@handles("heartbeat")
+def heartbeat(router: Router, session: Session, frame: dict, size: int) -> None:
+    # Keepalives are never answered; a mailbox request is served by the
+    # mailbox module's heartbeat hook.
+    if frame.get("mailbox") is True:
+        from hubd.handlers.mailbox import serve_mailbox
+
+        serve_mailbox(router, session, frame)

@@ -1,0 +1,182 @@
+"""The hub: its actors, its journal, and its lifetime.
+
+Startup: open the journal, settle the hub id, replay the journal into a fresh
+state with the same `apply` the Router uses live, then start the actors. The
+HTTP listener starts first so /health answers during a long replay; WebSocket
+upgrades are refused (503) until the replay is done (/readyz says when).
+
+Supervision: the actors run in one TaskGroup. An actor that dies with an
+unexpected exception stops the hub with a non-zero exit; the journal makes the
+restart correct.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+
+import hubd.handlers  # noqa: F401  (registers the verb handlers)
+from hubd.actors.connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN, SEND_DEADLINE_SECONDS
+from hubd.actors.journal_writer import JournalWriter
+from hubd.actors.router import PERIODIC, Router
+from hubd.config import HubConfig
+from hubd.journal.store import CorruptRow, JournalReader
+from hubd.metrics import HubMetrics
+from hubd.state.hub import HubState, apply
+
+log = structlog.get_logger("hubd.hub")
+
+SWEEP_SECONDS = 1.0
+
+
+class HubIdMismatch(RuntimeError):
+    pass
+
+
+class Hub:
+    def __init__(self, config: HubConfig):
+        self.config = config
+        self.metrics = HubMetrics()
+        self.hub_id: str = config.hub_id or ""
+        self.writer = JournalWriter(config.db, self.metrics, self._journal_failed)
+        self.router: Router | None = None
+        self.forwarding = None  # federation.forwarding, when message peers are configured
+        self.ready = False
+        self.started = time.time()
+        self.corrupt_rows: list[CorruptRow] = []
+        self._reader_thread = ThreadPoolExecutor(2, thread_name_prefix="journal-reader")
+        self._reader: JournalReader | None = None
+        self._background: set[asyncio.Task] = set()
+        self._stopping = asyncio.Event()
+
+    # -- journal access
+
+    def token_matches(self, presented: str) -> bool:
+        return self.config.token_matches(presented)
+
+    async def read_journal(self, method: str, *args):
+        """Run a JournalReader query on the reader threads."""
+        def run():
+            if self._reader is None:
+                self._reader = JournalReader(self.config.db)
+            return getattr(self._reader, method)(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._reader_thread, run)
+
+    def _replay(self) -> tuple[HubState, list[CorruptRow]]:
+        state = HubState.fresh(history_limit=self.config.max_history)
+        corrupt: list[CorruptRow] = []
+        reader = JournalReader(self.config.db)
+        try:
+            for event in reader.replay(corrupt=corrupt):
+                apply(state, event)
+        finally:
+            reader.close()
+        return state, corrupt
+
+    async def load_state(self) -> HubState:
+        state, corrupt = await asyncio.get_running_loop().run_in_executor(
+            self._reader_thread, self._replay)
+        self.corrupt_rows = corrupt
+        return state
+
+    def _journal_failed(self, failure) -> None:
+        if self.router is not None:
+            self.router.post_control(failure)
+
+    def track(self, task: asyncio.Task) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- lifetime
+
+    async def open(self) -> None:
+        store = await self.writer.open()
+        stored = await self.writer.call(store.get_meta, "hub_id")
+        if stored and self.config.hub_id and stored != self.config.hub_id:
+            raise HubIdMismatch(
+                f"journal {self.config.db} belongs to hub '{stored}'; start with "
+                f"--hub-id {stored} or use a new --db")
+        self.hub_id = self.config.hub_id or stored or f"hubd-{secrets.token_hex(4)}"
+        if stored != self.hub_id:
+            await self.writer.call(store.set_meta, "hub_id", self.hub_id)
+
+    async def replay(self) -> None:
+        started = time.perf_counter()
+        state = await self.load_state()
+        self.router = Router(self, state)
+        if self.corrupt_rows:
+            self.router.refusing_mutations = "journal_recovery_required"
+            log.error("journal replay quarantined undecodable rows; mutations are refused",
+                      rows=len(self.corrupt_rows), first_seq=self.corrupt_rows[0].seq)
+        self.metrics.gauge("hubd_journal_seq", "Last committed journal sequence.",
+                           lambda: self.writer.committed_seq)
+        self.metrics.gauge("hubd_connections", "Open WebSocket connections.",
+                           lambda: len(self.router.presence.sockets))
+        self.metrics.gauge("hubd_online_agents", "Registered agent names online.",
+                           lambda: len(self.router.presence.by_name))
+        self.metrics.gauge("hubd_up", "1 while the hub serves.", lambda: 1)
+        log.info("journal replayed", events=state.last_seq,
+                 seconds=round(time.perf_counter() - started, 3), hub_id=self.hub_id)
+
+    async def run(self) -> None:
+        """Run the actors until stop() is called or one of them fails."""
+        assert self.router is not None
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.writer.run(), name="journal-writer")
+            group.create_task(self.router.run(), name="router")
+            group.create_task(self._sweep(), name="sweeper")
+            self.ready = True
+            await self._stopping.wait()
+            self.ready = False
+            await self._drain()
+            raise _Stop()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _drain(self, timeout: float = 5.0) -> None:
+        """On a clean stop, commit and release what the actors already hold."""
+        from hubd.actors.outcome import Flush
+
+        done = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(self.writer.inbox.put(Flush(done)), timeout)
+            await asyncio.wait_for(done, timeout)
+        except TimeoutError:
+            log.warning("journal writer did not drain before shutdown")
+
+    async def shutdown(self) -> None:
+        """Close sockets, commit what is queued, close the journal."""
+        self.ready = False
+        if self.router is not None:
+            for conn in list(self.router.presence.sockets):
+                conn.close(CLOSE_GOING_AWAY, "hub shutting down")
+        await self.writer.close()
+        if self._reader is not None:
+            reader, self._reader = self._reader, None
+            await asyncio.get_running_loop().run_in_executor(self._reader_thread, reader.close)
+        self._reader_thread.shutdown(wait=True)
+
+    async def _sweep(self) -> None:
+        """Once a second: close sockets whose writes cannot drain, and run the
+        Router's timers (lease expiry and the like) as ordinary commands."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            now = loop.time()
+            for conn in list(self.router.presence.sockets):
+                if conn.write_stalled_for(now) > SEND_DEADLINE_SECONDS:
+                    self.metrics.send_timeouts += 1
+                    log.warning("write stalled; closing slow consumer", conn=conn.id)
+                    conn.close_code = CLOSE_TRY_AGAIN
+                    conn.abort()
+            for timer in PERIODIC:
+                await self.router.inbox.put(timer)
+
+
+class _Stop(Exception):
+    """Raised inside the TaskGroup to cancel the actors on a clean stop."""

@@ -1,0 +1,149 @@
+"""The SQLite event journal: schema, group append, replay and reads.
+
+One table of events keyed by a hub-wide sequence, plus a small meta table (the
+hub's stable id). WAL with synchronous=FULL: a commit is on disk when it
+returns; batching many events per commit is what keeps it fast.
+
+The write connection belongs to the JournalWriter's thread; readers open their
+own connections (WAL lets them read beside the writer).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import sqlite_utils
+
+from hubd.state.events import Event
+
+SCHEMA_VERSION = "1"
+INSERT = "INSERT INTO events (seq, ts, kind, payload, route) VALUES (?, ?, ?, ?, ?)"
+
+
+def _connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
+    if readonly:
+        conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True,
+                               isolation_level=None, check_same_thread=False)
+    else:
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    return conn
+
+
+def ensure_schema(conn: sqlite3.Connection) -> None:
+    db = sqlite_utils.Database(conn)
+    db["events"].create({"seq": int, "ts": float, "kind": str, "payload": str, "route": str},
+                        pk="seq", not_null={"ts", "kind", "payload"}, if_not_exists=True)
+    db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
+    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                 (SCHEMA_VERSION,))
+
+
+@dataclass(frozen=True, slots=True)
+class CorruptRow:
+    seq: int
+    kind: str
+    error: str
+
+
+def row_to_event(row) -> Event:
+    seq, ts, kind, payload, route = row
+    return Event(seq, ts, kind, json.loads(payload), json.loads(route) if route else None, payload)
+
+
+def replay_events(conn: sqlite3.Connection, after_seq: int = 0, batch: int = 5000,
+                  corrupt: list[CorruptRow] | None = None) -> Iterator[Event]:
+    """Every event after after_seq in seq order. Undecodable rows are reported
+    in `corrupt` (when given) and skipped, never applied."""
+    cursor = after_seq
+    while True:
+        rows = conn.execute(
+            "SELECT seq, ts, kind, payload, route FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+            (cursor, batch)).fetchall()
+        if not rows:
+            return
+        for row in rows:
+            cursor = row[0]
+            try:
+                event = row_to_event(row)
+                if not isinstance(event.payload, dict):
+                    raise ValueError("payload is not a JSON object")
+            except (ValueError, TypeError) as exc:
+                if corrupt is None:
+                    raise
+                corrupt.append(CorruptRow(row[0], str(row[2]), str(exc)))
+                continue
+            yield event
+
+
+class JournalStore:
+    """The write side. Every method runs on the thread that owns the connection."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.conn = _connect(self.path)
+        ensure_schema(self.conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def append(self, rows: list[tuple]) -> None:
+        """Commit rows atomically: all of them are durable, or none."""
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(INSERT, rows)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def max_seq(self) -> int:
+        return self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+
+    def get_meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+
+
+class JournalReader:
+    """A read-only connection for queries made while the hub runs."""
+
+    def __init__(self, path: str | Path):
+        self.conn = _connect(path, readonly=True)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def replay(self, after_seq: int = 0, corrupt: list[CorruptRow] | None = None) -> Iterator[Event]:
+        return replay_events(self.conn, after_seq, corrupt=corrupt)
+
+    def payloads(self, seqs: list[int]) -> list[tuple[int, str]]:
+        out: list[tuple[int, str]] = []
+        for start in range(0, len(seqs), 500):
+            chunk = seqs[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            out.extend(self.conn.execute(
+                f"SELECT seq, payload FROM events WHERE seq IN ({marks}) ORDER BY seq", chunk))
+        return out
+
+    def since(self, after_seq: int, limit: int | None) -> list[tuple]:
+        if limit is None:
+            limit = -1
+        return self.conn.execute(
+            "SELECT seq, ts, kind, payload, route FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+            (after_seq, limit)).fetchall()
+
+    def max_seq(self) -> int:
+        return self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]

@@ -1,0 +1,129 @@
+"""Hub metrics: plain counters on the hot path, exported to Prometheus at scrape.
+
+Incrementing a dict entry costs far less than a labelled prometheus-client
+child on every frame, so the actors count into `HubMetrics` and a custom
+collector turns the counts into metric families when /metrics is read.
+Commit batch size and latency are real histograms (one observation per
+commit, not per frame).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+COMMIT_SECONDS_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+disable_created_metrics()  # the _created series only add noise to every scrape
+
+BATCH_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000, 20000)
+
+
+class HubMetrics:
+    def __init__(self):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.frames_in: dict[str, int] = {}
+        self.frames_out: dict[str, int] = {}
+        self.frames_in_bytes = 0
+        self.chats_routed = 0
+        self.dead_letters = 0
+        self.quota_refusals: dict[str, int] = {}
+        self.auth_denied = 0
+        self.name_conflicts = 0
+        self.send_queue_overflows = 0
+        self.send_timeouts = 0
+        self.handler_crashes = 0
+        self.journal_failures = 0
+        self.commit_batch = Histogram(
+            "hubd_journal_commit_batch_events", "Events per journal commit (group commit size).",
+            buckets=BATCH_SIZE_BUCKETS, registry=self.registry)
+        self.commit_seconds = Histogram(
+            "hubd_journal_commit_seconds", "Time to append and fsync one journal commit.",
+            buckets=COMMIT_SECONDS_BUCKETS, registry=self.registry)
+        # gauges read at scrape time: name -> (help, callable returning a number
+        # or a {label_value: number} mapping, label name)
+        self.gauges: dict[str, tuple[str, Callable, str | None]] = {}
+        self.registry.register(_Collector(self))
+
+    def count_in(self, type_: str) -> None:
+        frames = self.frames_in
+        frames[type_] = frames.get(type_, 0) + 1
+
+    def observe_commit(self, events: int, seconds: float) -> None:
+        self.commit_batch.observe(events)
+        self.commit_seconds.observe(seconds)
+
+    def refuse_quota(self, reason: str) -> None:
+        self.quota_refusals[reason] = self.quota_refusals.get(reason, 0) + 1
+
+    def gauge(self, name: str, help_text: str, read: Callable, label: str | None = None) -> None:
+        self.gauges[name] = (help_text, read, label)
+
+
+# Only a bounded vocabulary becomes a label value: client-chosen type strings
+# would otherwise let any client grow /metrics without limit.
+def _bounded_types(counts: dict[str, int], known: frozenset[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for type_, n in counts.items():
+        key = type_ if type_ in known else "other"
+        out[key] = out.get(key, 0) + n
+    return out
+
+
+class _Collector:
+    def __init__(self, metrics: HubMetrics):
+        self.metrics = metrics
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from hubd.wire.verbs import KNOWN_TYPES
+
+        m = self.metrics
+        frames = CounterMetricFamily("hubd_frames_received", "Frames received from sockets, by type.",
+                                     labels=["type"])
+        for type_, n in sorted(_bounded_types(m.frames_in, KNOWN_TYPES | {"invalid"}).items()):
+            frames.add_metric([type_], n)
+        yield frames
+        out = CounterMetricFamily("hubd_frames_sent", "Frames queued to sockets, by type.",
+                                  labels=["type"])
+        for type_, n in sorted(m.frames_out.items()):
+            out.add_metric([type_], n)
+        yield out
+        yield CounterMetricFamily("hubd_received_bytes", "Bytes of frames received.",
+                                  value=m.frames_in_bytes)
+        yield CounterMetricFamily("hubd_chats_routed", "Chats accepted and routed.",
+                                  value=m.chats_routed)
+        yield CounterMetricFamily("hubd_dead_letters", "Directed chats that reached no live recipient.",
+                                  value=m.dead_letters)
+        quota = CounterMetricFamily("hubd_quota_refusals", "Frames refused by the ingress quota.",
+                                    labels=["reason"])
+        for reason, n in sorted(m.quota_refusals.items()):
+            quota.add_metric([reason], n)
+        yield quota
+        yield CounterMetricFamily("hubd_auth_denied", "Connections refused for a missing or wrong token.",
+                                  value=m.auth_denied)
+        yield CounterMetricFamily("hubd_name_conflicts", "Registrations refused with name_conflict.",
+                                  value=m.name_conflicts)
+        yield CounterMetricFamily("hubd_send_queue_overflows",
+                                  "Sockets closed because their send queue was full.",
+                                  value=m.send_queue_overflows)
+        yield CounterMetricFamily("hubd_send_timeouts",
+                                  "Sockets closed because a write could not drain in time.",
+                                  value=m.send_timeouts)
+        yield CounterMetricFamily("hubd_handler_crashes",
+                                  "Connections closed 1011 after an unexpected handler exception.",
+                                  value=m.handler_crashes)
+        yield CounterMetricFamily("hubd_journal_commit_failures", "Journal commits that failed.",
+                                  value=m.journal_failures)
+        for name, (help_text, read, label) in m.gauges.items():
+            value = read()
+            if label is None:
+                yield GaugeMetricFamily(name, help_text, value=value)
+            else:
+                family = GaugeMetricFamily(name, help_text, labels=[label])
+                for key, n in sorted(value.items()):
+                    family.add_metric([key], n)
+                yield family

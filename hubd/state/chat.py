@@ -1,0 +1,99 @@
+"""Chat projection: history, retry identities, dead letters, agents seen."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+RETRY_MEMORY_PAIRS = 4096
+RETRY_MEMORY_SECONDS = 24 * 3600
+DEAD_LETTER_TARGETS = 1024
+AGENTS_SEEN = 10_000
+
+# Fields that make up a chat's content for retry deduplication: the same
+# client_msg_id with any of these changed is a different message.
+CONTENT_FIELDS = ("target", "type", "payload", "channel", "metadata", "priority", "reply_to")
+
+
+def content_digest(frame: dict) -> str:
+    content = {name: frame[name] for name in CONTENT_FIELDS if name in frame}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(slots=True)
+class Remembered:
+    digest: str
+    msg_id: int
+    seq: int
+    ts: float
+    forward_id: str | None = None
+
+
+@dataclass
+class RetryMemory:
+    """(sender, client_msg_id) -> first accepted copy, bounded in count and age."""
+
+    entries: OrderedDict = field(default_factory=OrderedDict)
+
+    def remember(self, sender: str, client_msg_id: str, entry: Remembered) -> None:
+        key = (sender, client_msg_id)
+        self.entries[key] = entry
+        self.entries.move_to_end(key)
+        while len(self.entries) > RETRY_MEMORY_PAIRS:
+            self.entries.popitem(last=False)
+
+    def lookup(self, sender: str, client_msg_id: str, now: float) -> Remembered | None:
+        entry = self.entries.get((sender, client_msg_id))
+        if entry is None or now - entry.ts > RETRY_MEMORY_SECONDS:
+            return None
+        return entry
+
+
+@dataclass
+class DeadLetters:
+    """Directed chats that reached no live connection, per target."""
+
+    by_target: OrderedDict = field(default_factory=OrderedDict)
+
+    def record(self, target: str, sender: str, ts: float) -> None:
+        entry = self.by_target.pop(target, None) or {"target": target, "count": 0}
+        entry["count"] += 1
+        entry["last_ts"] = ts
+        entry["last_sender"] = sender
+        self.by_target[target] = entry
+        while len(self.by_target) > DEAD_LETTER_TARGETS:
+            self.by_target.popitem(last=False)
+
+    def clear(self, target: str) -> None:
+        self.by_target.pop(target, None)
+
+    def listing(self) -> list[dict]:
+        return [dict(entry) for entry in self.by_target.values()]
+
+
+@dataclass
+class AgentsSeen:
+    last_seen: OrderedDict = field(default_factory=OrderedDict)
+
+    def touch(self, name: str, ts: float) -> None:
+        self.last_seen[name] = ts
+        self.last_seen.move_to_end(name)
+        if len(self.last_seen) > AGENTS_SEEN:
+            self.last_seen.popitem(last=False)
+
+
+@dataclass
+class ChatState:
+    history_limit: int = 1000
+    last_msg_id: int = 0
+    history: deque = field(default_factory=deque)
+    retry: RetryMemory = field(default_factory=RetryMemory)
+    dead_letters: DeadLetters = field(default_factory=DeadLetters)
+
+    def append_history(self, frame: dict) -> None:
+        self.history.append(frame)
+        while len(self.history) > self.history_limit:
+            self.history.popleft()

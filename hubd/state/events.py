@@ -1,0 +1,41 @@
+"""Journal events: the only way coordination state changes.
+
+An event is `(seq, ts, kind, payload, route)`. `payload` is what the event says
+(for a chat, the frame as relayed); `route` holds the hub's own routing facts
+decided when the event was made (who was online to receive a chat), which
+replay must reuse rather than recompute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hubd.wire.codec import encode
+
+# kinds
+CHAT = "chat"
+MAILBOX_WATERMARK = "mailbox_watermark"
+RECEIPT_DEFERRED = "receipt_deferred"
+RECEIPT_NOTIFIED = "receipt_notified"
+DEAD_LETTERS_CLEARED = "dead_letters_cleared"
+
+
+@dataclass(slots=True)
+class Event:
+    seq: int
+    ts: float
+    kind: str
+    payload: dict
+    route: dict | None = None
+    # The payload already encoded, when the hub had to encode it anyway (a
+    # chat frame is encoded once for the sockets and reused for the journal).
+    payload_text: str | None = None
+
+    def row(self) -> tuple:
+        return (self.seq, self.ts, self.kind,
+                self.payload_text if self.payload_text is not None else encode(self.payload),
+                encode(self.route) if self.route is not None else None)
+
+    def same_content(self, other: "Event") -> bool:
+        return (self.seq, self.ts, self.kind, self.payload, self.route) == (
+            other.seq, other.ts, other.kind, other.payload, other.route)

@@ -1,0 +1,101 @@
+"""The JSON envelope: field rules for inbound frames and builders for hub frames.
+
+Every frame is `{sender, target, type, payload, timestamp, ...extra}`; frames the
+hub originates carry `sender: "SynapseHub"` and `hub_id`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+HUB_SENDER = "SynapseHub"
+BROADCAST = "all"
+SYSTEM = "System"
+
+# Wire version advertised in welcome and /health. Version 2 is the mailbox ack
+# and the deferred receipt it drives; hubd implements every verb up to it.
+# Later versions add verbs hubd does not serve (v3 delivery sessions, v4
+# attachments), so advertising them would invite clients to send those verbs.
+PROTOCOL_VERSION = 2
+
+ROUTING_FIELDS = ("sender", "target", "type", "channel")
+
+RESERVED_NAMES = frozenset({HUB_SENDER})
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_NAME_BYTES = 256
+MAX_CLIENT_MSG_ID_BYTES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class EnvelopeError:
+    text: str
+
+
+def check_routing_fields(frame: dict) -> EnvelopeError | None:
+    """Routing fields must be strings when present; payload is free-form."""
+    for name in ROUTING_FIELDS:
+        value = frame.get(name)
+        if value is not None and not isinstance(value, str):
+            return EnvelopeError(f"Malformed frame: '{name}' must be a string.")
+    return None
+
+
+def frame_type(frame: dict) -> str:
+    """A frame without a type is a chat."""
+    return frame.get("type") or "chat"
+
+
+def frame_target(frame: dict) -> str:
+    """A frame without a target is a broadcast."""
+    return frame.get("target") or BROADCAST
+
+
+def finite_number(value) -> float | None:
+    """A client timestamp is kept only when it is a finite real number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def strict_int(value) -> int | None:
+    """Integers exclude booleans (JSON true is not 1 on this wire)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def reserved_name_reason(name: str) -> str | None:
+    """Why a client may not register this name, or None if it may."""
+    if name in RESERVED_NAMES:
+        return f"Name '{name}' is reserved for hub protocol provenance."
+    if "@" in name:
+        return f"Name '{name}' is reserved for seats on peer hubs (names containing '@')."
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"Name is longer than {MAX_NAME_BYTES} bytes."
+    return None
+
+
+def valid_client_msg_id(value) -> str | None:
+    """A printable client_msg_id of at most 256 UTF-8 bytes, else None."""
+    if not isinstance(value, str) or not value or not value.isprintable():
+        return None
+    try:
+        if len(value.encode("utf-8")) > MAX_CLIENT_MSG_ID_BYTES:
+            return None
+    except UnicodeEncodeError:
+        return None
+    return value
+
+
+def hub_frame(hub_id: str, type_: str, target: str, payload, ts: float, **fields) -> dict:
+    frame = {"sender": HUB_SENDER, "target": target, "type": type_, "payload": payload,
+             "timestamp": ts, "hub_id": hub_id}
+    frame.update(fields)
+    return frame
+
+
+def error_frame(hub_id: str, target: str, text: str, ts: float, **fields) -> dict:
+    return hub_frame(hub_id, "error", target, text, ts, **fields)
