@@ -1,0 +1,159 @@
+"""Drive one reference-client agent as a separate program (JSON lines in, JSON lines out).
+
+This script is executed by the REFERENCE virtual environment's python, never
+imported by the tests or by hubd: the reference package (synapse-channel, AGPL)
+is only ever used as a black box in its own process. The test process talks to
+it over stdin/stdout:
+
+stdout (one JSON object per line)
+    {"event": "started"}                              before connecting
+    {"event": "ready", "hub_id": ..., "protocol_version": ...}
+    {"event": "not_ready"}                            no welcome within --ready-timeout
+    {"event": "frame", "frame": {...}, "cursor": N}   every frame the agent's callback
+                                                       sees (the client drops its own
+                                                       chat echoes); cursor is the
+                                                       agent's mailbox cursor after it
+    {"event": "sent", "op": ..., "result": ...}       a command was carried out
+    {"event": "closed", "code": ..., "reason": ...}   the connection ended
+    {"event": "error", "message": ...}                a command failed locally
+
+stdin (one JSON object per line)
+    {"op": "chat", "target": T, "payload": P, ...}    agent.chat(); extra keys: priority,
+                                                       metadata, client_msg_id
+    {"op": "send", "type": TYPE, "target": T, "payload": P, "fields": {...}}
+                                                       agent.send_message() with extra fields
+    {"op": "ack", "seq": N}                           agent.ack(seq)
+    {"op": "who"} / {"op": "history", "limit": N}     the client's query helpers
+    {"op": "gate", "open": bool}                      let the mailbox cursor advance/auto-ack
+    {"op": "close"}                                   close the socket and exit
+
+Options: --uri, --name, --token, --mailbox, --since-seq N, --mailbox-for NAME,
+--manual-ack (start with the mailbox gate closed: frames are shown but neither
+advance the cursor nor get acked until {"op":"gate","open":true}), --ready-timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import threading
+
+
+def emit(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj, default=repr) + "\n")
+    sys.stdout.flush()
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--uri", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--token", default=None)
+    ap.add_argument("--mailbox", action="store_true")
+    ap.add_argument("--since-seq", type=int, default=0)
+    ap.add_argument("--mailbox-for", default="")
+    ap.add_argument("--manual-ack", action="store_true")
+    ap.add_argument("--ready-timeout", type=float, default=5.0)
+    args = ap.parse_args()
+
+    from synapse_channel.client.agent import SynapseAgent  # reference venv only
+
+    gate = {"open": not args.manual_ack}
+    agent_box: dict = {}
+
+    async def on_message(data: dict) -> None:
+        agent = agent_box.get("agent")
+        emit({"event": "frame", "frame": data,
+              "cursor": agent.mailbox_cursor if agent is not None else None})
+
+    agent = SynapseAgent(
+        args.name,
+        on_message,
+        uri=args.uri,
+        verbose=False,
+        token=args.token,
+        mailbox=args.mailbox,
+        mailbox_since_seq=args.since_seq,
+        mailbox_for=args.mailbox_for,
+        mailbox_advance=(lambda _frame: gate["open"]) if args.mailbox else None,
+    )
+    agent_box["agent"] = agent
+    loop = asyncio.get_running_loop()
+    commands: asyncio.Queue = asyncio.Queue()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            line = line.strip()
+            if line:
+                loop.call_soon_threadsafe(commands.put_nowait, line)
+        loop.call_soon_threadsafe(commands.put_nowait, None)
+
+    threading.Thread(target=read_stdin, daemon=True).start()
+    emit({"event": "started", "name": args.name})
+    conn = asyncio.create_task(agent.connect())
+    ready = await agent.wait_until_ready(timeout=args.ready_timeout)
+    if ready:
+        emit({"event": "ready", "hub_id": agent.hub_id,
+              "protocol_version": agent.hub_protocol_version})
+    else:
+        emit({"event": "not_ready"})
+
+    async def run_commands() -> None:
+        while True:
+            line = await commands.get()
+            if line is None:
+                return
+            cmd: dict = {}
+            try:
+                cmd = json.loads(line)
+                op = cmd.get("op")
+                result = None
+                if op == "close":
+                    return
+                if op == "chat":
+                    extra = {k: cmd[k] for k in ("priority", "metadata", "client_msg_id") if k in cmd}
+                    await agent.chat(cmd.get("payload", ""), target=cmd.get("target", "all"), **extra)
+                elif op == "send":
+                    await agent.send_message(cmd["type"], target=cmd.get("target", "all"),
+                                             payload=cmd.get("payload", ""), **cmd.get("fields", {}))
+                elif op == "ack":
+                    result = await agent.ack(int(cmd["seq"]), mailbox_for=cmd.get("mailbox_for", ""))
+                elif op == "who":
+                    await agent.request_who()
+                elif op == "history":
+                    await agent.request_history(limit=cmd.get("limit", 20))
+                elif op == "gate":
+                    gate["open"] = bool(cmd.get("open"))
+                else:
+                    emit({"event": "error", "message": f"unknown op {op!r}", "id": cmd.get("id")})
+                    continue
+                emit({"event": "sent", "op": op, "result": result, "id": cmd.get("id")})
+            except Exception as exc:  # report and keep serving
+                emit({"event": "error", "message": f"{type(exc).__name__}: {exc}",
+                      "id": cmd.get("id") if isinstance(cmd, dict) else None})
+
+    cmd_task = asyncio.create_task(run_commands())
+    done, _ = await asyncio.wait({conn, cmd_task}, return_when=asyncio.FIRST_COMPLETED)
+    if cmd_task in done:
+        # Asked to stop: close our socket normally and let connect() return.
+        agent.running = False
+        ws = agent.connection
+        if ws is not None:
+            try:
+                await asyncio.wait_for(ws.close(), 3.0)
+            except Exception:
+                pass
+        try:
+            await asyncio.wait_for(conn, 5.0)
+        except Exception:
+            conn.cancel()
+    else:
+        cmd_task.cancel()
+    emit({"event": "closed", "code": agent.last_close_code, "reason": agent.last_close_reason})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
