@@ -1,0 +1,361 @@
+"""Side-by-side local benchmark: the reference hub against hubd, interleaved.
+
+For each round, each scenario, and each hub variant (in the order reference, hubd,
+hubd-private) this starts a *fresh* hub with a fresh durable journal in its own
+temporary directory, runs one load from a separate client process
+(``tests.bench.loadgen``), reads the hub's CPU time from /proc, stops the hub by
+its PID and deletes the directory. The table shows medians over rounds, and for
+each hubd variant the median over rounds of the paired ratio hubd/reference.
+
+    .venv/bin/python -m tests.bench.bench_local                 # 3 rounds, scenarios a,b
+    .venv/bin/python -m tests.bench.bench_local --quick
+    .venv/bin/python -m tests.bench.bench_local --only reference --rounds 3 --json out.json
+    .venv/bin/python -m tests.bench.bench_local --scenarios a,b,c,d --rounds 5
+
+Hubs as started:
+  reference     synapse hub --db <fresh> --hub-id bench-ref --metrics --no-durable-ingress-quota
+  hubd          python -m hubd --db <fresh> --hub-id bench-hubd
+  hubd-private  python -m hubd --db <fresh> --hub-id bench-hubd --private-directed-messages
+
+Measures; never asserts. Differences under ~25% are noise on the shared 2-core box.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: python tests/bench/bench_local.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.support.procs import REPO, HubProcess, hubd_process, reference_hub_process  # noqa: E402
+
+VARIANTS = ("reference", "hubd", "hubd-private")
+
+# name -> (label, senders, window, receipts, {variant kind: count})
+SCENARIOS: dict[str, dict] = {
+    "a": {"label": "4x8", "senders": 4, "window": 8, "receipts": False,
+          "count": {"reference": 2000, "hubd": 20000}, "quick": {"reference": 1000, "hubd": 5000}},
+    "b": {"label": "1x1+rcpt", "senders": 1, "window": 1, "receipts": True,
+          "count": {"reference": 1000, "hubd": 1000}, "quick": {"reference": 300, "hubd": 300}},
+    "c": {"label": "4x8+rcpt", "senders": 4, "window": 8, "receipts": True,
+          "count": {"reference": 1000, "hubd": 10000}, "quick": {"reference": 500, "hubd": 2000}},
+    "d": {"label": "1x1", "senders": 1, "window": 1, "receipts": False,
+          "count": {"reference": 1000, "hubd": 1000}, "quick": {"reference": 300, "hubd": 300}},
+}
+
+
+def kind(variant: str) -> str:
+    return "reference" if variant == "reference" else "hubd"
+
+
+def make_hub(variant: str, workdir: Path) -> HubProcess:
+    if variant == "reference":
+        return reference_hub_process(workdir, "--no-durable-ingress-quota", hub_id="bench-ref")
+    if variant == "hubd":
+        return hubd_process(workdir, hub_id="bench-hubd")
+    if variant == "hubd-private":
+        return hubd_process(workdir, "--private-directed-messages", hub_id="bench-hubd")
+    raise ValueError(variant)
+
+
+def dir_bytes(path: Path, skip_wal: bool = False) -> int:
+    """Bytes of the hub's files in its work dir (logs excluded; optionally WAL/SHM too)."""
+    total = 0
+    for p in path.rglob("*"):
+        if skip_wal and p.name.endswith(("-wal", "-shm")):
+            continue
+        try:
+            if p.is_file() and not p.name.endswith(".log"):
+                total += p.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def run_one(variant: str, scen: str, count: int, args, base: Path, tag: str) -> dict:
+    sc = SCENARIOS[scen]
+    workdir = base / tag
+    rec: dict = {"variant": variant, "scenario": scen, "label": sc["label"], "count": count,
+                 "loadavg_before": os.getloadavg()[0]}
+    hub = make_hub(variant, workdir)
+    base_bytes = 0
+    try:
+        try:
+            hub.start(ready_timeout=30)
+        except Exception as e:  # noqa: BLE001 - e.g. hubd not runnable yet
+            rec["error"] = f"hub did not start: {e}; log: {' '.join(hub.log()[-600:].split())}"
+            return rec
+        time.sleep(0.2)
+        base_bytes = dir_bytes(workdir, skip_wal=True)
+        cmd = [sys.executable, "-m", "tests.bench.loadgen", "--url", hub.url,
+               "--senders", str(sc["senders"]), "--window", str(sc["window"]),
+               "--warmup", str(args.warmup), "--procs", str(args.procs),
+               "--hub-pid", str(hub.pid), "--json"]
+        if args.duration and sc["senders"] > 1:
+            cmd += ["--duration", str(args.duration)]
+        else:
+            cmd += ["--count", str(count)]
+        if sc["receipts"]:
+            cmd.append("--receipts")
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
+        rec["wall_s"] = round(time.monotonic() - t0, 2)
+        if p.returncode != 0 or not p.stdout.strip():
+            rec["error"] = f"loadgen exit {p.returncode}: {p.stderr.strip()[-800:]}"
+            return rec
+        rec.update(json.loads(p.stdout.strip().splitlines()[-1]))
+        if not hub.alive():
+            rec["error"] = f"hub exited during the run; log: {' '.join(hub.log()[-600:].split())}"
+        return rec
+    except subprocess.TimeoutExpired:
+        rec["error"] = f"loadgen timed out after {args.timeout}s"
+        return rec
+    finally:
+        hub.stop(timeout=10)
+        if rec.get("delivered"):
+            # growth of the hub's files (journal + whatever WAL is left) per chat, after a clean stop
+            chats = rec["delivered"] + args.warmup + SCENARIOS[scen]["senders"]  # measured + warm-up + probes
+            rec["journal_bytes_per_msg"] = round((dir_bytes(workdir) - base_bytes) / chats, 1)
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def med(values):
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt(v, nd=1):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def summarise(runs: list[dict], variants: list[str], scenarios: list[str]) -> list[dict]:
+    rows = []
+    for scen in scenarios:
+        for var in variants:
+            ok = [r for r in runs if r["variant"] == var and r["scenario"] == scen and "error" not in r]
+            bad = [r for r in runs if r["variant"] == var and r["scenario"] == scen and "error" in r]
+            if not ok and not bad:
+                continue
+            problems = {}
+            for r in ok:
+                for k in ("missing", "duplicates", "late", "unexpected", "malformed", "errors",
+                          "receipts_negative", "receipt_missing", "closed_sockets"):
+                    if r.get(k):
+                        problems[k] = problems.get(k, 0) + r[k]
+                if r.get("aborted"):
+                    problems["aborted"] = problems.get("aborted", 0) + 1
+            rows.append({
+                "scenario": scen, "label": SCENARIOS[scen]["label"], "variant": var,
+                "rounds_ok": len(ok), "rounds_failed": len(bad),
+                "errors": [r["error"] for r in bad][:3],
+                "msg_per_s": med([r["msg_per_s"] for r in ok]),
+                "msg_per_s_all": [r["msg_per_s"] for r in ok],
+                "p50": med([r["lat_ms"]["p50"] for r in ok]),
+                "p90": med([r["lat_ms"]["p90"] for r in ok]),
+                "p99": med([r["lat_ms"]["p99"] for r in ok]),
+                "max": med([r["lat_ms"]["max"] for r in ok]),
+                "receipt_p50": med([(r.get("receipt_lat_ms") or {}).get("p50") for r in ok]),
+                "hub_ms_per_msg": med([r.get("hub_cpu_ms_per_msg") for r in ok]),
+                "hub_cpu_util": med([r.get("hub_cpu_util") for r in ok]),
+                "client_cpu_util": med([r.get("client_cpu_util") for r in ok]),
+                "client_us_per_msg": med([r.get("client_cpu_us_per_msg") for r in ok]),
+                "box_cpu_util": med([r.get("box_cpu_util") for r in ok]),
+                "other_cores": med([r.get("other_cores") for r in ok]),
+                "journal_bytes_per_msg": med([r.get("journal_bytes_per_msg") for r in ok]),
+                "problems": problems,
+            })
+    return rows
+
+
+def ratios(runs: list[dict], variants: list[str], scenarios: list[str]) -> list[dict]:
+    """Per-round paired ratios hubd-variant / reference, median over rounds."""
+    out = []
+    metrics = {"msg/s": lambda r: r["msg_per_s"], "p50": lambda r: r["lat_ms"]["p50"],
+               "p99": lambda r: r["lat_ms"]["p99"], "cpu/msg": lambda r: r.get("hub_cpu_ms_per_msg")}
+    for scen in scenarios:
+        refs = {r["round"]: r for r in runs if r["variant"] == "reference" and r["scenario"] == scen
+                and "error" not in r}
+        for var in variants:
+            if var == "reference":
+                continue
+            mine = {r["round"]: r for r in runs if r["variant"] == var and r["scenario"] == scen
+                    and "error" not in r}
+            paired = sorted(set(refs) & set(mine))
+            if not paired:
+                continue
+            row = {"scenario": scen, "label": SCENARIOS[scen]["label"], "variant": var, "rounds": len(paired)}
+            for name, get in metrics.items():
+                vals = []
+                for k in paired:
+                    a, b = get(mine[k]), get(refs[k])
+                    if a is not None and b:
+                        vals.append(a / b)
+                row[name] = (round(statistics.median(vals), 3), round(min(vals), 3), round(max(vals), 3)) \
+                    if vals else None
+            out.append(row)
+    return out
+
+
+def print_table(rows: list[dict], rat: list[dict]) -> None:
+    hdr = ("scen", "hub", "ok", "msg/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "rcpt p50",
+           "hub ms/msg", "hub cpu", "client cpu", "other", "B/msg", "problems")
+    lines = [hdr]
+    for r in rows:
+        flags = dict(r["problems"])
+        if r["rounds_failed"]:
+            flags["failed_rounds"] = r["rounds_failed"]
+        if (r["client_cpu_util"] or 0) > 0.85:
+            flags["CLIENT-BOUND"] = True
+        if (r["other_cores"] or 0) > 0.3:
+            flags["BOX-BUSY"] = True
+        lines.append((f"{r['scenario']} {r['label']}", r["variant"], str(r["rounds_ok"]), fmt(r["msg_per_s"], 0),
+                      fmt(r["p50"], 2), fmt(r["p90"], 2), fmt(r["p99"], 2), fmt(r["max"], 1),
+                      fmt(r["receipt_p50"], 2), fmt(r["hub_ms_per_msg"], 3),
+                      fmt(None if r["hub_cpu_util"] is None else r["hub_cpu_util"] * 100, 0) + "%",
+                      fmt(None if r["client_cpu_util"] is None else r["client_cpu_util"] * 100, 0) + "%",
+                      fmt(r["other_cores"], 2),
+                      fmt(r["journal_bytes_per_msg"], 0),
+                      ", ".join(f"{k}={v}" for k, v in flags.items()) or "none"))
+    widths = [max(len(str(l[i])) for l in lines) for i in range(len(hdr))]
+    print()
+    print("medians over rounds (hub cpu / client cpu = share of one core; other = cores used by other work "
+          "on the box; B/msg = growth of the hub's files per chat):")
+    for l in lines:
+        print("  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip())
+    for r in rows:
+        if r["errors"]:
+            print(f"  ! {r['scenario']} {r['variant']}: {r['errors'][0][:300]}")
+    if rat:
+        print()
+        print("hubd / reference, median of per-round ratios [min..max]  "
+              "(msg/s: higher is better; p50, p99, cpu/msg: lower is better; |ratio-1| < 0.25 is noise):")
+        for r in rat:
+            parts = []
+            for name in ("msg/s", "p50", "p99", "cpu/msg"):
+                v = r.get(name)
+                parts.append(f"{name} {v[0]:.2f}x [{v[1]:.2f}..{v[2]:.2f}]" if v else f"{name} -")
+            print(f"  {r['scenario']} {r['label']:<9} {r['variant']:<13} rounds {r['rounds']}:  " + ";  ".join(parts))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Interleaved local benchmark: reference hub vs hubd.")
+    ap.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="1 round (unless --rounds), smaller counts")
+    ap.add_argument("--only", default=None,
+                    help="reference | hubd (= hubd and hubd-private) | comma list of variants")
+    ap.add_argument("--scenarios", default="a,b",
+                    help="comma list: a=4x8, b=1x1 with receipts, c=4x8 with receipts, d=1x1 (default a,b)")
+    ap.add_argument("--count-ref", type=int, default=None, help="messages for the reference (loaded scenarios)")
+    ap.add_argument("--count-hubd", type=int, default=None, help="messages for hubd (loaded scenarios)")
+    ap.add_argument("--count-unloaded", type=int, default=None, help="messages for 1x1 scenarios (both hubs)")
+    ap.add_argument("--duration", type=float, default=None,
+                    help="loaded scenarios send for this many seconds instead of a count")
+    ap.add_argument("--warmup", type=int, default=100, help="unmeasured messages before each run")
+    ap.add_argument("--procs", type=int, default=1, help="client processes per run")
+    ap.add_argument("--timeout", type=float, default=600, help="per-run loadgen timeout, seconds")
+    ap.add_argument("--keep", action="store_true", help="keep the hubs' temporary directories")
+    ap.add_argument("--json", dest="json_out", default=None, help="write all runs and the summary here")
+    args = ap.parse_args(argv)
+
+    rounds = args.rounds or (1 if args.quick else 3)
+    if args.only is None:
+        variants = list(VARIANTS)
+    elif args.only == "hubd":
+        variants = ["hubd", "hubd-private"]
+    else:
+        variants = [v.strip() for v in args.only.split(",") if v.strip()]
+    for v in variants:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    for s in scenarios:
+        if s not in SCENARIOS:
+            ap.error(f"unknown scenario {s!r}")
+
+    def count_for(scen: str, variant: str) -> int:
+        sc = SCENARIOS[scen]
+        k = kind(variant)
+        if sc["senders"] == 1 and args.count_unloaded:
+            return args.count_unloaded
+        if sc["senders"] > 1 and k == "reference" and args.count_ref:
+            return args.count_ref
+        if sc["senders"] > 1 and k == "hubd" and args.count_hubd:
+            return args.count_hubd
+        return (sc["quick"] if args.quick else sc["count"])[k]
+
+    base = Path(tempfile.mkdtemp(prefix="hubd-bench-"))
+    meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpus": os.cpu_count(),
+            "python": sys.version.split()[0], "rounds": rounds, "variants": variants, "scenarios": scenarios,
+            "args": vars(args), "loadavg_start": os.getloadavg(), "git": _git_head()}
+    print(f"bench_local: {rounds} round(s), variants {variants}, scenarios {scenarios}, "
+          f"{os.cpu_count()} cpus, loadavg {os.getloadavg()[0]:.2f}, temp {base}")
+    if os.getloadavg()[0] > 0.5:
+        print("  warning: the box is not idle (loadavg > 0.5); figures will be noisier")
+    runs: list[dict] = []
+    start_failures: dict[str, int] = {}
+    try:
+        for rnd in range(1, rounds + 1):
+            for scen in scenarios:
+                for var in variants:
+                    if start_failures.get(var, 0) >= 2:
+                        continue  # does not start (e.g. hubd not runnable yet): stop trying
+                    n = count_for(scen, var)
+                    rec = run_one(var, scen, n, args, base, f"r{rnd}-{scen}-{var}")
+                    rec["round"] = rnd
+                    runs.append(rec)
+                    if "error" in rec:
+                        if rec["error"].startswith("hub did not start"):
+                            start_failures[var] = start_failures.get(var, 0) + 1
+                        print(f"  round {rnd} {scen} {SCENARIOS[scen]['label']:<9} {var:<13} ERROR {rec['error'][:300]}")
+                    else:
+                        lat = rec["lat_ms"]
+                        bad = {k: rec[k] for k in ("missing", "duplicates", "late", "unexpected", "malformed",
+                                                   "errors", "receipts_negative", "receipt_missing",
+                                                   "closed_sockets", "aborted") if rec.get(k)}
+                        print(f"  round {rnd} {scen} {SCENARIOS[scen]['label']:<9} {var:<13} "
+                              f"n={rec['delivered']:<6} {rec['msg_per_s']:>8.0f} msg/s  p50 {lat['p50']:>7.2f}  "
+                              f"p99 {lat['p99']:>7.2f} ms  hub {fmt(rec.get('hub_cpu_ms_per_msg'), 3)} ms/msg  "
+                              f"client {rec['client_cpu_util']:.0%}  other {fmt(rec.get('other_cores'), 2)} cores  "
+                              f"{bad or ''}", flush=True)
+                        if bad and rec.get("samples"):
+                            print(f"      e.g. {json.dumps(rec['samples'][0])[:300]}")
+    except KeyboardInterrupt:
+        print("interrupted; summarising what ran")
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    rows = summarise(runs, variants, scenarios)
+    rat = ratios(runs, variants, scenarios)
+    print_table(rows, rat)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"meta": meta, "runs": runs, "summary": rows, "ratios": rat}, f, indent=1)
+        print(f"\nwrote {args.json_out}")
+    return 0
+
+
+def _git_head() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, timeout=5).stdout.strip() or None
+    except Exception:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
