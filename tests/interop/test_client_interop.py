@@ -196,6 +196,7 @@ def test_send_to_offline_recipient_negative_receipt_and_dead_letter(hub, ref):
     assert r["sender"] == "SynapseHub" and r["target"] == "iop/alice", r
     assert r["message_target"] == "iop/nobody", r
     assert r["delivered"] is False and r["dead_lettered"] is True, r
+    assert r.get("reason") == "no_online_recipient" and r.get("recipients") == [], r
     dl = ref.dead_letters()
     assert dl.returncode == 0, str(dl)
     assert "iop/nobody" in dl.stdout and "count=2" in dl.stdout, str(dl)
@@ -218,6 +219,7 @@ def test_deferred_receipt_after_recipient_acks(hub, ref):
     assert second["deferred"] is True, second
     assert second["sender"] == "SynapseHub" and second["target"] == "iop/alice", second
     assert second["message_target"] == "iop/carol", second
+    assert second.get("recipients") == ["iop/carol"], second
 
 
 # --------------------------------------------------------------------------------------
