@@ -21,11 +21,13 @@ from aiohttp import WSMsgType, web
 
 from hubd.wire import codec
 from hubd.wire.envelope import check_routing_fields, error_frame, hub_frame
+from hubd.wire.wsframe import text_frame
 
 log = structlog.get_logger("hubd.connection")
 
 SEND_QUEUE_FRAMES = 8192
 SEND_DEADLINE_SECONDS = 5.0
+WRITE_HIGH_WATER = 1024 * 1024
 
 # close codes
 CLOSE_NAME_CONFLICT = 4009
@@ -70,7 +72,7 @@ def token_principal(token: str) -> str:
 
 
 class Connection:
-    def __init__(self, ws: web.WebSocketResponse, peer_host: str, hub):
+    def __init__(self, ws: web.WebSocketResponse, stream, peer_host: str, hub):
         self.id = next(_ids)
         self.ws = ws
         self.peer_host = peer_host
@@ -82,8 +84,11 @@ class Connection:
         self.opened_at = time.monotonic()
         self.closed = False
         self.close_code: int | None = None
+        self._stream = stream  # aiohttp's StreamWriter: its transport and drain()
+        self._loop = asyncio.get_running_loop()
         self._queue: deque = deque()
-        self._wake = asyncio.Event()
+        self._flush_scheduled = False
+        self._draining = False
         self._write_started: float | None = None
         self._registered = False
 
@@ -92,17 +97,19 @@ class Connection:
 
     # -- send side (called on the event loop by the Router and the JournalWriter)
 
-    def send(self, text: str) -> None:
+    def send(self, framed: bytes) -> None:
+        """Queue one WebSocket frame (already framed, see wire.wsframe)."""
         if self.closed:
             return
         if len(self._queue) >= SEND_QUEUE_FRAMES:
             self.hub.metrics.send_queue_overflows += 1
             log.warning("send queue full; closing slow consumer", conn=self.id,
                         frames=len(self._queue))
+            self._queue.clear()
             self.close(CLOSE_TRY_AGAIN, "send queue overflow")
             return
-        self._queue.append(text)
-        self._wake.set()
+        self._queue.append(framed)
+        self._schedule_flush()
 
     def close(self, code: int, reason: str) -> None:
         """Close after the frames already queued (a refusal reaches the client first)."""
@@ -111,7 +118,63 @@ class Connection:
         self.closed = True
         self.close_code = code
         self._queue.append((_CLOSE, code, reason))
-        self._wake.set()
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        # One flush per loop iteration, however many frames were queued in it:
+        # they leave in one transport write.
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._draining or not self._queue:
+            return  # the drain task picks up the rest
+        transport = self._stream.transport
+        queue = self._queue
+        if transport is None or transport.is_closing():
+            queue.clear()
+            self.closed = True
+            return
+        chunks = []
+        while queue:
+            item = queue.popleft()
+            if type(item) is tuple:
+                if chunks:
+                    transport.write(b"".join(chunks))
+                self._start(self._close_socket(item[1], item[2]))
+                queue.clear()
+                return
+            chunks.append(item)
+        transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+            self._draining = True
+            self._start(self._drain())
+
+    async def _drain(self) -> None:
+        """The peer reads slower than we write: wait (bounded by the sweeper's
+        deadline) before writing more."""
+        self._write_started = self._loop.time()
+        try:
+            await self._stream.drain()
+        except ConnectionError:
+            self.closed = True
+            return
+        finally:
+            self._write_started = None
+            self._draining = False
+        self._flush()
+
+    async def _close_socket(self, code: int, reason: str) -> None:
+        self._write_started = self._loop.time()
+        try:
+            await self.ws.close(code=code, message=reason.encode())
+        finally:
+            self._write_started = None
+
+    def _start(self, coro) -> None:
+        self.hub.track(self._loop.create_task(coro))
 
     def write_stalled_for(self, now: float) -> float:
         started = self._write_started
@@ -120,32 +183,10 @@ class Connection:
     def abort(self) -> None:
         """Drop the transport without a close handshake (a stalled writer)."""
         self.closed = True
-        transport = self.ws._req.transport if self.ws._req is not None else None
+        self._queue.clear()
+        transport = self._stream.transport
         if transport is not None:
             transport.abort()
-
-    async def _writer(self) -> None:
-        ws, queue, wake = self.ws, self._queue, self._wake
-        loop = asyncio.get_running_loop()
-        while True:
-            await wake.wait()
-            wake.clear()
-            while queue:
-                item = queue.popleft()
-                if type(item) is tuple:
-                    _, code, reason = item
-                    self._write_started = loop.time()
-                    await ws.close(code=code, message=reason.encode())
-                    self._write_started = None
-                    return
-                self._write_started = loop.time()
-                try:
-                    await ws.send_str(item)
-                except ConnectionError:
-                    self.closed = True
-                    return
-                finally:
-                    self._write_started = None
 
     def replay(self, seqs: list[int]) -> None:
         """Send the stored directed chats with these (committed) seqs, marked
@@ -160,17 +201,16 @@ class Connection:
             frame.pop("receipt_requested", None)
             frame["replayed"] = True
             frame["seq"] = seq
-            self.send(codec.encode(frame))
+            self.send(text_frame(codec.encode(frame)))
         self.hub.metrics.frames_out["chat"] = self.hub.metrics.frames_out.get("chat", 0) + len(rows)
 
     # -- receive side
 
     def _reply_error(self, text: str, target: str = "all") -> None:
-        self.send(codec.encode(error_frame(self.hub.hub_id, target, text, time.time())))
+        self.send(text_frame(codec.encode(error_frame(self.hub.hub_id, target, text, time.time()))))
 
     async def run(self) -> None:
         hub = self.hub
-        writer = asyncio.create_task(self._writer(), name=f"conn-{self.id}-writer")
         deadline = asyncio.get_running_loop().call_later(
             hub.config.auth_timeout, self._registration_timeout)
         if self.authenticated:
@@ -212,13 +252,6 @@ class Connection:
                 # The name is freed as soon as the socket's close is read: a
                 # client that reconnects under the same name must find it free.
                 await hub.router.inbox.put(Closed(self))
-            self._wake.set()
-            if not writer.done():
-                writer.cancel()
-            try:
-                await writer
-            except (asyncio.CancelledError, ConnectionError):
-                pass
 
     def _authenticate(self, frame: dict) -> bool:
         """The first frame on a secured hub must carry the token; nothing is
@@ -235,7 +268,8 @@ class Connection:
             self.principal = token_principal(token)
             return True
         hub.metrics.auth_denied += 1
-        self.send(codec.encode(hub_frame(hub.hub_id, "auth_denied", target, reason, time.time())))
+        self.send(text_frame(codec.encode(
+            hub_frame(hub.hub_id, "auth_denied", target, reason, time.time()))))
         self.close(CLOSE_AUTH, "auth denied")
         return False
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
 import structlog
 
 from hubd.journal.store import JournalStore
+from hubd.journal.thread import DbThread
 
 from .outcome import Flush, Outcome, Resync
 
@@ -46,7 +46,7 @@ def release(outcomes: list[Outcome], use_failure: bool, frames_out: dict) -> Non
                 for conn in dest:
                     conn.send(item)
                 frames_out[type_] = frames_out.get(type_, 0) + len(dest)
-            elif type(item) is str:
+            elif type(item) is bytes:
                 dest.send(item)
                 frames_out[type_] = frames_out.get(type_, 0) + 1
             else:  # CloseSocket, after the frames queued before it
@@ -61,14 +61,14 @@ class JournalWriter:
         self.inbox: asyncio.Queue = asyncio.Queue(QUEUE_BATCHES)
         self.metrics = metrics
         self._on_failure = on_failure
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="journal-writer")
+        self._thread = DbThread("journal-writer")
         self.store: JournalStore | None = None
         self.failed = False
         self.committed_seq = 0
 
     async def call(self, fn, *args):
         """Run fn on the writer thread (the write connection lives there)."""
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        return await self._thread.call(fn, *args)
 
     async def open(self) -> JournalStore:
         self.store = await self.call(JournalStore, self.path)
@@ -79,7 +79,7 @@ class JournalWriter:
         if self.store is not None:
             await self.call(self.store.close)
             self.store = None
-        self._thread.shutdown(wait=True)
+        self._thread.stop()
 
     def _append(self, events) -> None:
         self.store.append([event.row() for event in events])

@@ -9,7 +9,7 @@ from typing import Callable
 class Outcome:
     """The result of handling one command.
 
-    `sends` are (destination, text, frame type); a destination is one
+    `sends` are (destination, framed bytes, frame type); a destination is one
     connection or a tuple of connections. If committing `events` fails, the
     `failure` frames go out instead of `sends` (a private error to whoever
     asked). `after_release` runs once the sends are on their sockets' queues.
@@ -24,11 +24,8 @@ class Outcome:
         self.failure = failure if failure is not None else []
         self.after_release = after_release
 
-    def send(self, dest, text: str, type_: str) -> None:
-        self.sends.append((dest, text, type_))
-
-    def fail_with(self, dest, text: str) -> None:
-        self.failure.append((dest, text, "error"))
+    def fail_with(self, dest, framed: bytes) -> None:
+        self.failure.append((dest, framed, "error"))
 
 
 class Resync:

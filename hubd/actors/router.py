@@ -28,6 +28,7 @@ from hubd.state.presence import Presence, Session
 from hubd.state.quota import IngressQuota
 from hubd.wire import codec
 from hubd.wire.envelope import BROADCAST, error_frame, frame_type, hub_frame
+from hubd.wire.wsframe import text_frame
 
 from .connection import CLOSE_INTERNAL, Closed, Inbound, Opened
 from .journal_writer import JournalFailed
@@ -228,7 +229,7 @@ class Router:
 
     def send(self, dest, frame: dict) -> None:
         """Queue a frame to one connection (or a tuple of them) for release."""
-        self.out.sends.append((dest, codec.encode(frame), frame["type"]))
+        self.out.sends.append((dest, text_frame(codec.encode(frame)), frame["type"]))
 
     def reply(self, session: Session, type_: str, payload, **fields) -> None:
         self.send(session.conn, self.frame(type_, session.name or BROADCAST, payload, **fields))
@@ -243,8 +244,8 @@ class Router:
 
     def fail_privately(self, session: Session, text: str, **fields) -> None:
         """The reply if this command's events cannot be committed."""
-        self.out.fail_with(session.conn, codec.encode(
-            error_frame(self.hub_id, session.name or BROADCAST, text, self.now, **fields)))
+        self.out.fail_with(session.conn, text_frame(codec.encode(
+            error_frame(self.hub_id, session.name or BROADCAST, text, self.now, **fields))))
 
     def close(self, conn, code: int, reason: str) -> None:
         self.out.sends.append((conn, CloseSocket(code, reason), "close"))

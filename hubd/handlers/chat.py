@@ -15,6 +15,7 @@ from hubd.state.chat import content_digest
 from hubd.state.presence import RX_SUFFIX, Presence, Session
 from hubd.wire import codec
 from hubd.wire.envelope import finite_number, valid_client_msg_id
+from hubd.wire.wsframe import text_frame
 from hubd.wire.targets import RemoteTargetError, Target, is_glob, parse_remote, parse_target
 
 NO_ONLINE_RECIPIENT = "no_online_recipient"
@@ -110,6 +111,7 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
     else:
         recipients = [n for n in presence.by_name if n != name]
     text = codec.encode(frame)
+    framed = text_frame(text)
     route = {"recipients": recipients if directed else []}
     if digest is not None:
         route["digest"] = digest
@@ -120,9 +122,9 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
     if directed and router.config.private_directed:
         dests = recipient_sockets(presence, recipients)
         if dests:
-            router.out.sends.append((dests, text, "chat"))
+            router.out.sends.append((dests, framed, "chat"))
     elif presence.sockets:
-        router.out.sends.append((presence.sockets, text, "chat"))
+        router.out.sends.append((presence.sockets, framed, "chat"))
     if directed and not recipients:
         metrics.dead_letters += 1
     if frame.get("receipt_requested") is True:

@@ -90,9 +90,9 @@ def make_app(hub) -> web.Application:
                                                  "/health, /readyz, /metrics).\n")
         if not hub.ready:
             return web.Response(status=503, text="Hub is starting (journal replay).\n")
-        await ws.prepare(request)
+        stream = await ws.prepare(request)
         peer = request.remote or "unknown"
-        conn = Connection(ws, peer, hub)
+        conn = Connection(ws, stream, peer, hub)
         ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
         if ssl_object is not None:
             conn.peer_cert = ssl_object.getpeercert(binary_form=True)

@@ -10,13 +10,14 @@ own connections (WAL lets them read beside the writer).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import sqlite_utils
+
+from hubd.wire.codec import loads_stored
 
 from hubd.state.events import Event
 
@@ -54,7 +55,8 @@ class CorruptRow:
 
 def row_to_event(row) -> Event:
     seq, ts, kind, payload, route = row
-    return Event(seq, ts, kind, json.loads(payload), json.loads(route) if route else None, payload)
+    return Event(seq, ts, kind, loads_stored(payload), loads_stored(route) if route else None,
+                 payload)
 
 
 def replay_events(conn: sqlite3.Connection, after_seq: int = 0, batch: int = 5000,
@@ -74,7 +76,7 @@ def replay_events(conn: sqlite3.Connection, after_seq: int = 0, batch: int = 500
                 event = row_to_event(row)
                 if not isinstance(event.payload, dict):
                     raise ValueError("payload is not a JSON object")
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError) as exc:  # orjson.JSONDecodeError is a ValueError
                 if corrupt is None:
                     raise
                 corrupt.append(CorruptRow(row[0], str(row[2]), str(exc)))

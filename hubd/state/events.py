@@ -29,12 +29,14 @@ class Event:
     route: dict | None = None
     # The payload already encoded, when the hub had to encode it anyway (a
     # chat frame is encoded once for the sockets and reused for the journal).
-    payload_text: str | None = None
+    payload_text: bytes | str | None = None
 
     def row(self) -> tuple:
-        return (self.seq, self.ts, self.kind,
-                self.payload_text if self.payload_text is not None else encode(self.payload),
-                encode(self.route) if self.route is not None else None)
+        payload = self.payload_text if self.payload_text is not None else encode(self.payload)
+        if type(payload) is bytes:
+            payload = payload.decode()
+        return (self.seq, self.ts, self.kind, payload,
+                encode(self.route).decode() if self.route is not None else None)
 
     def same_content(self, other: "Event") -> bool:
         return (self.seq, self.ts, self.kind, self.payload, self.route) == (

@@ -58,11 +58,23 @@ def item_matches(item: str, identity: str, roles=()) -> bool:
     return "/" not in item and identity.startswith(item + "/")
 
 
+_BROADCAST_TARGET = Target(BROADCAST, ())
+_PARSED: dict[str, Target] = {}
+_PARSED_LIMIT = 4096
+
+
 def parse_target(raw: str) -> Target:
+    """Parse (and remember: agents reuse a few targets over and over)."""
     if not raw or raw == BROADCAST:
-        return Target(BROADCAST, ())
-    items = tuple(part.strip() for part in raw.split(",") if part.strip())
-    return Target(raw, items)
+        return _BROADCAST_TARGET
+    target = _PARSED.get(raw)
+    if target is None:
+        items = tuple(part.strip() for part in raw.split(",") if part.strip())
+        target = Target(raw, items)
+        if len(_PARSED) >= _PARSED_LIMIT:
+            _PARSED.clear()
+        _PARSED[raw] = target
+    return target
 
 
 @dataclass(frozen=True, slots=True)
