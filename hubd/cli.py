@@ -114,51 +114,19 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 
 
 async def serve(config: HubConfig) -> int:
-    from aiohttp import web
-
-    from hubd.http.app import make_app
-    from hubd.hub import Hub, HubIdMismatch, _Stop
+    from hubd.server import HubServer, StartupError
 
     log = structlog.get_logger("hubd")
-    hub = Hub(config)
+    server = HubServer(config)
     try:
-        await hub.open()
-    except HubIdMismatch as exc:
+        await server.start()
+    except StartupError as exc:
         log.error("refusing to start", reason=str(exc))
         return 2
-    runner = web.AppRunner(make_app(hub), access_log=None, handle_signals=False,
-                           shutdown_timeout=2.0)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=1024)
-    try:
-        await site.start()
-    except OSError as exc:
-        log.error("cannot listen", host=config.host, port=config.port, error=exc.strerror)
-        await runner.cleanup()
-        return 2
-    log.info("listening", url=f"ws://{config.host}:{config.port}/", hub_id=hub.hub_id,
-             journal=str(config.db), secured=config.token is not None)
-    if config.token is None:
-        log.info("open hub: any process that can reach this port may connect; "
-                 "use --token to require a shared secret")
-    await hub.replay()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, hub.stop)
-    exit_code = 0
-    try:
-        await hub.run()
-    except* _Stop:
-        log.info("stopping")
-    except* Exception as group:
-        for exc in group.exceptions:
-            log.error("actor failed; stopping the hub", error=repr(exc), exc_info=exc)
-        exit_code = 1
-    finally:
-        await site.stop()
-        await hub.shutdown()
-        await runner.cleanup()
-    return exit_code
+        loop.add_signal_handler(sig, server.hub.stop)
+    return await server.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,98 @@
+"""HubServer: a Hub behind its aiohttp listener, started and stopped as one.
+
+Used by the `hubd` command and by tests that run a real hub in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from aiohttp import web
+
+from hubd.config import HubConfig
+from hubd.http.app import make_app
+from hubd.hub import Hub, HubIdMismatch, _Stop
+
+log = structlog.get_logger("hubd")
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+class HubServer:
+    def __init__(self, config: HubConfig, ssl_context=None):
+        self.config = config
+        self.hub = Hub(config)
+        self.ssl_context = ssl_context
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._run: asyncio.Task | None = None
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        scheme = "wss" if self.ssl_context is not None else "ws"
+        return f"{scheme}://{self.config.host}:{self.port}/"
+
+    async def start(self) -> None:
+        config = self.config
+        try:
+            await self.hub.open()
+        except HubIdMismatch as exc:
+            await self.hub.shutdown()
+            raise StartupError(str(exc)) from exc
+        self._runner = web.AppRunner(make_app(self.hub), access_log=None, handle_signals=False,
+                                     shutdown_timeout=2.0)
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, config.host, config.port, backlog=1024,
+                                 ssl_context=self.ssl_context)
+        try:
+            await self._site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            await self.hub.shutdown()
+            raise StartupError(f"cannot listen on {config.host}:{config.port}: "
+                               f"{exc.strerror}") from exc
+        self.port = self._runner.addresses[0][1]
+        log.info("listening", url=self.url, hub_id=self.hub.hub_id, journal=str(config.db),
+                 secured=config.token is not None)
+        if config.token is None:
+            log.info("open hub: any process that can reach this port may connect; "
+                     "use --token to require a shared secret")
+        await self.hub.replay()
+        self._run = asyncio.get_running_loop().create_task(self._supervise())
+        while not self.hub.ready and not self._run.done():
+            await asyncio.sleep(0.001)
+
+    async def _supervise(self) -> int:
+        code = 0
+        try:
+            await self.hub.run()
+        except* _Stop:
+            log.info("stopping")
+        except* Exception as group:
+            for exc in group.exceptions:
+                log.error("actor failed; stopping the hub", error=repr(exc), exc_info=exc)
+            code = 1
+        return code
+
+    async def wait(self) -> int:
+        """Serve until the hub stops; then close everything. The exit code."""
+        try:
+            code = await self._run
+        finally:
+            await self._close()
+        return code
+
+    async def stop(self) -> int:
+        self.hub.stop()
+        return await self.wait()
+
+    async def _close(self) -> None:
+        if self._site is not None:
+            await self._site.stop()
+        await self.hub.shutdown()
+        if self._runner is not None:
+            await self._runner.cleanup()

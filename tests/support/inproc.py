@@ -1,0 +1,28 @@
+"""A real hub (actors, journal, aiohttp listener) running inside the test's
+event loop, on an ephemeral loopback port with its journal in a temp folder."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from pathlib import Path
+
+from hubd.config import HubConfig
+from hubd.server import HubServer
+
+
+def test_config(tmp_path: Path, **overrides) -> HubConfig:
+    base = HubConfig(host="127.0.0.1", port=0, db=tmp_path / "hub.db", hub_id="test-hub",
+                     quota=None)
+    return replace(base, **overrides)
+
+
+@contextlib.asynccontextmanager
+async def running_hub(tmp_path: Path, **overrides):
+    server = HubServer(test_config(tmp_path, **overrides))
+    await server.start()
+    try:
+        yield server
+    finally:
+        if server.hub.ready or (server._run is not None and not server._run.done()):
+            await server.stop()
