@@ -10,12 +10,16 @@ each hubd variant the median over rounds of the paired ratio hubd/reference.
     .venv/bin/python -m tests.bench.bench_local                 # 3 rounds, scenarios a,b
     .venv/bin/python -m tests.bench.bench_local --quick
     .venv/bin/python -m tests.bench.bench_local --only reference --rounds 3 --json out.json
-    .venv/bin/python -m tests.bench.bench_local --scenarios a,b,c,d --rounds 5
+    .venv/bin/python -m tests.bench.bench_local --scenarios a,b,c,d,e --rounds 5 --hubd-rev HEAD
 
 Hubs as started:
   reference     synapse hub --db <fresh> --hub-id bench-ref --metrics --no-durable-ingress-quota
-  hubd          python -m hubd --db <fresh> --hub-id bench-hubd
-  hubd-private  python -m hubd --db <fresh> --hub-id bench-hubd --private-directed-messages
+  hubd          python -m hubd --db <fresh> --hub-id bench-hubd --no-durable-ingress-quota
+  hubd-private  python -m hubd --db <fresh> --hub-id bench-hubd --no-durable-ingress-quota --private-directed-messages
+
+Both hubs run with their ingress quota off (the reference's refuses chat 101+ per minute on
+an open loopback hub; hubd's default, 6000 chats per principal per 60 s, refused chats in a
+20000-chat run); --hubd-default-quota keeps hubd's on.
 
 Measures; never asserts. Differences under ~25% are noise on the shared 2-core box.
 """
@@ -51,6 +55,9 @@ SCENARIOS: dict[str, dict] = {
           "count": {"reference": 1000, "hubd": 10000}, "quick": {"reference": 500, "hubd": 2000}},
     "d": {"label": "1x1", "senders": 1, "window": 1, "receipts": False,
           "count": {"reference": 1000, "hubd": 1000}, "quick": {"reference": 300, "hubd": 300}},
+    # capacity: enough in flight that a hub with group commit is not latency-bound
+    "e": {"label": "4x64", "senders": 4, "window": 64, "receipts": False,
+          "count": {"reference": 2000, "hubd": 40000}, "quick": {"reference": 1000, "hubd": 10000}},
 }
 
 
@@ -58,14 +65,34 @@ def kind(variant: str) -> str:
     return "reference" if variant == "reference" else "hubd"
 
 
-def make_hub(variant: str, workdir: Path) -> HubProcess:
+def make_hub(variant: str, workdir: Path, hubd_extra: list[str], hubd_src: Path | None) -> HubProcess:
     if variant == "reference":
         return reference_hub_process(workdir, "--no-durable-ingress-quota", hub_id="bench-ref")
     if variant == "hubd":
-        return hubd_process(workdir, hub_id="bench-hubd")
-    if variant == "hubd-private":
-        return hubd_process(workdir, "--private-directed-messages", hub_id="bench-hubd")
-    raise ValueError(variant)
+        hub = hubd_process(workdir, *hubd_extra, hub_id="bench-hubd")
+    elif variant == "hubd-private":
+        hub = hubd_process(workdir, *hubd_extra, "--private-directed-messages", hub_id="bench-hubd")
+    else:
+        raise ValueError(variant)
+    if hubd_src is not None:
+        # run the snapshot instead of the working tree: replace "-m hubd" by a runpy call with
+        # the snapshot first on sys.path (it wins over the editable install's finder)
+        assert hub.argv[1:3] == ["-m", "hubd"], hub.argv
+        code = (f"import runpy, sys; sys.path.insert(0, {str(hubd_src)!r}); "
+                "runpy.run_module('hubd', run_name='__main__', alter_sys=True)")
+        hub.argv = [hub.argv[0], "-c", code, *hub.argv[3:]]
+    return hub
+
+
+def snapshot_hubd(rev: str, dest: Path) -> str:
+    """Export hubd/ and federation/ at a git revision into dest; return the short hash."""
+    short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.strip()
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "archive", rev, "hubd", "federation"], cwd=REPO, capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return short
 
 
 def dir_bytes(path: Path, skip_wal: bool = False) -> int:
@@ -87,7 +114,8 @@ def run_one(variant: str, scen: str, count: int, args, base: Path, tag: str) -> 
     workdir = base / tag
     rec: dict = {"variant": variant, "scenario": scen, "label": sc["label"], "count": count,
                  "loadavg_before": os.getloadavg()[0]}
-    hub = make_hub(variant, workdir)
+    hub = make_hub(variant, workdir, [] if args.hubd_default_quota else ["--no-durable-ingress-quota"],
+                   args.hubd_src)
     base_bytes = 0
     try:
         try:
@@ -111,11 +139,15 @@ def run_one(variant: str, scen: str, count: int, args, base: Path, tag: str) -> 
         p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
         rec["wall_s"] = round(time.monotonic() - t0, 2)
         if p.returncode != 0 or not p.stdout.strip():
-            rec["error"] = f"loadgen exit {p.returncode}: {p.stderr.strip()[-800:]}"
+            last = (p.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+            rec["error"] = f"loadgen exit {p.returncode}: {last}"
+            rec["loadgen_stderr"] = p.stderr[-3000:]
+            rec["hub_log_tail"] = hub.log()[-3000:]
             return rec
         rec.update(json.loads(p.stdout.strip().splitlines()[-1]))
         if not hub.alive():
-            rec["error"] = f"hub exited during the run; log: {' '.join(hub.log()[-600:].split())}"
+            rec["error"] = f"hub exited during the run (code {hub.proc.returncode})"
+            rec["hub_log_tail"] = hub.log()[-3000:]
         return rec
     except subprocess.TimeoutExpired:
         rec["error"] = f"loadgen timed out after {args.timeout}s"
@@ -153,7 +185,7 @@ def summarise(runs: list[dict], variants: list[str], scenarios: list[str]) -> li
                 continue
             problems = {}
             for r in ok:
-                for k in ("missing", "duplicates", "late", "unexpected", "malformed", "errors",
+                for k in ("missing", "refused", "duplicates", "late", "unexpected", "malformed", "errors",
                           "receipts_negative", "receipt_missing", "closed_sockets"):
                     if r.get(k):
                         problems[k] = problems.get(k, 0) + r[k]
@@ -259,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None,
                     help="reference | hubd (= hubd and hubd-private) | comma list of variants")
     ap.add_argument("--scenarios", default="a,b",
-                    help="comma list: a=4x8, b=1x1 with receipts, c=4x8 with receipts, d=1x1 (default a,b)")
+                    help="comma list: a=4x8, b=1x1 with receipts, c=4x8 with receipts, d=1x1, "
+                         "e=4x64 (default a,b)")
     ap.add_argument("--count-ref", type=int, default=None, help="messages for the reference (loaded scenarios)")
     ap.add_argument("--count-hubd", type=int, default=None, help="messages for hubd (loaded scenarios)")
     ap.add_argument("--count-unloaded", type=int, default=None, help="messages for 1x1 scenarios (both hubs)")
@@ -269,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--procs", type=int, default=1, help="client processes per run")
     ap.add_argument("--timeout", type=float, default=600, help="per-run loadgen timeout, seconds")
     ap.add_argument("--keep", action="store_true", help="keep the hubs' temporary directories")
+    ap.add_argument("--hubd-rev", default=None,
+                    help="run hubd as committed at this git revision (e.g. HEAD) instead of the working "
+                         "tree, which may be mid-edit")
+    ap.add_argument("--hubd-default-quota", action="store_true",
+                    help="leave hubd's ingress quota on (default: off, like the reference's)")
     ap.add_argument("--json", dest="json_out", default=None, help="write all runs and the summary here")
     args = ap.parse_args(argv)
 
@@ -299,11 +337,17 @@ def main(argv: list[str] | None = None) -> int:
         return (sc["quick"] if args.quick else sc["count"])[k]
 
     base = Path(tempfile.mkdtemp(prefix="hubd-bench-"))
+    args.hubd_src = None
+    hubd_version = "working tree"
+    if args.hubd_rev and any(kind(v) == "hubd" for v in variants):
+        args.hubd_src = base / "hubd-src"
+        hubd_version = "git " + snapshot_hubd(args.hubd_rev, args.hubd_src)
     meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpus": os.cpu_count(),
             "python": sys.version.split()[0], "rounds": rounds, "variants": variants, "scenarios": scenarios,
-            "args": vars(args), "loadavg_start": os.getloadavg(), "git": _git_head()}
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "loadavg_start": os.getloadavg(), "git": _git_head(), "hubd": hubd_version}
     print(f"bench_local: {rounds} round(s), variants {variants}, scenarios {scenarios}, "
-          f"{os.cpu_count()} cpus, loadavg {os.getloadavg()[0]:.2f}, temp {base}")
+          f"hubd from {hubd_version}, {os.cpu_count()} cpus, loadavg {os.getloadavg()[0]:.2f}, temp {base}")
     if os.getloadavg()[0] > 0.5:
         print("  warning: the box is not idle (loadavg > 0.5); figures will be noisier")
     runs: list[dict] = []
@@ -324,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  round {rnd} {scen} {SCENARIOS[scen]['label']:<9} {var:<13} ERROR {rec['error'][:300]}")
                     else:
                         lat = rec["lat_ms"]
-                        bad = {k: rec[k] for k in ("missing", "duplicates", "late", "unexpected", "malformed",
+                        bad = {k: rec[k] for k in ("missing", "refused", "duplicates", "late", "unexpected", "malformed",
                                                    "errors", "receipts_negative", "receipt_missing",
                                                    "closed_sockets", "aborted") if rec.get(k)}
                         print(f"  round {rnd} {scen} {SCENARIOS[scen]['label']:<9} {var:<13} "

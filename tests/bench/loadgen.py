@@ -194,11 +194,11 @@ class Pair:
             if ent[0] < limit:
                 self._expire_receipt(seq)
 
-    def _expire(self, seq: int) -> None:
+    def _expire(self, seq: int, refused: bool = False) -> None:
         ent = self.inflight.pop(seq)
         self.timed_out.add(seq)
         if ent[1]:
-            self.c["missing"] += 1
+            self.c["refused" if refused else "missing"] += 1
         self.sem.release()
         self.shared.maybe_idle()
 
@@ -312,7 +312,11 @@ class Pair:
                     if not rpending:
                         sh.maybe_idle()
                 elif s.find(MARK) < 0:
-                    other(s, self.sname)
+                    if other(s, self.sname) and self.inflight:
+                        # An error frame names no message (e.g. a quota refusal). Hubs answer in
+                        # order, so it refers to the oldest chat in flight: count that one as
+                        # refused and free its slot instead of waiting for the timeout.
+                        self._expire(next(iter(self.inflight)), refused=True)
                 # else: our own echo or another pair's chat - ignore
         finally:
             sh.frames += frames
@@ -363,7 +367,7 @@ class Shared:
 
     def __init__(self) -> None:
         self.counters = {k: 0 for k in (
-            "sent", "delivered", "missing", "duplicates", "late", "unexpected", "malformed", "errors",
+            "sent", "delivered", "missing", "refused", "duplicates", "late", "unexpected", "malformed", "errors",
             "receipts_ok", "receipts_negative", "receipt_missing", "duplicate_receipts", "late_receipts",
             "unexpected_receipts", "closed_sockets")}
         self.lat: list[float] = []
@@ -385,19 +389,22 @@ class Shared:
         if len(self.samples) < 8:
             self.samples.append({"kind": kind, "frame": d if isinstance(d, dict) else repr(d)[:300]})
 
-    def other_frame(self, s: bytes, who: str) -> None:
+    def other_frame(self, s: bytes, who: str) -> bool:
+        """Parse a frame that is not one of our chats; True if it is an error-like frame."""
         try:
             d = json.loads(s)
         except ValueError:
             self.sample("unparsable", s)
-            return
+            return False
         if not isinstance(d, dict):
-            return
+            return False
         t = d.get("type")
         if t in ERROR_TYPES or d.get("duplicate") is True:
             if self.recording:
                 self.counters["errors"] += 1
             self.sample(f"{t} at {who}", d)
+            return True
+        return False
 
     def note_close(self, who: str, ws) -> None:
         self.counters["closed_sockets"] += 1
@@ -436,8 +443,9 @@ async def _client_main(cfg: LoadConfig, run: str, pair_ids: list[int], counts: l
                     t = time.perf_counter()
                     for p in pairs:
                         p.sweep(t)
-                    if shared.counters["missing"] >= cfg.max_missing and not shared.aborted:
-                        shared.aborted = f"stopped sending after {shared.counters['missing']} missing messages"
+                    lost = shared.counters["missing"] + shared.counters["refused"]
+                    if lost >= cfg.max_missing and not shared.aborted:
+                        shared.aborted = f"stopped sending after {lost} missing or refused messages"
                         for p in pairs:
                             p.stop_sending = True
             tasks.append(asyncio.create_task(sweeper()))
@@ -646,7 +654,7 @@ def summarise(cfg: LoadConfig, raw: list[dict], hub_cpu: float | None, box: tupl
 
 def format_summary(r: dict) -> str:
     lat = r["lat_ms"]
-    bad = {k: r[k] for k in ("missing", "duplicates", "late", "unexpected", "malformed", "errors",
+    bad = {k: r[k] for k in ("missing", "refused", "duplicates", "late", "unexpected", "malformed", "errors",
                              "receipts_negative", "receipt_missing", "closed_sockets") if r.get(k)}
     s = (f"{r['senders']}x{r['window']}{' +receipts' if r['receipts'] else ''}: "
          f"{r['delivered']}/{r['sent']} in {r['elapsed_s']:.2f}s = {r['msg_per_s']:.0f} msg/s; "
