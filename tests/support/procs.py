@@ -51,6 +51,7 @@ class HubProcess:
     scheme: str = "ws"
     env: dict[str, str] | None = None
     log_path: Path | None = None
+    ready_path: str | None = None  # polled after the port opens, until it answers 200
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -74,7 +75,22 @@ class HubProcess:
         if out is not subprocess.DEVNULL:
             out.close()
         wait_port(self.host, self.port, ready_timeout, self.proc)
+        if self.ready_path:
+            self.wait_ready(ready_timeout)
         return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.alive():
+                raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log()[-2000:]}")
+            try:
+                self.get_json(self.ready_path, timeout=2.0)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -134,7 +150,7 @@ def hubd_process(workdir: Path, *args: str, port: int | None = None, hub_id: str
     full_env = dict(os.environ)
     full_env.update(env or {})
     return HubProcess(argv, port, host=host, scheme=scheme, env=full_env,
-                      log_path=workdir / f"hubd-{port}.log")
+                      log_path=workdir / f"hubd-{port}.log", ready_path="/readyz")
 
 
 def reference_venv() -> Path:
@@ -175,4 +191,4 @@ def reference_hub_process(workdir: Path, *args: str, port: int | None = None, hu
     argv = [str(venv / "bin" / "synapse"), "hub", "--host", "127.0.0.1", "--port", str(port),
             "--db", str(db), "--hub-id", hub_id, "--metrics", *args]
     return HubProcess(argv, port, scheme=scheme, env=reference_env(workdir / "home"),
-                      log_path=workdir / f"ref-{port}.log")
+                      log_path=workdir / f"ref-{port}.log", ready_path="/health")
