@@ -42,7 +42,8 @@ class Hub:
         self.config = config
         self.metrics = HubMetrics()
         self.hub_id: str = config.hub_id or ""
-        self.writer = JournalWriter(config.db, self.metrics, self._journal_failed)
+        self.writer = JournalWriter(config.db, self.metrics, self._journal_failed,
+                                    self._journal_committed)
         self.router: Router | None = None
         self.forwarding = None  # federation.forwarding, when message peers are configured
         self.ready = False
@@ -83,6 +84,10 @@ class Hub:
         self.corrupt_rows = corrupt
         return state
 
+    def _journal_committed(self) -> None:
+        if self.router is not None:
+            self.router.journal_committed()
+
     def _journal_failed(self, failure) -> None:
         if self.router is not None:
             self.router.post_control(failure)
@@ -109,7 +114,7 @@ class Hub:
         state = await self.load_state()
         self.router = Router(self, state)
         if self.corrupt_rows:
-            self.router.refusing_mutations = "journal_recovery_required"
+            self.router.refuse_permanently("journal recovery required")
             log.error("journal replay quarantined undecodable rows; mutations are refused",
                       rows=len(self.corrupt_rows), first_seq=self.corrupt_rows[0].seq)
         self.metrics.gauge("hubd_journal_seq", "Last committed journal sequence.",

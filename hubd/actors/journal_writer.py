@@ -56,11 +56,13 @@ def release(outcomes: list[Outcome], use_failure: bool, frames_out: dict) -> Non
 
 
 class JournalWriter:
-    def __init__(self, path: str | Path, metrics, on_failure: Callable[[JournalFailed], None]):
+    def __init__(self, path: str | Path, metrics, on_failure: Callable[[JournalFailed], None],
+                 on_commit: Callable[[], None] | None = None):
         self.path = Path(path)
         self.inbox: asyncio.Queue = asyncio.Queue(QUEUE_BATCHES)
         self.metrics = metrics
         self._on_failure = on_failure
+        self._on_commit = on_commit
         self._thread = DbThread("journal-writer")
         self.store: JournalStore | None = None
         self.failed = False
@@ -130,4 +132,6 @@ class JournalWriter:
             else:
                 self.committed_seq = events[-1].seq
                 self.metrics.observe_commit(len(events), time.perf_counter() - started)
+                if self._on_commit is not None:
+                    self._on_commit()
         release(group, failed, self.metrics.frames_out)

@@ -38,6 +38,11 @@ log = structlog.get_logger("hubd.router")
 
 INBOX_COMMANDS = 4096
 MAX_BATCH_COMMANDS = 2048
+# After a failed commit, mutations are refused up front for this long (doubling
+# while failures repeat), so a full disk costs one state rebuild per backoff
+# period rather than one per batch.
+REFUSAL_BACKOFF_START = 1.0
+REFUSAL_BACKOFF_MAX = 30.0
 
 Handler = Callable[["Router", Session, dict, int], None]
 HANDLERS: dict[str, Handler] = {}
@@ -49,12 +54,22 @@ ON_UNREGISTER: list[Callable[["Router", Session], None]] = []
 PERIODIC: list[Callable[["Router"], None]] = []
 
 
-def handles(*types: str):
+# Verbs that only read: still served while the journal cannot be written.
+READ_ONLY: set[str] = set()
+
+
+def handles(*types: str, reads_only: bool = False):
     def register(fn: Handler) -> Handler:
         for type_ in types:
             HANDLERS[type_] = fn
+            if reads_only:
+                READ_ONLY.add(type_)
         return fn
     return register
+
+
+class JournalUnavailable(Exception):
+    """Raised by Router.event() while mutations are refused."""
 
 
 class CloseSocket:
@@ -88,7 +103,12 @@ class Router:
         self._batch: list[Outcome] = []
         self._needs_rebuild = False
         self._journal_failed = False
-        self.refusing_mutations: str | None = None  # why mutations are refused, if they are
+        # Why mutations are refused, if they are; a refusal after a failed
+        # commit lifts at _refuse_until, one for corrupt rows never does.
+        self.refusing_mutations: str | None = None
+        self._refusal_permanent = False
+        self._refuse_until = 0.0
+        self._backoff = REFUSAL_BACKOFF_START
         self.now = 0.0
         self.out = Outcome()
 
@@ -98,17 +118,27 @@ class Router:
         inbox = self.inbox
         while True:
             command = await inbox.get()
+            await self._handle_control()
             self._dispatch(command)
             handled = 1
-            while handled < MAX_BATCH_COMMANDS:
+            # A round ends early when a handler failed mid-mutation (nothing
+            # more is decided on a dirty state) or another actor has news
+            # (a failed commit must be handled before the next decision).
+            while handled < MAX_BATCH_COMMANDS and not self._needs_rebuild and not self._control:
                 try:
                     command = inbox.get_nowait()
                 except asyncio.QueueEmpty:
                     break
                 self._dispatch(command)
                 handled += 1
-            while self._control:
-                self._dispatch(self._control.popleft())
+            await self._flush()
+            if self._needs_rebuild:
+                await self._rebuild_after_crash()
+            await self._handle_control()
+
+    async def _handle_control(self) -> None:
+        while self._control:
+            self._dispatch(self._control.popleft())
             await self._flush()
             if self._journal_failed:
                 await self._recover_from_journal_failure()
@@ -136,7 +166,7 @@ class Router:
     def _dispatch(self, command) -> None:
         kind = type(command)
         self.now = time.time()
-        self.out = out = Outcome()
+        self.out = Outcome()
         if kind is Inbound:
             conn = command.conn
             session = self.presence.sessions.get(conn)
@@ -154,6 +184,7 @@ class Router:
             self._safely(None, command, self)
         else:
             raise TypeError(f"router got an unknown command {command!r}")
+        out = self.out  # a failed handler's outcome was replaced by an empty one
         if out.events or out.sends or out.after_release is not None:
             self._batch.append(out)
 
@@ -162,6 +193,17 @@ class Router:
         connection (1011) and leaves no partial state behind."""
         try:
             fn(*args)
+        except JournalUnavailable:
+            if self.out.events:
+                self._needs_rebuild = True
+            self.out = Outcome()
+            session = args[0] if args and isinstance(args[0], Session) else None
+            if session is not None:
+                self.error(session, f"The hub cannot write its journal right now "
+                                    f"({self.refusing_mutations}); nothing was changed. "
+                                    "Reads still work; retry later.")
+                self._batch.append(self.out)
+                self.out = Outcome()
         except Exception:
             out = self.out
             log.exception("handler failed; closing its connection", conn=getattr(conn, "id", None))
@@ -193,6 +235,10 @@ class Router:
             self.error(session, f"Unknown message type '{type_}'.")
             return
         handler(self, session, frame, size)
+        out = self.out
+        if out.events and not out.failure:
+            self.fail_privately(session, f"The hub could not journal this {type_}; it was not "
+                                         "applied. Retry later.")
 
     def _opened(self, conn) -> None:
         from hubd.handlers.session import opened
@@ -212,9 +258,19 @@ class Router:
 
     # -- the API handlers use
 
+    def mutations_refused(self) -> bool:
+        if self.refusing_mutations is None:
+            return False
+        if not self._refusal_permanent and self.now >= self._refuse_until:
+            self.refusing_mutations = None  # try the journal again
+            return False
+        return True
+
     def event(self, kind: str, payload: dict, route: dict | None = None,
-              payload_text: str | None = None, ts: float | None = None) -> Event:
+              payload_text: bytes | None = None, ts: float | None = None) -> Event:
         """Make the next event, apply it, and attach it to this command's outcome."""
+        if self.refusing_mutations is not None and self.mutations_refused():
+            raise JournalUnavailable()
         event = Event(self.state.last_seq + 1, self.now if ts is None else ts, kind, payload,
                       route, payload_text)
         apply(self.state, event)
@@ -277,6 +333,14 @@ class Router:
         log.warning("state rebuilt from the journal after a handler failure",
                     last_seq=self.state.last_seq)
 
+    def refuse_permanently(self, reason: str) -> None:
+        self.refusing_mutations = reason
+        self._refusal_permanent = True
+
+    def journal_committed(self) -> None:
+        """A commit succeeded: a later failure starts from the short backoff."""
+        self._backoff = REFUSAL_BACKOFF_START
+
     async def _recover_from_journal_failure(self) -> None:
         self._journal_failed = False
         self._needs_rebuild = False
@@ -284,9 +348,14 @@ class Router:
             await self._rebuild()
         except Exception:
             # The journal cannot even be read: keep serving reads from the
-            # last state, refuse mutations until an operator intervenes.
+            # last state and refuse mutations until an operator intervenes.
             log.exception("journal unreadable after a failed commit; refusing mutations")
-            self.refusing_mutations = "journal unavailable"
+            self.refuse_permanently("journal unreadable")
+        if not self._refusal_permanent:
+            self.refusing_mutations = "journal write failed"
+            self._refuse_until = time.time() + self._backoff
+            log.warning("state rebuilt from the journal after a failed commit; refusing "
+                        "mutations for a while", last_seq=self.state.last_seq,
+                        seconds=self._backoff)
+            self._backoff = min(self._backoff * 2, REFUSAL_BACKOFF_MAX)
         await self.hub.writer.inbox.put(Resync())
-        log.warning("state rebuilt from the journal after a failed commit",
-                    last_seq=self.state.last_seq)

@@ -61,9 +61,6 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
     name = session.name
     now = router.now
     state = router.state
-    if router.refusing_mutations:
-        router.error(session, "Journal recovery is required; the chat was not accepted.")
-        return
     refused = router.quota.admit(session.conn.principal, size, now)
     if refused is not None:
         router.metrics.refuse_quota(refused)
@@ -116,6 +113,8 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
     if digest is not None:
         route["digest"] = digest
     event = router.event(ev.CHAT, frame, route, payload_text=text)
+    router.fail_privately(session, "Chat was not journalled; it was not routed. Retry with the "
+                                   "same client_msg_id.", client_msg_id=frame.get("client_msg_id"))
 
     metrics = router.metrics
     metrics.chats_routed += 1

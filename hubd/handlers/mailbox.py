@@ -31,7 +31,7 @@ def serve_mailbox(router: Router, session: Session, frame: dict) -> None:
     if since is None or since < 0:
         since = 0
     since = min(since, state.last_seq)
-    if since > state.mailbox.watermark(identity):
+    if since > state.mailbox.watermark(identity) and not router.mutations_refused():
         router.event(ev.MAILBOX_WATERMARK, {"identity": identity, "seq": since})
     seqs = state.mailbox.replay_seqs(identity, _roles(router, session, identity), since)
     if seqs:
@@ -88,6 +88,8 @@ def _settle(router: Router, sender: str, ids: list[str]) -> None:
 
 
 def _on_register(router: Router, session: Session, frame: dict) -> None:
+    if router.mutations_refused():
+        return  # housekeeping waits for a writable journal; registration must not
     name = session.name
     if name in router.state.chat.dead_letters.by_target:
         router.event(ev.DEAD_LETTERS_CLEARED, {"target": name})

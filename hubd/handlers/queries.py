@@ -38,7 +38,7 @@ def mailbox_pending(router: Router) -> dict[str, int]:
             for name in names[:MAILBOX_PENDING_IDENTITIES]}
 
 
-@handles("who_request")
+@handles("who_request", reads_only=True)
 def who(router: Router, session: Session, frame: dict, size: int) -> None:
     hub = frame.get("hub")
     if isinstance(hub, str) and hub and hub != router.hub_id:
@@ -62,7 +62,7 @@ def who(router: Router, session: Session, frame: dict, size: int) -> None:
                         for n, s in by_name.items()})
 
 
-@handles("state_request")
+@handles("state_request", reads_only=True)
 def state_request(router: Router, session: Session, frame: dict, size: int) -> None:
     fields = {}
     request_id = frame.get("request_id")
@@ -93,7 +93,7 @@ def state_request(router: Router, session: Session, frame: dict, size: int) -> N
     router.reply(session, "state_snapshot", "State snapshot", **fields)
 
 
-@handles("history_request")
+@handles("history_request", reads_only=True)
 def history(router: Router, session: Session, frame: dict, size: int) -> None:
     entries = list(router.state.chat.history)
     by_id = "history_client_msg_id" in frame
@@ -120,7 +120,7 @@ def history(router: Router, session: Session, frame: dict, size: int) -> None:
                  requested_limit=requested)
 
 
-@handles("resume_request")
+@handles("resume_request", reads_only=True)
 def resume(router: Router, session: Session, frame: dict, size: int) -> None:
     since = strict_int(frame.get("since"))
     if since is None or since < 0:

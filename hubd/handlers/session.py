@@ -78,7 +78,7 @@ def announce_presence(router: Router, event: str, name: str) -> None:
                                   online_agents=router.presence.online(), event=event, agent=name))
 
 
-@handles("heartbeat")
+@handles("heartbeat", reads_only=True)
 def heartbeat(router: Router, session: Session, frame: dict, size: int) -> None:
     # Keepalives are never answered; a mailbox request is served by the
     # mailbox module's heartbeat hook.
