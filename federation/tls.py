@@ -22,6 +22,7 @@ def server_context(
     keyfile: PathLike,
     *,
     client_ca_file: PathLike | None = None,
+    client_ca_pem: str | None = None,
 ) -> ssl.SSLContext:
     """The context a hub serves wss:// with.
 
@@ -35,11 +36,19 @@ def server_context(
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = MINIMUM_TLS_VERSION
     _load_identity(context, certfile, keyfile, "server")
-    if client_ca_file is None:
-        context.verify_mode = ssl.CERT_NONE
-    else:
+    if client_ca_pem is not None:
+        # bytes the serving policy already read (owner-only checks done there),
+        # so OpenSSL never reopens the path
+        try:
+            context.load_verify_locations(cadata=client_ca_pem)
+        except ssl.SSLError as exc:
+            raise TlsConfigError(f"cannot load the client CA: {exc.reason or exc}") from None
+        context.verify_mode = ssl.CERT_OPTIONAL
+    elif client_ca_file is not None:
         _load_ca(context, client_ca_file)
         context.verify_mode = ssl.CERT_OPTIONAL
+    else:
+        context.verify_mode = ssl.CERT_NONE
     return context
 
 

@@ -19,6 +19,7 @@ import structlog
 from hubd import __version__, logs
 from hubd.config import (DEFAULT_DB, DEFAULT_PORT, DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS,
                          DEFAULT_QUOTA_WINDOW, HubConfig)
+from federation.config import FederationConfigError, build_federation_config
 from hubd.state.quota import QuotaLimits
 
 SUBCOMMANDS = {
@@ -72,6 +73,30 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"quota window in seconds (default {DEFAULT_QUOTA_WINDOW:g})")
     routing.add_argument("--no-durable-ingress-quota", action="store_true",
                          help="turn the per-principal ingress quota off")
+    fed = parser.add_argument_group(
+        "federation", "Forward chats to seats on peer hubs (PROJECT/seat@HUB) and serve peers. "
+        "Same flags and files as the reference hub; see policies/README.md.")
+    fed.add_argument("--tls-certfile", help="PEM certificate chain: serve wss:// natively")
+    fed.add_argument("--tls-keyfile", help="PEM private key for --tls-certfile")
+    fed.add_argument("--multihub-serving-policy", metavar="FILE",
+                     help="owner-only v1 serving policy: which peer hubs may forward to this "
+                          "hub, for which namespaces (needs --tls-certfile)")
+    fed.add_argument("--message-peer", action="append", default=[], metavar="HUB_ID=URI",
+                     help="forward chats for PROJECT/seat@HUB_ID to this peer (repeatable)")
+    fed.add_argument("--message-peer-pin", action="append", default=[],
+                     metavar="HUB_ID=sha256:HEX",
+                     help="accept the peer's wss certificate only by this pin (repeatable; "
+                          "several per peer for rotation; spki-sha256:HEX also accepted)")
+    fed.add_argument("--message-peer-token", help="connect token sent to every message peer")
+    fed.add_argument("--message-peer-token-file", metavar="PATH",
+                     help="read --message-peer-token from this owner-only file")
+    fed.add_argument("--multihub-client-certfile", metavar="FILE",
+                     help="client certificate this hub presents to its peers")
+    fed.add_argument("--multihub-client-keyfile", metavar="FILE",
+                     help="private key for --multihub-client-certfile")
+    fed.add_argument("--message-forward-ttl", type=float, default=86400.0, metavar="SECONDS",
+                     help="retry an unanswered forward this long before it expires "
+                          "(default 86400)")
     logging_ = parser.add_argument_group("logging")
     logging_.add_argument("--log-format", choices=("text", "json"), default="text")
     logging_.add_argument("--log-level", default="INFO",
@@ -101,6 +126,18 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.durable_ingress_window <= 0:
         parser.error("--durable-ingress-window must be positive")
+    peer_token = args.message_peer_token
+    if peer_token is None and args.message_peer_token_file:
+        peer_token = _read_secret(args.message_peer_token_file, "message peer token", parser)
+    try:
+        federation = build_federation_config(
+            message_peers=args.message_peer, message_peer_pins=args.message_peer_pin,
+            message_peer_token=peer_token, client_certfile=args.multihub_client_certfile,
+            client_keyfile=args.multihub_client_keyfile, forward_ttl=args.message_forward_ttl,
+            tls_certfile=args.tls_certfile, tls_keyfile=args.tls_keyfile,
+            serving_policy=args.multihub_serving_policy, hub_id=args.hub_id)
+    except FederationConfigError as exc:
+        parser.error(str(exc))
     quota = None if args.no_durable_ingress_quota else QuotaLimits(
         args.durable_ingress_events, args.durable_ingress_bytes, args.durable_ingress_window)
     return HubConfig(
@@ -110,7 +147,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         quota=quota, max_clients=args.max_clients,
         max_connections_per_host=args.max_connections_per_host, max_history=args.max_history,
         allow_origins=frozenset(args.allow_origin), log_format=args.log_format,
-        log_level=args.log_level)
+        log_level=args.log_level, federation=federation)
 
 
 async def serve(config: HubConfig) -> int:

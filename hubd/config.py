@@ -6,6 +6,7 @@ import hmac
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from federation.config import FederationConfig
 from hubd.state.quota import QuotaLimits
 
 DEFAULT_PORT = 8876
@@ -38,6 +39,7 @@ class HubConfig:
     allow_origins: frozenset[str] = field(default_factory=frozenset)
     log_format: str = "text"
     log_level: str = "INFO"
+    federation: FederationConfig = field(default_factory=FederationConfig)
 
     def token_matches(self, presented: str) -> bool:
         if self.token is None:

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
+import federation.receiver  # noqa: F401  (registers the hub-to-hub verbs)
 import hubd.handlers  # noqa: F401  (registers the verb handlers)
 from hubd.actors.connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN, SEND_DEADLINE_SECONDS
 from hubd.actors.journal_writer import JournalWriter
@@ -45,7 +46,8 @@ class Hub:
         self.writer = JournalWriter(config.db, self.metrics, self._journal_failed,
                                     self._journal_committed)
         self.router: Router | None = None
-        self.forwarding = None  # federation.forwarding, when message peers are configured
+        self.forwarding = None  # federation.forwarding.Forwarding, with message peers
+        self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
         self.ready = False
         self.started = time.time()
         self.corrupt_rows: list[CorruptRow] = []
@@ -98,6 +100,18 @@ class Hub:
 
     # -- lifetime
 
+    def load_federation(self) -> None:
+        """Serving policy and message peers (PolicyError, FederationConfigError)."""
+        federation = self.config.federation
+        if federation.serving_policy_path is not None:
+            from federation.policy import load_serving_policy
+
+            self.serving_policy = load_serving_policy(federation.serving_policy_path)
+        if federation.message_peers:
+            from federation.forwarding import Forwarding
+
+            self.forwarding = Forwarding(self, federation)
+
     async def open(self) -> None:
         store = await self.writer.open()
         stored = await self.writer.call(store.get_meta, "hub_id")
@@ -134,6 +148,8 @@ class Hub:
             group.create_task(self.writer.run(), name="journal-writer")
             group.create_task(self.router.run(), name="router")
             group.create_task(self._sweep(), name="sweeper")
+            if self.forwarding is not None:
+                self.forwarding.start(self.router, group)
             self.ready = True
             await self._stopping.wait()
             self.ready = False

@@ -22,10 +22,10 @@ class StartupError(RuntimeError):
 
 
 class HubServer:
-    def __init__(self, config: HubConfig, ssl_context=None):
+    def __init__(self, config: HubConfig):
         self.config = config
         self.hub = Hub(config)
-        self.ssl_context = ssl_context
+        self.ssl_context = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._run: asyncio.Task | None = None
@@ -38,6 +38,11 @@ class HubServer:
 
     async def start(self) -> None:
         config = self.config
+        try:
+            self.hub.load_federation()
+            self.ssl_context = self._tls_context()
+        except ValueError as exc:  # PolicyError, FederationConfigError, TlsConfigError
+            raise StartupError(str(exc)) from exc
         try:
             await self.hub.open()
         except HubIdMismatch as exc:
@@ -65,6 +70,16 @@ class HubServer:
         self._run = asyncio.get_running_loop().create_task(self._supervise())
         while not self.hub.ready and not self._run.done():
             await asyncio.sleep(0.001)
+
+    def _tls_context(self):
+        federation = self.config.federation
+        if federation.tls_certfile is None:
+            return None
+        from federation.tls import server_context
+
+        policy = self.hub.serving_policy
+        return server_context(federation.tls_certfile, federation.tls_keyfile,
+                              client_ca_pem=policy.client_ca_pem if policy else None)
 
     async def _supervise(self) -> int:
         code = 0

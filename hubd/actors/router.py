@@ -56,14 +56,20 @@ PERIODIC: list[Callable[["Router"], None]] = []
 
 # Verbs that only read: still served while the journal cannot be written.
 READ_ONLY: set[str] = set()
+# Hub-to-hub verbs: the only ones a peer hub's link may use.
+PEER_VERBS: set[str] = set()
+# Asked at a socket's first frame: is this a peer hub's link? (federation)
+PEER_CLAIMS: list[Callable[["Router", Session, dict], bool]] = []
 
 
-def handles(*types: str, reads_only: bool = False):
+def handles(*types: str, reads_only: bool = False, peers: bool = False):
     def register(fn: Handler) -> Handler:
         for type_ in types:
             HANDLERS[type_] = fn
             if reads_only:
                 READ_ONLY.add(type_)
+            if peers:
+                PEER_VERBS.add(type_)
         return fn
     return register
 
@@ -217,11 +223,18 @@ class Router:
                 conn.close(CLOSE_INTERNAL, "internal error")
 
     def _inbound(self, session: Session, frame: dict, size: int) -> None:
+        if session.peer_hub is not None:
+            self._from_peer(session, frame, size)
+            return
         name = session.name
         sender = frame.get("sender") or name
         if name is None:
             from hubd.handlers.session import register
 
+            for claim in PEER_CLAIMS:
+                if claim(self, session, frame):
+                    self._from_peer(session, frame, size)
+                    return
             if not register(self, session, frame):
                 return
         elif sender != name:
@@ -239,6 +252,22 @@ class Router:
         if out.events and not out.failure:
             self.fail_privately(session, f"The hub could not journal this {type_}; it was not "
                                          "applied. Retry later.")
+
+    def _from_peer(self, session: Session, frame: dict, size: int) -> None:
+        """A peer hub's link: its identity is its certificate, bound at its first frame."""
+        sender = frame.get("sender") or session.peer_hub
+        if sender != session.peer_hub:
+            from hubd.handlers.session import refuse_name_switch
+
+            refuse_name_switch(self, session, sender)
+            return
+        type_ = frame_type(frame)
+        if type_ in PEER_VERBS:
+            HANDLERS[type_](self, session, frame, size)
+        elif type_ != "heartbeat":
+            self.send(session.conn, self.frame(
+                "error", session.peer_hub,
+                f"A peer hub link speaks hub-to-hub verbs only, not '{type_}'."))
 
     def _opened(self, conn) -> None:
         from hubd.handlers.session import opened
@@ -325,6 +354,8 @@ class Router:
 
     async def _rebuild(self) -> None:
         self.state = await self.hub.load_state()
+        if self.hub.forwarding is not None:
+            self.hub.forwarding.resync(self)
 
     async def _rebuild_after_crash(self) -> None:
         await self._wait_committed()

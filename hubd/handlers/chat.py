@@ -59,14 +59,13 @@ def recipient_sockets(presence: Presence, recipients: list[str]) -> tuple:
 @handles("chat")
 def chat(router: Router, session: Session, frame: dict, size: int) -> None:
     name = session.name
-    now = router.now
-    state = router.state
-    refused = router.quota.admit(session.conn.principal, size, now)
+    refused = router.quota.admit(session.conn.principal, size, router.now)
     if refused is not None:
         router.metrics.refuse_quota(refused)
         router.error(session, f"Durable ingress quota exceeded ({refused}).")
         return
     target_raw = frame.get("target") or "all"
+    remote = None
     if "@" in target_raw:
         remote = parse_remote(target_raw)
         if isinstance(remote, RemoteTargetError):
@@ -77,48 +76,66 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
             router.error(session, f"Hub '{remote.hub}' is not a configured message peer of "
                                   "this hub.")
             return
-        forwarding.chat(router, session, frame, remote)
-        return
 
     client_msg_id = valid_client_msg_id(frame.get("client_msg_id"))
     digest = None
     if client_msg_id is not None:
         digest = content_digest(frame)
-        first = state.chat.retry.lookup(name, client_msg_id, now)
-        if first is not None:
-            if first.digest != digest:
-                router.error(session, f"client_msg_id '{client_msg_id}' was already used for "
-                                      "a different message.", client_msg_id=client_msg_id)
-                return
-            duplicate = {"duplicate": True, "client_msg_id": client_msg_id,
-                         "msg_id": first.msg_id, "seq": first.seq}
-            if first.forward_id:
-                duplicate["forward_id"] = first.forward_id
-            router.reply(session, "system",
-                         f"Chat '{client_msg_id}' was already accepted as message "
-                         f"{first.msg_id}; it was not routed again.", **duplicate)
+        if _is_retry(router, session, client_msg_id, digest):
             return
-
-    stamp_chat(router, frame, name)
-    target = parse_target(target_raw)
-    directed = not target.is_broadcast and not frame.get("channel")
-    presence = router.presence
-    if directed:
-        recipients = resolve_recipients(presence, target, name)
-    else:
-        recipients = [n for n in presence.by_name if n != name]
-    text = codec.encode(frame)
-    framed = text_frame(text)
-    route = {"recipients": recipients if directed else []}
-    if digest is not None:
-        route["digest"] = digest
-    event = router.event(ev.CHAT, frame, route, payload_text=text)
+    if remote is not None:
+        router.hub.forwarding.forward_chat(router, session, frame, remote, digest)
+        return
+    event, recipients, directed = route_chat(
+        router, frame, name, {"digest": digest} if digest is not None else None)
     router.fail_privately(session, "Chat was not journalled; it was not routed. Retry with the "
                                    "same client_msg_id.", client_msg_id=frame.get("client_msg_id"))
+    if frame.get("receipt_requested") is True:
+        send_receipt(router, session, frame, event.seq, recipients, directed)
 
+
+def _is_retry(router: Router, session: Session, client_msg_id: str, digest: str) -> bool:
+    """Answer a retried client_msg_id; True when the chat must not be routed again."""
+    first = router.state.chat.retry.lookup(session.name, client_msg_id, router.now)
+    if first is None:
+        return False
+    if first.digest != digest:
+        router.error(session, f"client_msg_id '{client_msg_id}' was already used for "
+                              "a different message.", client_msg_id=client_msg_id)
+        return True
+    duplicate = {"duplicate": True, "client_msg_id": client_msg_id,
+                 "msg_id": first.msg_id, "seq": first.seq}
+    if first.forward_id:
+        duplicate["forward_id"] = first.forward_id
+    router.reply(session, "system",
+                 f"Chat '{client_msg_id}' was already accepted as message "
+                 f"{first.msg_id}; it was not routed again.", **duplicate)
+    return True
+
+
+def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | None = None):
+    """Stamp, journal and fan out one chat from `sender` (a local seat, or
+    seat@HUB for a forwarded one). Returns (event, recipients, directed)."""
+    stamp_chat(router, frame, sender)
+    target = parse_target(frame.get("target") or "all")
+    outgoing = route_extra is not None and "forward" in route_extra
+    directed = not target.is_broadcast and not frame.get("channel") and not outgoing
+    presence = router.presence
+    if directed:
+        recipients = resolve_recipients(presence, target, sender)
+    elif outgoing:
+        recipients = []  # its recipients are on the peer hub
+    else:
+        recipients = [n for n in presence.by_name if n != sender]
+    text = codec.encode(frame)
+    route = {"recipients": recipients if directed else []}
+    if route_extra:
+        route.update(route_extra)
+    event = router.event(ev.CHAT, frame, route, payload_text=text)
+    framed = text_frame(text)
     metrics = router.metrics
     metrics.chats_routed += 1
-    if directed and router.config.private_directed:
+    if (directed or outgoing) and router.config.private_directed:
         dests = recipient_sockets(presence, recipients)
         if dests:
             router.out.sends.append((dests, framed, "chat"))
@@ -126,8 +143,7 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
         router.out.sends.append((presence.sockets, framed, "chat"))
     if directed and not recipients:
         metrics.dead_letters += 1
-    if frame.get("receipt_requested") is True:
-        send_receipt(router, session, frame, event.seq, recipients, directed)
+    return event, recipients, directed
 
 
 def stamp_chat(router: Router, frame: dict, sender: str) -> None:

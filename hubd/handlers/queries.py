@@ -17,8 +17,6 @@ MAILBOX_PENDING_IDENTITIES = 512
 
 # Other modules add sections to state_snapshot.snapshot: name -> builder.
 STATE_SECTIONS: dict[str, Callable[[Router], object]] = {}
-# A who_request naming a peer hub is answered by the forwarding layer.
-REMOTE_WHO: list[Callable[[Router, Session, dict, str], None]] = []
 
 
 def mailbox_pending(router: Router) -> dict[str, int]:
@@ -42,10 +40,11 @@ def mailbox_pending(router: Router) -> dict[str, int]:
 def who(router: Router, session: Session, frame: dict, size: int) -> None:
     hub = frame.get("hub")
     if isinstance(hub, str) and hub and hub != router.hub_id:
-        if REMOTE_WHO:
-            REMOTE_WHO[0](router, session, frame, hub)
-        else:
+        forwarding = router.hub.forwarding
+        if forwarding is None:
             router.error(session, f"Hub '{hub}' is not a configured message peer of this hub.")
+        else:
+            forwarding.remote_who(router, session, frame, hub)
         return
     presence = router.presence
     by_name = presence.by_name

@@ -68,8 +68,9 @@ def register(router: Router, session: Session, frame: dict) -> bool:
 
 
 def refuse_name_switch(router: Router, session: Session, sender: str) -> None:
-    _name_conflict(router, session, session.name,
-                   f"Sender name switch denied: '{session.name}' -> '{sender}'. "
+    name = session.name or session.peer_hub
+    _name_conflict(router, session, name,
+                   f"Sender name switch denied: '{name}' -> '{sender}'. "
                    "One socket speaks for one name.", "name switch")
 
 

@@ -38,14 +38,16 @@ class HubState:
 
 
 Applier = Callable[[HubState, Event], None]
-APPLIERS: dict[str, Applier] = {}
+# kind -> appliers, in registration order (the core's first; modules that keep
+# their own projection of the same events add theirs after)
+APPLIERS: dict[str, list[Applier]] = {}
 # name -> factory of an extra projection kept in HubState.extensions
 EXTENSIONS: dict[str, Callable[[], object]] = {}
 
 
 def applies(kind: str):
     def register(fn: Applier) -> Applier:
-        APPLIERS[kind] = fn
+        APPLIERS.setdefault(kind, []).append(fn)
         return fn
     return register
 
@@ -53,8 +55,7 @@ def applies(kind: str):
 def apply(state: HubState, event: Event) -> None:
     if event.seq <= state.last_seq:
         raise ValueError(f"event seq {event.seq} does not follow {state.last_seq}")
-    applier = APPLIERS.get(event.kind)
-    if applier is not None:
+    for applier in APPLIERS.get(event.kind, ()):
         applier(state, event)
     # Kinds without an applier are audit-only rows (claim denials, partition
     # evidence): they keep their seq but change no projection.

@@ -68,6 +68,12 @@ class Presence:
                 if not holders:
                     del self.by_role[role]
 
+    def mark_peer(self, session: Session, hub_id: str) -> None:
+        """This socket is a peer hub's link: it speaks only hub-to-hub verbs
+        and gets none of the local agents' traffic."""
+        session.peer_hub = hub_id
+        self.sockets = tuple(c for c in self.sockets if c is not session.conn)
+
     def online(self) -> list[str]:
         return sorted(self.by_name)
 

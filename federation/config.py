@@ -1,0 +1,128 @@
+"""Federation settings: message peers, pins, the client identity, the serving policy.
+
+The flags and their refusals are the reference hub's, so a site's command line
+moves over unchanged:
+
+    --message-peer west=wss://west.example:8876/     (repeatable)
+    --message-peer-pin west=sha256:<hex>             (repeatable; several per peer for rotation;
+                                                      spki-sha256:<hex> also accepted)
+    --message-peer-token / --message-peer-token-file
+    --multihub-client-certfile / --multihub-client-keyfile
+    --message-forward-ttl SECONDS                    (default 86400)
+    --tls-certfile / --tls-keyfile / --multihub-serving-policy
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from federation.pins import PinError, PinSet, parse_pin
+from hubd.wire.envelope import HUB_ID_RE
+
+DEFAULT_FORWARD_TTL = 86400.0
+
+
+class FederationConfigError(ValueError):
+    """A federation flag or file is wrong; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class PeerRoute:
+    hub_id: str
+    uri: str
+    pins: PinSet | None
+    token: str | None
+
+    @property
+    def secure(self) -> bool:
+        return self.uri.startswith("wss://")
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    message_peers: dict[str, PeerRoute] = field(default_factory=dict)
+    client_certfile: Path | None = None
+    client_keyfile: Path | None = None
+    forward_ttl: float = DEFAULT_FORWARD_TTL
+    tls_certfile: Path | None = None
+    tls_keyfile: Path | None = None
+    serving_policy_path: Path | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.message_peers) or self.serving_policy_path is not None
+
+    def client_context(self) -> ssl.SSLContext:
+        from federation.tls import peer_client_context
+
+        return peer_client_context(self.client_certfile, self.client_keyfile)
+
+
+def _pairs(values: list[str], flag: str) -> list[tuple[str, str]]:
+    pairs = []
+    for value in values:
+        name, sep, rest = value.partition("=")
+        if not sep or not name or not rest:
+            raise FederationConfigError(f"{flag} expects HUB_ID=VALUE, got {value!r}")
+        if not HUB_ID_RE.match(name):
+            raise FederationConfigError(
+                f"{flag}: hub id {name!r} must be 1-64 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit")
+        pairs.append((name, rest))
+    return pairs
+
+
+def build_federation_config(*, message_peers: list[str], message_peer_pins: list[str],
+                            message_peer_token: str | None, client_certfile: str | None,
+                            client_keyfile: str | None, forward_ttl: float,
+                            tls_certfile: str | None, tls_keyfile: str | None,
+                            serving_policy: str | None, hub_id: str | None) -> FederationConfig:
+    """Check the flags together, as the reference does, and build the config."""
+    if (tls_certfile is None) != (tls_keyfile is None):
+        raise FederationConfigError("native WSS requires both --tls-certfile and --tls-keyfile")
+    if serving_policy and tls_certfile is None:
+        raise FederationConfigError(
+            "--multihub-serving-policy requires native WSS: native WSS requires both "
+            "--tls-certfile and --tls-keyfile")
+    if (client_certfile is None) != (client_keyfile is None):
+        raise FederationConfigError("--multihub-client-certfile requires --multihub-client-keyfile "
+                                    "(and the reverse)")
+    if forward_ttl < 1:
+        raise FederationConfigError("--message-forward-ttl must be at least 1 second")
+    routes = dict(_pairs(message_peers, "--message-peer"))
+    if len(routes) != len(message_peers):
+        raise FederationConfigError("--message-peer names the same hub twice")
+    if routes and not hub_id:
+        raise FederationConfigError("--message-peer requires --hub-id: peers know this hub by it")
+    pins: dict[str, list] = {}
+    for name, value in _pairs(message_peer_pins, "--message-peer-pin"):
+        if name not in routes:
+            raise FederationConfigError(
+                f"--message-peer-pin requires --message-peer; no message peer named {name!r}")
+        try:
+            pins.setdefault(name, []).append(parse_pin(value))
+        except PinError as exc:
+            raise FederationConfigError(f"--message-peer-pin {name}: {exc}") from exc
+    peers = {}
+    for name, uri in routes.items():
+        scheme = urlsplit(uri).scheme
+        if scheme not in ("ws", "wss"):
+            raise FederationConfigError(f"--message-peer URI for {name!r} must be ws:// or wss://")
+        if client_certfile and scheme == "wss" and name not in pins:
+            raise FederationConfigError(
+                f"multi-hub client identity requires --message-peer-pin for hub {name!r}")
+        if name in pins and scheme != "wss":
+            raise FederationConfigError(f"--message-peer-pin {name}: a pin needs a wss:// URI")
+        peers[name] = PeerRoute(name, uri, PinSet(pins[name]) if name in pins else None,
+                                message_peer_token)
+    return FederationConfig(
+        message_peers=peers,
+        client_certfile=Path(client_certfile) if client_certfile else None,
+        client_keyfile=Path(client_keyfile) if client_keyfile else None,
+        forward_ttl=float(forward_ttl),
+        tls_certfile=Path(tls_certfile) if tls_certfile else None,
+        tls_keyfile=Path(tls_keyfile) if tls_keyfile else None,
+        serving_policy_path=Path(serving_policy) if serving_policy else None)

@@ -1,0 +1,257 @@
+"""Forwarding: a chat to PROJECT/seat@HUB, from the sender's frame to its receipts.
+
+Router side (runs inside Router commands, so it may make events):
+- forward_chat: journal the chat with its outbox row (one event), echo it
+  locally, and hand the row to the ForwardOutbox once committed;
+- settle / pending: turn what the outbox learned into a `forward_settled`
+  event and the receipts the sender asked for.
+
+The sender normally gets one receipt: the settled one, if the peer answers
+within FIRST_ANSWER. Otherwise it gets `pending` first and the settled receipt
+later, through the durable notification outbox (at once if it is online, else
+when it next registers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+import structlog
+
+from federation import state as fstate
+from federation.config import FederationConfig
+from federation.link import LinkError, PeerLink
+from federation.metrics import ForwardMetrics
+from federation.outbox import ACCEPTED, DUPLICATE, EXPIRED, REFUSED, ForwardOutbox
+from federation.state import PendingForward, outbox_of
+from hubd.actors.router import Router
+from hubd.handlers.chat import route_chat
+from hubd.handlers.mailbox import deliver_notifications
+from hubd.state.presence import Session
+from hubd.wire.targets import RemoteSeat
+
+log = structlog.get_logger("hubd.federation")
+
+FIRST_ANSWER = 1.0  # seconds a sender's receipt waits for the peer before "pending"
+MAX_PENDING_PER_PEER = 200_000
+
+
+class Forwarding:
+    def __init__(self, hub, config: FederationConfig):
+        self.hub = hub
+        self.config = config
+        self.links: dict[str, PeerLink] = {}
+        self.metrics = ForwardMetrics(hub.metrics.registry, self)
+        self.outbox: ForwardOutbox | None = None
+        # forwards whose sender was told "pending" (in memory: after a restart
+        # every settlement goes through the durable notification outbox)
+        self._told_pending: set[str] = set()
+        self._first_answer_due: dict[str, float] = {}
+
+    def knows(self, hub_id: str) -> bool:
+        return hub_id in self.config.message_peers
+
+    # -- lifetime
+
+    def start(self, router: Router, group: asyncio.TaskGroup) -> None:
+        context = self.config.client_context() if any(
+            r.secure for r in self.config.message_peers.values()) else None
+        for peer, route in self.config.message_peers.items():
+            self.links[peer] = PeerLink(
+                route, self.hub.hub_id, context, on_up=self._link_up, on_down=self._link_down,
+                on_result=self._on_result, on_rejected=self._on_rejected)
+        self.outbox = ForwardOutbox(self.hub.hub_id, self.links, self.metrics,
+                                    settle=self._settle_later, pending_notice=self._pending_later)
+        self.outbox.load(list(outbox_of(router.state).pending.values()))
+        for peer, link in self.links.items():
+            group.create_task(link.run(), name=f"peer-link-{peer}")
+            group.create_task(self.outbox.run_peer(peer), name=f"forward-outbox-{peer}")
+        group.create_task(self.outbox.sweep(), name="forward-outbox-sweep")
+        group.create_task(self._first_answer_sweep(), name="forward-first-answer")
+
+    def resync(self, router: Router) -> None:
+        """After the Router rebuilt its state: rows the outbox may have missed."""
+        if self.outbox is not None:
+            self.outbox.load(list(outbox_of(router.state).pending.values()))
+
+    # -- link callbacks (event loop, outside the Router)
+
+    def _link_up(self, peer: str) -> None:
+        self.outbox.link_up(peer)
+
+    def _link_down(self, peer: str, cause: str) -> None:
+        self.outbox.link_down(peer, cause)
+
+    def _on_result(self, peer: str, frame: dict) -> None:
+        self.outbox.on_result(peer, frame)
+
+    def _on_rejected(self, peer: str, text: str) -> None:
+        log.error("peer does not speak wire v5 forwarding; refusing its forwards", peer=peer,
+                  answer=text)
+        self.outbox.peer_rejected(peer, text)
+
+    def _settle_later(self, item: PendingForward, state: str, reason: str, detail: str,
+                      result: dict) -> None:
+        self.hub.router.post_control(
+            lambda router: self.settle(router, item, state, reason, detail, result))
+
+    def _pending_later(self, item: PendingForward, why: str) -> None:
+        if item.receipt_requested and item.forward_id not in self._told_pending:
+            self.hub.router.post_control(lambda router: self.pending(router, item, why))
+
+    async def _first_answer_sweep(self) -> None:
+        while True:
+            await asyncio.sleep(FIRST_ANSWER / 4)
+            now = time.monotonic()
+            late = [fid for fid, due in self._first_answer_due.items() if due <= now]
+            for forward_id in late:
+                del self._first_answer_due[forward_id]
+                item = outbox_of(self.hub.router.state).pending.get(forward_id)
+                if item is not None:
+                    peer = item.peer
+                    link = self.links[peer]
+                    why = "no answer yet" if link.up else (
+                        f"link to {peer} is down ({link.last_error['cause']})"
+                        if link.last_error else f"link to {peer} is down")
+                    self._pending_later(item, why)
+
+    # -- Router side
+
+    def forward_chat(self, router: Router, session: Session, frame: dict, remote: RemoteSeat,
+                     digest: str | None) -> None:
+        outbox = outbox_of(router.state)
+        peer = remote.hub
+        if self.outbox is not None:
+            backlog, _ = self.outbox.backlog(peer)
+            if backlog >= MAX_PENDING_PER_PEER:
+                router.metrics.refuse_quota("forward_backlog")
+                router.error(session, f"The forward backlog to '{peer}' is full "
+                                      f"({backlog} unsettled); the chat was not accepted.",
+                             client_msg_id=frame.get("client_msg_id"))
+                return
+        forward_id = secrets.token_hex(16)
+        frame["forward_id"] = forward_id
+        route = {"forward": {"peer": peer, "forward_id": forward_id, "seat": remote.seat,
+                             "expires_at": router.now + self.config.forward_ttl}}
+        if digest is not None:
+            route["digest"] = digest
+        route_chat(router, frame, session.name, route)
+        router.fail_privately(session, "Chat was not journalled; it was not forwarded. Retry "
+                                       "with the same client_msg_id.",
+                              client_msg_id=frame.get("client_msg_id"))
+        item = outbox.pending[forward_id]
+        if item.receipt_requested:
+            self._first_answer_due[forward_id] = time.monotonic() + FIRST_ANSWER
+        router.after_release(lambda: self.outbox.submit(item))
+
+    def settle(self, router: Router, item: PendingForward, state: str, reason: str, detail: str,
+               result: dict) -> None:
+        if item.forward_id not in outbox_of(router.state).pending:
+            return  # settled already (a late duplicate answer)
+        self._first_answer_due.pop(item.forward_id, None)
+        told_pending = item.forward_id in self._told_pending
+        self._told_pending.discard(item.forward_id)
+        payload = {"forward_id": item.forward_id, "peer": item.peer, "state": state,
+                   "reason_code": reason, "detail": detail, "chat_seq": item.seq}
+        sender = router.presence.session_of(item.sender)
+        receipt = None
+        if item.receipt_requested:
+            receipt = self.receipt(router, item, state, reason, detail, result,
+                                   deferred=told_pending)
+            if told_pending or sender is None:
+                payload["receipt"] = receipt  # durable: queued for the sender
+        router.event(fstate.FORWARD_SETTLED, payload)
+        if receipt is not None and sender is not None:
+            if "receipt" in payload:
+                deliver_notifications(router, sender)
+            else:
+                router.send(sender.conn, receipt)
+        if state in (REFUSED, EXPIRED):
+            log.warning("forward settled without delivery", peer=item.peer,
+                        forward_id=item.forward_id, state=state, reason=reason, detail=detail)
+
+    def pending(self, router: Router, item: PendingForward, why: str) -> None:
+        if item.forward_id in self._told_pending or \
+                item.forward_id not in outbox_of(router.state).pending:
+            return
+        self._told_pending.add(item.forward_id)
+        self._first_answer_due.pop(item.forward_id, None)
+        sender = router.presence.session_of(item.sender)
+        if sender is not None:
+            router.send(sender.conn, self.receipt(router, item, "pending", "forward_pending", why,
+                                                  {}, deferred=True))
+
+    def receipt(self, router: Router, item: PendingForward, state: str, reason: str,
+                detail: str, result: dict, deferred: bool) -> dict:
+        peer = item.peer
+        qualified = [f"{r}@{peer}" for r in result.get("recipients", []) if isinstance(r, str)]
+        delivered = state in (ACCEPTED, DUPLICATE) and result.get("delivered") is True
+        if state in (ACCEPTED, DUPLICATE):
+            reason_out = str(result.get("reason") or "")
+            dead = result.get("dead_lettered") is True
+            text = (f"delivered to {', '.join(qualified)} (forwarded to {peer})" if delivered else
+                    f"accepted by {peer}; {item.target_seat} is not online there, it waits in "
+                    "that hub's mailbox")
+        elif state == "pending":
+            reason_out, dead = "forward_pending", False
+            text = f"forward to {peer} pending ({detail}); retrying"
+        else:
+            reason_out = "forward_expired" if state == EXPIRED else "forward_refused"
+            dead = False
+            text = f"forward to {peer} {state}" + (f" ({reason}: {detail})" if detail else "")
+        return router.frame(
+            "delivery_receipt", item.sender, text, client_msg_id=item.client_msg_id,
+            delivered=delivered, deferred=deferred, dead_lettered=dead, reason=reason_out,
+            recipients=qualified, matched_recipients=qualified, stale_recipients=[],
+            message_id=item.msg_id, message_seq=item.seq, message_target=item.target,
+            forward_id=item.forward_id, forwarded_to=peer, forward_state=state,
+            refusal_code=reason if state == REFUSED else "",
+            receipt_notification_id=f"delivery-receipt:{item.seq}:forward-{state}")
+
+    def remote_who(self, router: Router, session: Session, frame: dict, hub_id: str) -> None:
+        """who_request naming a peer: asked over the link, answered when it replies."""
+        link = self.links.get(hub_id)
+        if link is None:
+            router.error(session, f"Hub '{hub_id}' is not a configured message peer of this hub.")
+            return
+        conn, name = session.conn, session.name
+        request = {"sender": self.hub.hub_id, "target": "System", "type": "multihub_message_forward",
+                   "payload": "", "forward_id": secrets.token_hex(16), "kind": "who",
+                   "sender_seat": name}
+
+        async def ask() -> None:
+            try:
+                answer = await link.request(request, timeout=5.0)
+            except LinkError as exc:
+                reply = lambda r: r.send(conn, r.frame(  # noqa: E731
+                    "error", name, f"Hub '{hub_id}' did not answer the roster request: {exc}"))
+            else:
+                result = answer.get("result") if isinstance(answer.get("result"), dict) else {}
+                if answer.get("disposition") != ACCEPTED:
+                    text = (f"Hub '{hub_id}' refused the roster request: "
+                            f"{answer.get('reason_code')} {answer.get('detail', '')}").strip()
+                    reply = lambda r: r.send(conn, r.frame("error", name, text))  # noqa: E731
+                else:
+                    seats = [f"{s}@{hub_id}" for s in result.get("online_agents", [])
+                             if isinstance(s, str)]
+                    reply = lambda r: r.send(conn, r.frame(  # noqa: E731
+                        "who_snapshot", name, "Who snapshot", remote_hub=hub_id,
+                        online_agents=sorted(seats), connected_clients=len(seats)))
+            self.hub.router.post_control(reply)
+
+        self.hub.track(asyncio.get_running_loop().create_task(ask()))
+
+    # -- observability
+
+    def health(self) -> dict:
+        out = {}
+        for peer, link in self.links.items():
+            count, age = self.outbox.backlog(peer) if self.outbox else (0, 0.0)
+            entry = {"pending": count, "oldest_pending_seconds": round(age, 3)}
+            entry.update(link.health())
+            success = self.outbox.queues[peer].last_success if self.outbox else None
+            entry["last_success"] = success
+            out[peer] = entry
+        return out

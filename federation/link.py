@@ -1,0 +1,235 @@
+"""PeerLink: one persistent, pinned (m)TLS WebSocket to one peer hub.
+
+The link registers under this hub's id, then carries many requests at once:
+forwards are correlated by forward_id, roster requests in order. Nothing is
+sent before the peer's certificate has matched one of its pins. Connecting and
+the welcome are bounded by timeouts, so a peer that accepts TCP and then hangs
+costs this hub one idle task, never a blocked sender. A lost link is retried
+with jittered backoff; whoever uses the link is told at once when it is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Callable
+
+import aiohttp
+import structlog
+
+from federation.config import PeerRoute
+from federation.pins import peer_certificate_der
+from hubd.wire import codec
+from hubd.wire.envelope import PROTOCOL_VERSION, strict_int
+
+log = structlog.get_logger("hubd.federation.link")
+
+CONNECT_TIMEOUT = 5.0
+BACKOFF_START = 0.2
+BACKOFF_MAX = 5.0
+STABLE_AFTER = 10.0  # a link up this long resets the reconnect backoff
+HEARTBEAT = 15.0
+
+# causes reported in /health and logs
+TLS = "tls"
+PIN_MISMATCH = "pin_mismatch"
+REFUSED = "refused"
+TIMEOUT = "timeout"
+CLOSED = "closed"
+AUTH = "auth_denied"
+PROTOCOL = "protocol"
+
+
+class LinkError(Exception):
+    def __init__(self, cause: str, detail: str):
+        super().__init__(f"{cause}: {detail}")
+        self.cause = cause
+        self.detail = detail
+
+
+class PeerLink:
+    def __init__(self, route: PeerRoute, hub_id: str, ssl_context, *,
+                 on_up: Callable[[str], None], on_down: Callable[[str, str], None],
+                 on_result: Callable[[str, dict], None],
+                 on_rejected: Callable[[str, str], None]):
+        self.route = route
+        self.peer = route.hub_id
+        self.hub_id = hub_id
+        self._ssl = ssl_context
+        self._on_up, self._on_down = on_up, on_down
+        self._on_result, self._on_rejected = on_result, on_rejected
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self.up = False
+        self.up_since: float | None = None
+        self.last_error: dict | None = None
+        self.peer_protocol_version: int | None = None
+        self.clock_skew: float | None = None
+        self.connects = 0
+        self._requests: dict[str, asyncio.Future] = {}
+        self._stop = False
+
+    # -- requests
+
+    async def send(self, frame: dict) -> bool:
+        """Write one frame; False if the link is not up (the caller retries later)."""
+        ws = self._ws
+        if ws is None or not self.up or ws.closed:
+            return False
+        try:
+            await ws.send_frame(codec.encode(frame), aiohttp.WSMsgType.TEXT)
+        except (ConnectionError, aiohttp.ClientError, RuntimeError):
+            return False
+        return True
+
+    async def request(self, frame: dict, timeout: float) -> dict:
+        """Send a forward and wait for its result (roster reads); LinkError when
+        the peer cannot answer in time."""
+        if not self.up:
+            raise LinkError(CLOSED, self.last_error["detail"] if self.last_error else "link down")
+        forward_id = frame["forward_id"]
+        future = asyncio.get_running_loop().create_future()
+        self._requests[forward_id] = future
+        try:
+            if not await self.send(frame):
+                raise LinkError(CLOSED, "link went down")
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError as exc:
+            raise LinkError(TIMEOUT, f"no answer from {self.peer} within {timeout:g}s") from exc
+        finally:
+            self._requests.pop(forward_id, None)
+
+    # -- lifetime
+
+    async def run(self) -> None:
+        backoff = BACKOFF_START
+        async with aiohttp.ClientSession() as session:
+            while not self._stop:
+                started = time.monotonic()
+                try:
+                    await self._connect_and_serve(session)
+                except LinkError as exc:
+                    self._record_error(exc.cause, exc.detail)
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                    self._record_error(*_classify(exc))
+                finally:
+                    self._went_down()
+                if time.monotonic() - started > STABLE_AFTER:
+                    backoff = BACKOFF_START
+                delay = backoff * (0.5 + random.random())
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                await asyncio.sleep(delay)
+
+    def stop(self) -> None:
+        self._stop = True
+        if self._ws is not None:
+            asyncio.get_running_loop().create_task(self._ws.close())
+
+    async def _connect_and_serve(self, session: aiohttp.ClientSession) -> None:
+        route = self.route
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            ws = await session.ws_connect(route.uri, ssl=self._ssl if route.secure else False,
+                                          heartbeat=HEARTBEAT, max_msg_size=16 * 1024 * 1024,
+                                          compress=0, autoping=True)
+        try:
+            if route.pins is not None:
+                der = peer_certificate_der(ws)
+                if der is None or not route.pins.matches(der):
+                    raise LinkError(PIN_MISMATCH, f"{self.peer} presented a certificate that "
+                                                  "matches none of its pins")
+            register = {"sender": self.hub_id, "target": "System", "type": "heartbeat",
+                        "payload": "online", "protocol_version": PROTOCOL_VERSION}
+            if route.token:
+                register["token"] = route.token
+            await ws.send_frame(codec.encode(register), aiohttp.WSMsgType.TEXT)
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                welcome = await self._await_welcome(ws)
+            self.peer_protocol_version = strict_int(welcome.get("protocol_version"))
+            ts = welcome.get("timestamp")
+            if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+                self.clock_skew = time.time() - ts
+            self._ws = ws
+            self.up = True
+            self.up_since = time.monotonic()
+            self.connects += 1
+            log.info("peer link up", peer=self.peer, uri=route.uri,
+                     peer_protocol_version=self.peer_protocol_version)
+            self._on_up(self.peer)
+            await self._read(ws)
+        finally:
+            await ws.close()
+
+    async def _await_welcome(self, ws) -> dict:
+        async for msg in ws:
+            if msg.type != aiohttp.WSMsgType.TEXT and msg.type != aiohttp.WSMsgType.BINARY:
+                break
+            frame = codec.decode_frame(msg.data)
+            if not isinstance(frame, dict):
+                continue
+            kind = frame.get("type")
+            if kind == "welcome":
+                return frame
+            if kind in ("auth_denied", "name_conflict"):
+                raise LinkError(AUTH if kind == "auth_denied" else REFUSED,
+                                f"{self.peer} refused the link: {frame.get('payload')}")
+        raise LinkError(CLOSED, f"{self.peer} closed the link before its welcome "
+                                f"(close code {ws.close_code})")
+
+    async def _read(self, ws) -> None:
+        async for msg in ws:
+            if msg.type != aiohttp.WSMsgType.TEXT and msg.type != aiohttp.WSMsgType.BINARY:
+                break
+            frame = codec.decode_frame(msg.data)
+            if not isinstance(frame, dict):
+                continue
+            kind = frame.get("type")
+            if kind == "multihub_message_result":
+                waiter = self._requests.pop(frame.get("forward_id"), None)
+                if waiter is None:
+                    self._on_result(self.peer, frame)
+                elif not waiter.done():
+                    waiter.set_result(frame)
+            elif kind == "error":
+                text = str(frame.get("payload", ""))
+                if "multihub_message_forward" in text:
+                    # A hub older than wire v5 does not know the verb at all.
+                    self._on_rejected(self.peer, text)
+                else:
+                    log.warning("peer sent an error", peer=self.peer, error=text)
+        raise LinkError(CLOSED, f"{self.peer} closed the link (code {ws.close_code})")
+
+    def _record_error(self, cause: str, detail: str) -> None:
+        self.last_error = {"cause": cause, "detail": detail, "at": time.time()}
+        log.warning("peer link failed", peer=self.peer, cause=cause, detail=detail)
+
+    def _went_down(self) -> None:
+        was_up = self.up
+        self.up = False
+        self._ws = None
+        self.up_since = None
+        for waiter in self._requests.values():
+            if not waiter.done():
+                waiter.set_exception(LinkError(CLOSED, "link went down"))
+        self._requests.clear()
+        if was_up:
+            cause = self.last_error["cause"] if self.last_error else CLOSED
+            self._on_down(self.peer, cause)
+
+    def health(self) -> dict:
+        return {"link": "up" if self.up else "down", "connects": self.connects,
+                "last_error": self.last_error, "peer_protocol_version": self.peer_protocol_version,
+                "clock_skew_seconds": round(self.clock_skew, 3) if self.clock_skew is not None
+                else None}
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return TIMEOUT, "connect or welcome timed out"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError) or "SSL" in text or "TLS" in text:
+        return TLS, text
+    if isinstance(exc, aiohttp.WSServerHandshakeError):
+        return REFUSED, text
+    if isinstance(exc, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
+        return REFUSED, text
+    return CLOSED, text

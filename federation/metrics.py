@@ -1,0 +1,63 @@
+"""Forwarding figures for /metrics and /health.
+
+The backlog gauges keep the reference hub's names
+(synapse_message_forward_pending, synapse_message_forward_oldest_pending_seconds)
+so dashboards built for it keep working; the rest are hubd's own.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class ForwardMetrics:
+    def __init__(self, registry, forwarding):
+        self.forwarding = forwarding
+        self.outcomes: dict[tuple[str, str], int] = {}
+        self.latency = Histogram("hubd_forward_latency_seconds",
+                                 "Time from sending a forward to the peer's answer.",
+                                 ["peer"], buckets=LATENCY_BUCKETS, registry=registry)
+        registry.register(self)
+
+    def forward_outcome(self, peer: str, outcome: str) -> None:
+        key = (peer, outcome)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+
+    def forward_latency(self, peer: str, seconds: float) -> None:
+        self.latency.labels(peer).observe(seconds)
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        fwd = self.forwarding
+        pending = GaugeMetricFamily("synapse_message_forward_pending",
+                                    "Forwards journaled for a peer and not yet settled.",
+                                    labels=["peer"])
+        oldest = GaugeMetricFamily("synapse_message_forward_oldest_pending_seconds",
+                                   "Age of the oldest unsettled forward per peer.",
+                                   labels=["peer"])
+        up = GaugeMetricFamily("hubd_peer_link_up", "1 while the link to the peer is up.",
+                               labels=["peer"])
+        last = GaugeMetricFamily("hubd_forward_last_success_timestamp_seconds",
+                                 "When the peer last accepted a forward (Unix time).",
+                                 labels=["peer"])
+        for peer in sorted(fwd.links):
+            count, age = fwd.outbox.backlog(peer)
+            pending.add_metric([peer], count)
+            oldest.add_metric([peer], age)
+            up.add_metric([peer], 1 if fwd.links[peer].up else 0)
+            success = fwd.outbox.queues[peer].last_success
+            last.add_metric([peer], success or 0)
+        yield pending
+        yield oldest
+        yield up
+        yield last
+        total = CounterMetricFamily("hubd_forward", "Forward attempts by peer and outcome.",
+                                    labels=["peer", "outcome"])
+        for (peer, outcome), n in sorted(self.outcomes.items()):
+            total.add_metric([peer, outcome], n)
+        yield total

@@ -1,0 +1,153 @@
+"""Forwarding projections, kept in HubState.extensions and rebuilt by replay.
+
+- the forward outbox: chats this hub journaled for a peer that are not settled
+  yet. A row is the chat event itself (its route names the peer and the
+  forward_id), so the chat and its outbox row commit together.
+- the forward inbox: forward_ids this hub accepted from peers, with a digest of
+  what was accepted and the result it answered, so a retry gets `duplicate`
+  and the same id with other content gets `forward_id_conflict`.
+
+Settlement (`forward_settled`) removes a row and, when the sender asked for a
+receipt after it was told "pending", queues the final receipt in the durable
+sender-notification outbox.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from hubd.state.events import Event
+from hubd.state.hub import EXTENSIONS, HubState, applies
+
+from hubd.wire.codec import encode
+
+FORWARD_SETTLED = "forward_settled"
+OUTBOX = "forward_outbox"
+INBOX = "forward_inbox"
+
+# Accepted forward ids remembered for deduplication. The origin retries a
+# forward for at most its TTL (a day by default); this many ids cover far
+# more than a day of traffic from every peer at any rate this hub sustains
+# for long, and the bound keeps memory fixed.
+INBOX_IDS = 500_000
+
+
+@dataclass(slots=True)
+class PendingForward:
+    forward_id: str
+    peer: str
+    seq: int  # the origin chat's seq
+    created: float
+    expires_at: float
+    sender: str
+    sender_seat: str
+    target_seat: str
+    body: dict
+    receipt_requested: bool
+    client_msg_id: str | None
+    msg_id: int
+    target: str  # as the sender wrote it: seat@peer
+
+    def frame(self, origin_hub: str) -> dict:
+        return {"sender": origin_hub, "target": "System", "type": "multihub_message_forward",
+                "payload": "", "forward_id": self.forward_id, "kind": "chat",
+                "sender_seat": self.sender_seat, "target_seat": self.target_seat,
+                "body": self.body}
+
+
+@dataclass
+class ForwardOutbox:
+    pending: OrderedDict = field(default_factory=OrderedDict)  # forward_id -> PendingForward
+
+    def for_peer(self, peer: str) -> list[PendingForward]:
+        return [p for p in self.pending.values() if p.peer == peer]
+
+
+@dataclass(slots=True, frozen=True)
+class Accepted:
+    digest: str
+    origin: str
+    result: dict
+
+
+@dataclass
+class ForwardInbox:
+    accepted: OrderedDict = field(default_factory=OrderedDict)  # forward_id -> Accepted
+
+    def remember(self, forward_id: str, entry: Accepted) -> None:
+        self.accepted[forward_id] = entry
+        while len(self.accepted) > INBOX_IDS:
+            self.accepted.popitem(last=False)
+
+
+EXTENSIONS[OUTBOX] = ForwardOutbox
+EXTENSIONS[INBOX] = ForwardInbox
+
+
+def outbox_of(state: HubState) -> ForwardOutbox:
+    return state.extensions[OUTBOX]
+
+
+def inbox_of(state: HubState) -> ForwardInbox:
+    return state.extensions[INBOX]
+
+
+def forward_digest(sender_seat: str, target_seat: str, kind: str, body: dict) -> str:
+    """What a forward_id is bound to: any change, even origin_timestamp, is a conflict."""
+    canonical = encode({"kind": kind, "sender_seat": sender_seat, "target_seat": target_seat,
+                        "body": body})
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def forward_body(frame: dict) -> dict:
+    """The part of a chat that crosses to the peer."""
+    body = {"payload": frame.get("payload"), "origin_msg_id": frame["msg_id"],
+            "origin_timestamp": frame["timestamp"]}
+    for name in ("client_msg_id", "metadata", "priority", "reply_to"):
+        if name in frame:
+            body[name] = frame[name]
+    return body
+
+
+@applies("chat")
+def _apply_forwarding(state: HubState, event: Event) -> None:
+    route = event.route
+    if not route:
+        return
+    outgoing = route.get("forward")
+    if outgoing is not None:
+        frame = event.payload
+        outbox_of(state).pending[outgoing["forward_id"]] = PendingForward(
+            forward_id=outgoing["forward_id"], peer=outgoing["peer"], seq=event.seq,
+            created=event.ts, expires_at=outgoing["expires_at"], sender=frame["sender"],
+            sender_seat=frame["sender"], target_seat=outgoing["seat"],
+            body=forward_body(frame), receipt_requested=frame.get("receipt_requested") is True,
+            client_msg_id=frame.get("client_msg_id"), msg_id=frame["msg_id"],
+            target=frame.get("target", ""))
+        return
+    incoming = route.get("forwarded")
+    if incoming is not None:
+        recipients = route.get("recipients", [])
+        inbox_of(state).remember(incoming["forward_id"], Accepted(
+            incoming["digest"], incoming["origin"], result_of(event, recipients)))
+
+
+def result_of(event: Event, recipients: list[str]) -> dict:
+    """The `result` a receiving hub answers for an accepted forwarded chat."""
+    delivered = bool(recipients)
+    return {"seq": event.seq, "msg_id": event.payload.get("msg_id"), "delivered": delivered,
+            "recipients": list(recipients), "matched_recipients": list(recipients),
+            "stale_recipients": [], "reason": "" if delivered else "no_online_recipient",
+            "dead_lettered": not delivered}
+
+
+@applies(FORWARD_SETTLED)
+def _apply_settled(state: HubState, event: Event) -> None:
+    payload = event.payload
+    outbox_of(state).pending.pop(payload["forward_id"], None)
+    receipt = payload.get("receipt")
+    if receipt is not None:
+        state.receipts.queue_notification(receipt["target"], receipt["receipt_notification_id"],
+                                          receipt)
