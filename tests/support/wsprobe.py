@@ -54,12 +54,18 @@ class WsProbe:
     # -- lifecycle -----------------------------------------------------------------
 
     @classmethod
-    async def open(cls, url: str, *, timeout: float = 5.0, headers: dict | None = None) -> "WsProbe":
+    async def open(cls, url: str, *, timeout: float = 5.0, headers: dict | None = None,
+                   ssl: Any = None) -> "WsProbe":
+        """ssl: an SSLContext (e.g. presenting a client certificate); for wss://
+        without one, the test hub's self-signed certificate is not verified."""
         session = aiohttp.ClientSession()
+        if ssl is None and url.startswith("wss://"):
+            ssl = False
         try:
             ws = await asyncio.wait_for(
                 session.ws_connect(url, autoclose=False, autoping=True, headers=headers,
-                                   max_msg_size=16 * 1024 * 1024), timeout)
+                                   max_msg_size=16 * 1024 * 1024,
+                                   ssl=ssl if ssl is not None else True), timeout)
         except BaseException:
             await session.close()
             raise

@@ -1,0 +1,277 @@
+"""Cross-site forwarding between real hubd processes over pinned mTLS links,
+with certificates made by `hubd certs`."""
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from federation.tls import peer_client_context
+from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.procs import free_port, hubd_process
+from tests.support.wsprobe import WsProbe
+
+
+@pytest.fixture
+def pki(tmp_path):
+    return make_pki(tmp_path / "pki", ["east", "west", "north"])
+
+
+def start_pair(tmp_path, pki, *, grants=None, east_extra=(), pin=None, client_cert=True,
+               west_port=None):
+    policy = write_serving_policy(tmp_path / "west-policy", pki, grants or {"east": ["PROJ"]})
+    west_site = site_flags(pki, "west", policy)
+    west = hubd_process(tmp_path / "west", *west_site.serve, hub_id="west", scheme="wss",
+                        port=west_port)
+    west.start()
+    east_site = site_flags(pki, "east", None)
+    flags = ["--message-peer", f"west=wss://127.0.0.1:{west.port}/", "--message-peer-pin",
+             f"west={pin or pki.server_pin('west')}"]
+    if client_cert:
+        flags += east_site.connect
+    east = hubd_process(tmp_path / "east", *flags, *east_extra, hub_id="east")
+    east.start()
+    return east, west
+
+
+async def joined(url, name, **extra):
+    probe = await WsProbe.open(url)
+    await probe.recv_type("welcome")
+    await probe.register(name, **extra)
+    await probe.recv_type("presence_update", agent=name)
+    return probe
+
+
+def wait_for(predicate, timeout=10.0, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def test_chat_east_to_west_with_receipt(tmp_path, pki):
+    east, west = start_pair(tmp_path, pki)
+    try:
+        async def scenario():
+            bob = await joined(west.url, "PROJ/bob")
+            alice = await joined(east.url, "PROJ/alice")
+            await alice.chat("PROJ/alice", "PROJ/bob@west", "hello bob", client_msg_id="x1",
+                             receipt_requested=True)
+            got = await bob.recv_type("chat", timeout=10)
+            assert got["sender"] == "PROJ/alice@east" and got["forwarded_from"] == "east"
+            assert got["target"] == "PROJ/bob" and got["payload"] == "hello bob"
+            assert got["client_msg_id"] == "x1" and got["hub_id"] == "west"
+            receipt = await alice.recv_type("delivery_receipt", timeout=10)
+            assert receipt["forward_state"] == "accepted" and receipt["delivered"] is True
+            assert receipt["forwarded_to"] == "west" and receipt["forward_id"] == got["forward_id"]
+            assert receipt["recipients"] == ["PROJ/bob@west"]
+            assert receipt["client_msg_id"] == "x1" and receipt["message_target"] == "PROJ/bob@west"
+            # offline seat: accepted, waits in west's mailbox
+            await alice.chat("PROJ/alice", "PROJ/carol@west", "for carol", receipt_requested=True)
+            offline = await alice.recv_type("delivery_receipt", message_target="PROJ/carol@west",
+                                            timeout=10)
+            assert offline["forward_state"] == "accepted" and offline["delivered"] is False
+            assert offline["reason"] == "no_online_recipient"
+            # local refusals: unknown hub, comma list, glob
+            for target, words in [("PROJ/bob@nowhere", "not a configured message peer"),
+                                  ("PROJ/a@west,PROJ/b@west", "exactly one seat"),
+                                  ("PROJ/*@west", "not an audience or a glob")]:
+                await alice.chat("PROJ/alice", target, "no")
+                assert words in (await alice.recv_type("error"))["payload"]
+            # roster of the peer, limited to granted namespaces
+            other = await joined(west.url, "OTHER/zed")
+            await alice.send_json({"sender": "PROJ/alice", "type": "who_request", "hub": "west"})
+            roster = await alice.recv_type("who_snapshot", timeout=10)
+            assert roster["remote_hub"] == "west" and roster["online_agents"] == ["PROJ/bob@west"]
+            for p in (alice, bob, other):
+                await p.close()
+        asyncio.run(scenario())
+        health = east.get_json("/health")["message_forward"]["west"]
+        assert health["link"] == "up" and health["pending"] == 0
+    finally:
+        east.stop()
+        west.stop()
+
+
+@pytest.mark.parametrize("problem", ["wrong_pin", "no_client_cert", "ungranted_namespace"])
+def test_refusals_deliver_nothing(tmp_path, pki, problem):
+    kwargs = {}
+    if problem == "wrong_pin":
+        kwargs["pin"] = pki.server_pin("north")
+    elif problem == "no_client_cert":
+        kwargs["client_cert"] = False
+    else:
+        kwargs["grants"] = {"east": ["OTHER"]}
+    east, west = start_pair(tmp_path, pki, **kwargs)
+    try:
+        async def scenario():
+            bob = await joined(west.url, "PROJ/bob")
+            alice = await joined(east.url, "PROJ/alice")
+            await alice.chat("PROJ/alice", "PROJ/bob@west", "must not arrive",
+                             receipt_requested=True)
+            receipt = await alice.recv_type("delivery_receipt", timeout=10)
+            await asyncio.sleep(0.3)
+            await bob.drain(0.2)
+            assert bob.seen("chat") == []
+            await alice.close()
+            await bob.close()
+            return receipt
+        receipt = asyncio.run(scenario())
+        assert receipt["delivered"] is False
+        health = east.get_json("/health")["message_forward"]["west"]
+        if problem == "wrong_pin":
+            assert receipt["forward_state"] == "pending"
+            assert health["link"] == "down" and health["last_error"]["cause"] == "pin_mismatch"
+        elif problem == "no_client_cert":
+            assert receipt["forward_state"] == "refused"
+            assert "no client certificate" in receipt["payload"]
+        else:
+            assert receipt["forward_state"] == "refused"
+            assert receipt["refusal_code"] == "namespace_not_granted"
+    finally:
+        east.stop()
+        west.stop()
+
+
+def scrape(hub, name, peer="west"):
+    import urllib.request
+    text = urllib.request.urlopen(hub.http_url + "/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{peer="{peer}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_peer_down_then_back_drains_at_once(tmp_path, pki):
+    east, west = start_pair(tmp_path, pki)
+    west_port = west.port
+    try:
+        async def send_while_down():
+            alice = await joined(east.url, "PROJ/alice")
+            for i in range(20):
+                await alice.chat("PROJ/alice", "PROJ/bob@west", f"m{i}", client_msg_id=f"d{i}",
+                                 receipt_requested=True)
+            pending = await alice.recv_type("delivery_receipt", timeout=10)
+            await alice.close()
+            return pending
+        west.stop()
+        # let the link notice and back off for a while
+        wait_for(lambda: east.get_json("/health")["message_forward"]["west"]["link"] == "down")
+        pending = asyncio.run(send_while_down())
+        assert pending["forward_state"] == "pending" and pending["reason"] == "forward_pending"
+        assert scrape(east, "synapse_message_forward_pending") == 20
+        time.sleep(3)
+        assert scrape(east, "synapse_message_forward_oldest_pending_seconds") >= 2
+
+        west.start()  # same port, same journal
+        up_at = time.monotonic()
+
+        async def collect():
+            bob = await WsProbe.open(west.url)
+            await bob.recv_type("welcome")
+            await bob.register("PROJ/bob", mailbox=True, since_seq=0)
+            got = []
+            while len(got) < 20:
+                got.append(await bob.recv_type("chat", timeout=10))
+            await bob.close()
+            return got
+        got = asyncio.run(collect())
+        wait_for(lambda: scrape(east, "synapse_message_forward_pending") == 0, timeout=5)
+        drained = time.monotonic() - up_at
+        assert drained < 2.0, f"backlog took {drained:.2f}s to drain after west came back"
+        assert sorted(g["client_msg_id"] for g in got) == sorted(f"d{i}" for i in range(20))
+        assert scrape(east, "hubd_peer_link_up") == 1
+    finally:
+        east.stop()
+        west.stop()
+
+
+def test_sigkill_origin_with_pending_forwards(tmp_path, pki):
+    east, west = start_pair(tmp_path, pki)
+    try:
+        west.stop()
+        wait_for(lambda: east.get_json("/health")["message_forward"]["west"]["link"] == "down")
+
+        async def send():
+            alice = await joined(east.url, "PROJ/alice")
+            for i in range(30):
+                await alice.chat("PROJ/alice", "PROJ/bob@west", f"k{i}", client_msg_id=f"k{i}")
+            await alice.send_json({"sender": "PROJ/alice", "type": "who_request"})
+            await alice.recv_type("who_snapshot")  # all 30 handled and committed
+            await alice.close()
+        asyncio.run(send())
+        east.kill()
+        west.start()
+        east.start()
+
+        async def collect():
+            bob = await WsProbe.open(west.url)
+            await bob.recv_type("welcome")
+            await bob.register("PROJ/bob", mailbox=True, since_seq=0)
+            got = []
+            while len(got) < 30:
+                got.append(await bob.recv_type("chat", timeout=15))
+            await bob.drain(1.0)
+            extra = bob.seen("chat")[30:]
+            await bob.close()
+            return got, extra
+        got, extra = asyncio.run(collect())
+        assert extra == []
+        ids = [g["client_msg_id"] for g in got]
+        assert sorted(ids) == sorted(f"k{i}" for i in range(30)) and len(set(ids)) == 30
+        wait_for(lambda: scrape(east, "synapse_message_forward_pending") == 0)
+    finally:
+        east.stop()
+        west.stop()
+
+
+def test_duplicate_and_conflicting_forward_ids(tmp_path, pki):
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    west = hubd_process(tmp_path / "west", *site_flags(pki, "west", policy).serve, hub_id="west",
+                        scheme="wss")
+    west.start()
+    try:
+        async def scenario():
+            bob = await joined(west.url, "PROJ/bob")
+            context = peer_client_context(pki.file("east", "client", "cert"),
+                                          pki.file("east", "client", "key"))
+            peer = await WsProbe.open(west.url, ssl=context)
+            forward = {"sender": "east", "target": "System", "type": "multihub_message_forward",
+                       "forward_id": "f-1", "kind": "chat", "sender_seat": "PROJ/alice",
+                       "target_seat": "PROJ/bob",
+                       "body": {"payload": "once", "origin_msg_id": 1, "origin_timestamp": 1.5}}
+            await peer.send_json(forward)
+            first = await peer.recv_type("multihub_message_result")
+            assert first["disposition"] == "accepted" and first["answering_hub"] == "west"
+            assert first["result"]["delivered"] is True
+            await peer.send_json(forward)
+            again = await peer.recv_type("multihub_message_result")
+            assert again["disposition"] == "duplicate" and again["result"] == first["result"]
+            changed = json.loads(json.dumps(forward))
+            changed["body"]["origin_timestamp"] = 2.5
+            await peer.send_json(changed)
+            conflict = await peer.recv_type("multihub_message_result")
+            assert conflict["disposition"] == "refused"
+            assert conflict["reason_code"] == "forward_id_conflict"
+            glob = dict(forward, forward_id="f-2", target_seat="PROJ/*")
+            await peer.send_json(glob)
+            assert (await peer.recv_type("multihub_message_result"))["reason_code"] == \
+                "invalid_target"
+            await bob.drain(0.3)
+            assert [c["payload"] for c in bob.seen("chat")] == ["once"]
+            # a local client claiming to be east, without the certificate, is refused
+            squatter = await WsProbe.open(west.url)
+            await squatter.send_json(dict(forward, forward_id="f-3"))
+            refused = await squatter.recv_type("multihub_message_result")
+            assert refused["disposition"] == "refused"
+            assert refused["reason_code"] == "peer_not_authorised"
+            assert "no client certificate" in refused["detail"]
+            for p in (bob, peer, squatter):
+                await p.close()
+        asyncio.run(scenario())
+    finally:
+        west.stop()
