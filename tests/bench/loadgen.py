@@ -65,6 +65,7 @@ class LoadConfig:
     connect_timeout: float = 15.0
     keepalive: float = 30.0          # receivers send who_request this often (stale-recipient gate)
     max_missing: int = 200           # stop sending once this many measured messages went missing
+    client: str = "raw"              # "raw": tests/bench/rawclient.py (asyncio Protocols); "aiohttp"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -418,6 +419,17 @@ class Shared:
 
 async def _client_main(cfg: LoadConfig, run: str, pair_ids: list[int], counts: list[int],
                        warm_counts: list[int], sync=None) -> dict:
+    """One client process: the raw client (default) or the aiohttp one."""
+    if cfg.client == "raw":
+        from tests.bench import rawclient
+        return await rawclient.client_main(cfg, run, pair_ids, counts, warm_counts, sync)
+    if cfg.client != "aiohttp":
+        raise ValueError(f"unknown client {cfg.client!r}")
+    return await _client_main_aiohttp(cfg, run, pair_ids, counts, warm_counts, sync)
+
+
+async def _client_main_aiohttp(cfg: LoadConfig, run: str, pair_ids: list[int], counts: list[int],
+                               warm_counts: list[int], sync=None) -> dict:
     """Connect the given pairs, warm up, run the measured phase, return raw results.
 
     ``sync``: None (single process) or a callable that blocks until every client
@@ -629,6 +641,7 @@ def summarise(cfg: LoadConfig, raw: list[dict], hub_cpu: float | None, box: tupl
         "url": cfg.url,
         "senders": cfg.senders, "window": cfg.window, "receipts": cfg.receipts,
         "count": None if cfg.duration else cfg.count, "duration": cfg.duration, "procs": procs,
+        "client": cfg.client,
         **counters,
         "elapsed_s": round(elapsed, 4),
         "msg_per_s": round(delivered / elapsed, 1) if delivered else 0.0,
@@ -656,7 +669,7 @@ def format_summary(r: dict) -> str:
     lat = r["lat_ms"]
     bad = {k: r[k] for k in ("missing", "refused", "duplicates", "late", "unexpected", "malformed", "errors",
                              "receipts_negative", "receipt_missing", "closed_sockets") if r.get(k)}
-    s = (f"{r['senders']}x{r['window']}{' +receipts' if r['receipts'] else ''}: "
+    s = (f"[{r.get('client', 'aiohttp')}] {r['senders']}x{r['window']}{' +receipts' if r['receipts'] else ''}: "
          f"{r['delivered']}/{r['sent']} in {r['elapsed_s']:.2f}s = {r['msg_per_s']:.0f} msg/s; "
          f"latency ms p50 {lat['p50']} p90 {lat['p90']} p99 {lat['p99']} max {lat['max']}")
     if r.get("receipt_lat_ms") and r["receipt_lat_ms"]["n"]:
@@ -689,6 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--msg-timeout", type=float, default=10.0)
     ap.add_argument("--drain-timeout", type=float, default=20.0)
     ap.add_argument("--procs", type=int, default=1, help="client processes")
+    ap.add_argument("--client", choices=("raw", "aiohttp"), default="raw",
+                    help="raw: WebSocket on asyncio Protocols (tests/bench/rawclient.py, lean); "
+                         "aiohttp: the aiohttp client (the earlier harness)")
     ap.add_argument("--no-verify", action="store_true", help="do not json-parse matched chats")
     ap.add_argument("--hub-pid", type=int, default=None, help="measure this PID's CPU over the run")
     ap.add_argument("--max-missing", type=int, default=200, help="stop after this many missing messages")
@@ -699,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
                      count=a.count, duration=a.duration, receipts=a.receipts, payload_size=a.payload_size,
                      warmup=a.warmup, msg_timeout=a.msg_timeout, drain_timeout=a.drain_timeout,
                      procs=a.procs, verify=not a.no_verify, prefix=a.prefix, hub_pid=a.hub_pid,
-                     max_missing=a.max_missing)
+                     max_missing=a.max_missing, client=a.client)
     r = run_load(cfg)
     if a.json:
         print(json.dumps(r))

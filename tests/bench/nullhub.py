@@ -51,8 +51,9 @@ def unmask(data: bytes, key: bytes) -> bytes:
 
 
 class Hub:
-    def __init__(self, private: bool) -> None:
+    def __init__(self, private: bool, batch: bool = True) -> None:
         self.private = private
+        self.batch = batch
         self.clients: dict[str, "Conn"] = {}
         self.msg_id = 0
 
@@ -64,9 +65,29 @@ class Conn(asyncio.Protocol):
         self.upgraded = False
         self.name: str | None = None
         self.transport: asyncio.Transport | None = None
+        self.out: list[bytes] = []
+        self.flush_scheduled = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+
+    def write(self, frame: bytes) -> None:
+        """Queue a frame; like hubd, everything queued in one loop iteration leaves in one write."""
+        if not self.hub.batch:
+            self.transport.write(frame)
+            return
+        self.out.append(frame)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        out = self.out
+        if out:
+            self.out = []
+            if not self.transport.is_closing():
+                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def connection_lost(self, exc) -> None:
         if self.name and self.hub.clients.get(self.name) is self:
@@ -146,23 +167,23 @@ class Conn(asyncio.Protocol):
             for nm in (d.get("target"), self.name):
                 c = hub.clients.get(nm)
                 if c is not None:
-                    c.transport.write(frame)
+                    c.write(frame)
         else:
             for c in hub.clients.values():
-                c.transport.write(frame)
+                c.write(frame)
         if b'"receipt_requested":true' in payload:
             d = json.loads(payload)
             hub.msg_id += 1
-            self.transport.write(encode_frame(json.dumps({
+            self.write(encode_frame(json.dumps({
                 "type": "delivery_receipt", "sender": "SynapseHub", "target": self.name,
                 "client_msg_id": d.get("client_msg_id"), "message_target": d.get("target"),
                 "delivered": d.get("target") in hub.clients, "message_id": hub.msg_id,
                 "payload": "delivered"}).encode()))
 
 
-async def serve(port: int, private: bool) -> None:
+async def serve(port: int, private: bool, batch: bool = True) -> None:
     loop = asyncio.get_running_loop()
-    hub = Hub(private)
+    hub = Hub(private, batch)
     server = await loop.create_server(lambda: Conn(hub), "127.0.0.1", port)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -171,27 +192,117 @@ async def serve(port: int, private: bool) -> None:
         await stop.wait()
 
 
-def selftest(count: int, private: bool) -> int:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+def _parse_shape(shape: str) -> tuple[int, int, bool]:
+    """'4x8' -> (4, 8, False); '4x8+rcpt' -> (4, 8, True)."""
+    base, _, extra = shape.partition("+")
+    senders, _, window = base.partition("x")
+    return int(senders), int(window), extra == "rcpt"
+
+
+def selftest(a) -> int:
+    """Start one nullhub per routing and run loadgen with each client against it, interleaved.
+
+    Prints every run, then medians per shape/routing/client side by side: the harness
+    ceiling (what loadgen can show at all on this box) before (aiohttp) and after (raw).
+    """
+    import statistics
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, root)
     from tests.bench.loadgen import LoadConfig, format_summary, run_load
     from tests.support.procs import free_port, wait_port
 
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.bench.nullhub", "--port", str(port)] + (["--private"] if private else [])
-    proc = subprocess.Popen(argv, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    routings = ["private"] if a.private else [r.strip() for r in a.routing.split(",") if r.strip()]
+    clients = [c.strip() for c in a.clients.split(",") if c.strip()]
+    shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
+    hubs: dict[str, subprocess.Popen] = {}
+    ports: dict[str, int] = {}
+    runs: list[dict] = []
+    print(f"nullhub selftest: routings {routings}, clients {clients}, shapes {shapes}, rounds {a.rounds}, "
+          f"{'unbatched (one write per frame)' if a.unbatched else 'batched (one write per socket per loop turn)'}"
+          f" nullhub, {os.cpu_count()} cpus, loadavg {os.getloadavg()[0]:.2f}", flush=True)
     try:
-        wait_port("127.0.0.1", port, 10, proc)
-        for senders, window, n, rc in ((4, 8, count, False), (4, 8, count // 2, True), (1, 1, 2000, False)):
-            r = run_load(LoadConfig(url=f"ws://127.0.0.1:{port}/", senders=senders, window=window, count=n,
-                                    receipts=rc, hub_pid=proc.pid))
-            print(("private " if private else "") + format_summary(r), flush=True)
+        for routing in routings:
+            port = free_port()
+            argv = [sys.executable, "-m", "tests.bench.nullhub", "--port", str(port)]
+            argv += ["--private"] if routing == "private" else []
+            argv += ["--unbatched"] if a.unbatched else []
+            hubs[routing] = subprocess.Popen(argv, cwd=root)
+            ports[routing] = port
+        for routing, proc in hubs.items():
+            wait_port("127.0.0.1", ports[routing], 10, proc)
+        for rnd in range(1, a.rounds + 1):
+            for shape in shapes:
+                senders, window, rcpt = _parse_shape(shape)
+                n = 2000 if senders == 1 else a.count * max(1, window // 8) // (2 if rcpt else 1)
+                for routing in routings:
+                    for client in clients:
+                        cfg = LoadConfig(url=f"ws://127.0.0.1:{ports[routing]}/", senders=senders, window=window,
+                                         count=n, receipts=rcpt, hub_pid=hubs[routing].pid, client=client,
+                                         procs=a.procs)
+                        try:
+                            r = run_load(cfg)
+                        except Exception as e:  # noqa: BLE001 - report and go on
+                            print(f"  round {rnd} {shape} {routing} {client}: ERROR {type(e).__name__}: {e}",
+                                  flush=True)
+                            continue
+                        r.update(round=rnd, shape=shape, routing=routing)
+                        runs.append(r)
+                        print(f"  round {rnd} {routing:<7} " + format_summary(r), flush=True)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        for proc in hubs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in hubs.values():
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def med(vals):
+        vals = [v for v in vals if v is not None]
+        return statistics.median(vals) if vals else None
+
+    def f(v, nd=0, suffix=""):
+        return "-" if v is None else f"{v:.{nd}f}{suffix}"
+
+    hdr = ("shape", "routing", "client", "msg/s", "p50 ms", "p99 ms", "client cpu", "client us/msg",
+           "hub cpu", "other", "problems")
+    lines = [hdr]
+    best: dict[tuple, dict] = {}
+    for shape in shapes:
+        for routing in routings:
+            for client in clients:
+                rs = [r for r in runs if r["shape"] == shape and r["routing"] == routing and r["client"] == client]
+                if not rs:
+                    continue
+                row = {"msg_per_s": med([r["msg_per_s"] for r in rs])}
+                best[(shape, routing, client)] = row
+                probs = sum(r.get(k, 0) or 0 for r in rs for k in ("missing", "duplicates", "malformed", "errors",
+                                                                    "unexpected", "closed_sockets"))
+                lines.append((shape, routing, client, f(row["msg_per_s"]),
+                              f(med([r["lat_ms"]["p50"] for r in rs]), 2), f(med([r["lat_ms"]["p99"] for r in rs]), 2),
+                              f(med([r["client_cpu_util"] * 100 for r in rs]), 0, "%"),
+                              f(med([r["client_cpu_us_per_msg"] for r in rs]), 1),
+                              f(med([(r["hub_cpu_util"] or 0) * 100 for r in rs]), 0, "%"),
+                              f(med([r["other_cores"] for r in rs]), 2),
+                              str(probs or "none")))
+    widths = [max(len(str(l[i])) for l in lines) for i in range(len(hdr))]
+    print(f"\nharness ceiling against nullhub, medians of {a.rounds} round(s) "
+          "(cpu = share of one core; other = cores used by other work on the box):")
+    for l in lines:
+        print("  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip())
+    if "aiohttp" in clients and "raw" in clients:
+        print()
+        for shape in shapes:
+            for routing in routings:
+                b, r = best.get((shape, routing, "aiohttp")), best.get((shape, routing, "raw"))
+                if b and r and b["msg_per_s"]:
+                    print(f"  {shape:<9} {routing:<7} raw / aiohttp: {r['msg_per_s'] / b['msg_per_s']:.2f}x msg/s")
+    if a.json_out:
+        with open(a.json_out, "w") as fh:
+            json.dump(runs, fh, indent=1)
+        print(f"\nwrote {a.json_out}")
     return 0
 
 
@@ -199,12 +310,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="Do-nothing hub for measuring the load generator's ceiling.")
     ap.add_argument("--port", type=int, default=18999)
     ap.add_argument("--private", action="store_true", help="relay directed chats to target + sender only")
-    ap.add_argument("--selftest", action="store_true", help="start a nullhub, run loadgen against it, print")
-    ap.add_argument("--count", type=int, default=40000, help="messages for --selftest")
+    ap.add_argument("--unbatched", action="store_true",
+                    help="one transport write per frame (like the reference) instead of one per socket "
+                         "per loop iteration (like hubd)")
+    ap.add_argument("--selftest", action="store_true",
+                    help="start nullhubs, run loadgen against them with each client, print the ceilings")
+    ap.add_argument("--count", type=int, default=40000, help="--selftest: messages at 4x8 (scaled with the window)")
+    ap.add_argument("--rounds", type=int, default=1, help="--selftest: interleaved rounds")
+    ap.add_argument("--clients", default="aiohttp,raw", help="--selftest: loadgen clients to compare")
+    ap.add_argument("--routing", default="default,private", help="--selftest: default (broadcast), private")
+    ap.add_argument("--shapes", default="4x8,4x64,1x1", help="--selftest: senders x window[+rcpt], comma list")
+    ap.add_argument("--procs", type=int, default=1, help="--selftest: client processes")
+    ap.add_argument("--json", dest="json_out", default=None, help="--selftest: write every run here")
     a = ap.parse_args()
     if a.selftest:
-        return selftest(a.count, a.private)
-    asyncio.run(serve(a.port, a.private))
+        return selftest(a)
+    asyncio.run(serve(a.port, a.private, not a.unbatched))
     return 0
 
 

@@ -37,6 +37,9 @@ def make_pki(folder: Path, hub_ids: list[str], sans: list[str] = ()) -> Pki:
         argv += ["--san", san]
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     document = json.loads(out)
+    # The reference hub refuses certificate files other users can read.
+    for path in folder.iterdir():
+        os.chmod(path, 0o600)
     return Pki(folder, {entry["hub_id"]: entry for entry in document["hubs"]})
 
 

@@ -1,0 +1,87 @@
+"""Forwarding interop with the reference hub as the peer, in both directions.
+
+The reference hub (synapse-channel 0.99.38, AGPL) runs from its own venv as a
+black box; both sides use certificates made by `hubd certs` and the same
+serving-policy files."""
+
+import asyncio
+
+import pytest
+
+from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.procs import hubd_process, reference_hub_process
+from tests.support.wsprobe import WsProbe
+
+pytestmark = pytest.mark.interop
+
+
+@pytest.fixture
+def pki(tmp_path, reference_venv_status):
+    if reference_venv_status[0] is None:
+        pytest.skip(reference_venv_status[1])
+    return make_pki(tmp_path / "pki", ["east", "west"])
+
+
+async def joined(url, name):
+    probe = await WsProbe.open(url)
+    await probe.register(name)
+    await probe.recv_type("presence_update", agent=name, timeout=10)
+    return probe
+
+
+async def chat_across(origin_url, receiver_url):
+    bob = await joined(receiver_url, "PROJ/bob")
+    alice = await joined(origin_url, "PROJ/alice")
+    await alice.chat("PROJ/alice", "PROJ/bob@west", "across the gap", client_msg_id="iop-1",
+                     receipt_requested=True)
+    got = await bob.recv_type("chat", payload="across the gap", timeout=15)
+    receipt = await alice.recv_type("delivery_receipt", timeout=15)
+    for probe in (alice, bob):
+        await probe.close()
+    return got, receipt
+
+
+def _check(got, receipt):
+    assert got["sender"] == "PROJ/alice@east" and got["forwarded_from"] == "east"
+    assert got["client_msg_id"] == "iop-1"
+    assert receipt["forward_state"] == "accepted" and receipt["delivered"] is True
+    assert receipt["forwarded_to"] == "west" and receipt["client_msg_id"] == "iop-1"
+    assert receipt["forward_id"] == got["forward_id"]
+
+
+def test_reference_east_forwards_to_hubd_west(tmp_path, pki):
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    west = hubd_process(tmp_path / "west", *site_flags(pki, "west", policy).serve, hub_id="west",
+                        scheme="wss")
+    west.start()
+    east = reference_hub_process(
+        tmp_path / "east", "--no-durable-ingress-quota",
+        "--message-peer", f"west=wss://127.0.0.1:{west.port}/",
+        "--message-peer-pin", f"west={pki.server_pin('west')}",
+        *site_flags(pki, "east", None).connect, hub_id="east")
+    try:
+        east.start()
+        got, receipt = asyncio.run(chat_across(east.url, west.url))
+        _check(got, receipt)
+    finally:
+        east.stop()
+        west.stop()
+
+
+def test_hubd_east_forwards_to_reference_west(tmp_path, pki):
+    # The reference refuses policy files other users can read, and so do we.
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    west_site = site_flags(pki, "west", policy)
+    west = reference_hub_process(tmp_path / "west", "--no-durable-ingress-quota",
+                                 *west_site.serve, hub_id="west", scheme="wss")
+    west.start()
+    east = hubd_process(tmp_path / "east", "--message-peer", f"west=wss://127.0.0.1:{west.port}/",
+                        "--message-peer-pin", f"west={pki.server_pin('west')}",
+                        *site_flags(pki, "east", None).connect, hub_id="east")
+    try:
+        east.start()
+        got, receipt = asyncio.run(chat_across(east.url, west.url))
+        _check(got, receipt)
+    finally:
+        east.stop()
+        west.stop()
