@@ -20,6 +20,7 @@ from hubd import __version__, logs
 from hubd.config import (DEFAULT_DB, DEFAULT_PORT, DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS,
                          DEFAULT_QUOTA_WINDOW, HubConfig)
 from federation.config import FederationConfigError, build_federation_config
+from hubd.state.claims import LeaseLimits
 from hubd.state.quota import QuotaLimits
 
 SUBCOMMANDS = {
@@ -97,6 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
     fed.add_argument("--message-forward-ttl", type=float, default=86400.0, metavar="SECONDS",
                      help="retry an unanswered forward this long before it expires "
                           "(default 86400)")
+    leases = parser.add_argument_group("claims and leases")
+    leases.add_argument("--max-claims-per-agent", type=int, default=LeaseLimits.max_claims_per_agent,
+                        help="most live claims one agent may hold before further claims are "
+                             f"refused (default {LeaseLimits.max_claims_per_agent})")
+    leases.add_argument("--max-paths-per-claim", type=int, default=LeaseLimits.max_paths_per_claim,
+                        help="most distinct paths one claim may declare before its scope widens "
+                             f"to the worktree (default {LeaseLimits.max_paths_per_claim})")
+    leases.add_argument("--lease-offline-ttl", type=float, default=None, metavar="SECONDS",
+                        help="seconds a claim outlives its holder's disconnect before it "
+                             "expires; 0 ends it at disconnect (default: it lasts its TTL)")
+    leases.add_argument("--lease-min-ttl", type=float, default=LeaseLimits.min_ttl,
+                        metavar="SECONDS",
+                        help=f"shortest lease a claim may ask for (default {LeaseLimits.min_ttl:g})")
     logging_ = parser.add_argument_group("logging")
     logging_.add_argument("--log-format", choices=("text", "json"), default="text")
     logging_.add_argument("--log-level", default="INFO",
@@ -138,6 +152,17 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             serving_policy=args.multihub_serving_policy, hub_id=args.hub_id)
     except FederationConfigError as exc:
         parser.error(str(exc))
+    for name in ("max_claims_per_agent", "max_paths_per_claim"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.lease_offline_ttl is not None and args.lease_offline_ttl < 0:
+        parser.error("--lease-offline-ttl must not be negative")
+    if not 0 < args.lease_min_ttl <= LeaseLimits.default_ttl:
+        parser.error(f"--lease-min-ttl must be in (0, {LeaseLimits.default_ttl:g}]")
+    claims = LeaseLimits(min_ttl=args.lease_min_ttl,
+                         max_claims_per_agent=args.max_claims_per_agent,
+                         max_paths_per_claim=args.max_paths_per_claim,
+                         offline_ttl=args.lease_offline_ttl)
     quota = None if args.no_durable_ingress_quota else QuotaLimits(
         args.durable_ingress_events, args.durable_ingress_bytes, args.durable_ingress_window)
     return HubConfig(
@@ -147,7 +172,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         quota=quota, max_clients=args.max_clients,
         max_connections_per_host=args.max_connections_per_host, max_history=args.max_history,
         allow_origins=frozenset(args.allow_origin), log_format=args.log_format,
-        log_level=args.log_level, federation=federation)
+        log_level=args.log_level, federation=federation, claims=claims)
 
 
 async def serve(config: HubConfig) -> int:

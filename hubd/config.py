@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from federation.config import FederationConfig
+from hubd.state.claims import LeaseLimits
 from hubd.state.quota import QuotaLimits
 
 DEFAULT_PORT = 8876
@@ -40,6 +41,7 @@ class HubConfig:
     log_format: str = "text"
     log_level: str = "INFO"
     federation: FederationConfig = field(default_factory=FederationConfig)
+    claims: LeaseLimits = field(default_factory=LeaseLimits)
 
     def token_matches(self, presented: str) -> bool:
         if self.token is None:

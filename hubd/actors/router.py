@@ -117,6 +117,9 @@ class Router:
         self._backoff = REFUSAL_BACKOFF_START
         self.now = 0.0
         self.out = Outcome()
+        # Live, not journaled, bookkeeping of handler modules (like presence:
+        # rebuilt by clients reconnecting), keyed by module-chosen names.
+        self.live: dict = {}
 
     # -- the actor loop
 

@@ -67,18 +67,18 @@ def state_request(router: Router, session: Session, frame: dict, size: int) -> N
     request_id = frame.get("request_id")
     if isinstance(request_id, str) and 1 <= len(request_id) <= 128:
         fields["request_id"] = request_id
-    confirmation = frame.get("release_confirmation")
-    if confirmation is not None and "release_confirmation" in STATE_SECTIONS:
-        fields["snapshot"] = {"release_confirmation":
-                              STATE_SECTIONS["release_confirmation"](router, session, confirmation)}
-        router.reply(session, "state_snapshot", "State snapshot", **fields)
+    if "release_confirmation" in frame and "release_confirmation" in STATE_SECTIONS:
+        # the exact read-only release confirmation: this alone, no snapshot
+        fields["release_confirmation"] = STATE_SECTIONS["release_confirmation"](
+            router, session, frame["release_confirmation"])
+        router.reply(session, "state_snapshot", "Release confirmation", **fields)
         return
     state = router.state
     agents = dict(state.agents.last_seen)
     for name, s in router.presence.by_name.items():
         agents[name] = max(agents.get(name, 0.0), s.last_reaction)
     snapshot = {
-        "active_claims": [],
+        "active_claims": [],  # the claims module's STATE_SECTIONS entry fills it
         "agents": [{"agent": n, "last_seen": ts} for n, ts in sorted(agents.items())],
         "resources": [],
         "generated_at": router.now,

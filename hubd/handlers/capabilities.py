@@ -1,0 +1,68 @@
+"""Capability cards: advertise and manifest_request (discovery metadata only,
+never authorization). Decisions and shapes in hubd.state.capabilities.
+
+Live cards are kept on the Router (presence-like, gone with their socket);
+persistent registrations are journaled (`capability_registered`).
+"""
+
+from __future__ import annotations
+
+from hubd.actors.router import ON_UNREGISTER, Router, handles
+from hubd.state import capabilities as cap
+from hubd.state.presence import Session
+
+LIVE = "capabilities.live"  # agent -> (card, connection that advertised it)
+
+
+def _live(router: Router) -> dict:
+    store = router.live.get(LIVE)
+    if store is None:
+        store = router.live[LIVE] = {}
+    return store
+
+
+@handles("advertise")
+def advertise(router: Router, session: Session, frame: dict, size: int) -> None:
+    advert = cap.read_advert(frame, session.name)
+    if isinstance(advert, str):
+        router.error(session, advert)
+        return
+    card = cap.card(frame, advert.agent, router.now)
+    shown = dict(card)
+    if advert.persist:
+        router.event(cap.CAPABILITY_REGISTERED, {
+            "agent": advert.agent, "card": card, "dispatchable": advert.dispatchable,
+            "registered_at": router.now, "registered_by": session.name})
+        shown["persistent"] = True
+        shown["dispatchable"] = advert.dispatchable
+        router.fail_privately(session, "Capability registration was not journalled; it was "
+                                       "not registered. Retry.")
+    else:
+        _live(router)[advert.agent] = (card, session.conn)
+    router.broadcast(router.frame("capability_advertised", "all",
+                                  f"Capability advertised by {advert.agent}",
+                                  agent=advert.agent, card=shown))
+
+
+@handles("manifest_request", reads_only=True)
+def manifest_request(router: Router, session: Session, frame: dict, size: int) -> None:
+    live = _live(router)
+    registrations = cap.capabilities_of(router.state).current(router.now)
+    manifest = []
+    for agent in sorted(set(live) | set(registrations)):
+        entry = cap.projected(live[agent][0] if agent in live else None,
+                              registrations.get(agent))
+        if entry is not None:
+            manifest.append(entry)
+    router.reply(session, "manifest_snapshot", "Manifest snapshot", manifest=manifest)
+
+
+def _on_unregister(router: Router, session: Session) -> None:
+    live = router.live.get(LIVE)
+    if not live:
+        return
+    for agent in [a for a, (_, conn) in live.items() if conn is session.conn]:
+        del live[agent]
+
+
+ON_UNREGISTER.append(_on_unregister)

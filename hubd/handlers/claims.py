@@ -1,0 +1,428 @@
+"""Claim-family verbs: claim, release, task_update, checkpoint, handoff,
+wait_request; the lease expiry sweep; state_snapshot's active_claims and the
+read-only release_confirmation.
+
+Decisions are made by hubd.state.claims (pure); this module turns them into
+events and frames. Every grant goes through `grant_or_deny`, the one place a
+lease is granted or refused.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from hubd.actors.router import ON_REGISTER, ON_UNREGISTER, PERIODIC, Router, handles
+from hubd.state import board as bd
+from hubd.state import claims as cl
+from hubd.state import idem
+from hubd.state.presence import Session
+
+from . import idempotency
+from .queries import STATE_SECTIONS
+
+# Live (not journaled) bookkeeping kept on the Router, bounded.
+OFFLINE = "claims.offline_since"  # owner -> when its last socket went away
+WAITS = "claims.waits"  # waiter -> task it waits for (deadlock detection)
+MAX_WAITS = 10_000
+
+
+def limits(router: Router) -> cl.LeaseLimits:
+    return router.config.claims
+
+
+def _live(router: Router, name: str) -> dict | OrderedDict:
+    store = router.live.get(name)
+    if store is None:
+        store = router.live[name] = OrderedDict()
+    return store
+
+
+# -- claim
+
+@handles("claim")
+def claim(router: Router, session: Session, frame: dict, size: int) -> None:
+    keyed = idempotency.begin(router, session, "claim", frame)
+    if keyed is idempotency.HANDLED:
+        return
+    request = cl.read_claim(frame, session.name, limits(router), session.conn.principal)
+    grant_or_deny(router, session, request, keyed)
+
+
+def grant_or_deny(router: Router, session: Session, request: cl.ClaimRequest,
+                  keyed: idempotency.Keyed | None = None) -> cl.Grant | cl.Deny:
+    """Grant or refuse one claim on this hub's authority.
+
+    This is the single grant decision point. Federation puts its namespace
+    ownership gate in front of this call: a claim in a namespace this hub does
+    not own must be forwarded to its owner or refused before reaching here.
+    """
+    expire_due(router)
+    claims = cl.claims_of(router.state)
+    decision = cl.decide_claim(claims, request, router.now, limits(router))
+    task_id = request.task_id
+    if isinstance(decision, cl.Deny):
+        # durable, content-minimised evidence first; the reply leaves only
+        # once it is committed
+        router.event(cl.CLAIM_DENIAL,
+                     cl.denial_evidence(request.claimant, request, decision.reason_code))
+        fields = {"task_id": task_id, "reason_code": decision.reason_code}
+        if decision.conflict_task_id is not None:
+            fields["conflict_task_id"] = decision.conflict_task_id
+            fields["holder"] = decision.holder
+        router.reply(session, "claim_denied", decision.text, **fields)
+        router.fail_privately(session, f"Claim of '{task_id}' could not be decided now (the "
+                                       "hub could not journal it); nothing changed. Retry.",
+                              task_id=task_id)
+        return decision
+    lease = decision.lease
+    first = router.next_seq()
+    router.event(cl.CLAIM, lease)
+    granted = router.frame("claim_granted", "all", f"Task '{task_id}' claimed by "
+                                                   f"{lease['owner']}.", **cl.grant_fields(lease))
+    router.broadcast(granted)
+    idempotency.remember(router, session, keyed, granted, first)
+    router.fail_privately(session, f"Claim of '{task_id}' was not journalled; nothing was "
+                                   "granted. Retry (with the same idem_key).", task_id=task_id)
+    return decision
+
+
+# -- release
+
+@handles("release")
+def release(router: Router, session: Session, frame: dict, size: int) -> None:
+    keyed = idempotency.begin(router, session, "release", frame)
+    if keyed is idempotency.HANDLED:
+        return
+    expire_due(router)
+    name = session.name
+    now = router.now
+    task_id = cl.task_id_of(frame, "payload")
+    bound = {"release_operation_id": keyed.key, "request_digest": keyed.digest} if keyed else {}
+    claims = cl.claims_of(router.state)
+    if not task_id:
+        refusal = "Task ID is required."
+        lease = None
+    else:
+        lease = claims.live(task_id, now)
+        refusal = cl.check_holder(lease, task_id, name, frame.get("epoch"),
+                                  not_claimed="Task '{task_id}' is not currently claimed.",
+                                  owned="Task '{task_id}' is owned by {owner}, not {who}.")
+    if refusal is not None:
+        router.reply(session, "release_denied", refusal, task_id=task_id, **bound)
+        return
+    receipt, has_evidence = cl.build_receipt(frame, task_id, name)
+    first = router.next_seq()
+    router.event(cl.RELEASE, {"task_id": task_id, "owner": name, "epoch": lease["epoch"],
+                              "released_at": now})
+    granted = router.frame("release_granted", "all", f"Task '{task_id}' released by {name}.",
+                           task_id=task_id, owner=name, receipt=receipt, **bound)
+    router.broadcast(granted)
+    if has_evidence:
+        note = {"task_id": task_id, "author": name, "kind": "assessment",
+                "text": cl.receipt_note_text(receipt), "posted_at": now}
+        router.event(bd.LEDGER_PROGRESS, note)
+        router.broadcast(router.frame("ledger_progress_posted", "all",
+                                      f"Release receipt from {name}", note=note))
+    idempotency.remember(router, session, keyed, granted, first)
+    router.fail_privately(session, f"Release of '{task_id}' was not journalled; the lease is "
+                                   "still held. Retry (with the same idem_key).", task_id=task_id,
+                          **bound)
+
+
+# -- task_update, checkpoint
+
+@handles("task_update")
+def task_update(router: Router, session: Session, frame: dict, size: int) -> None:
+    keyed = idempotency.begin(router, session, "task_update", frame)
+    if keyed is idempotency.HANDLED:
+        return
+    expire_due(router)
+    name = session.name
+    task_id = cl.task_id_of(frame, "id")
+    if not task_id:
+        router.error(session, "Task ID is required.")
+        return
+    lease = cl.claims_of(router.state).live(task_id, router.now)
+    refusal = cl.check_holder(lease, task_id, name, frame.get("epoch"),
+                              not_claimed="Task '{task_id}' not found.",
+                              owned="Task '{task_id}' owned by {owner}, not {who}.")
+    if refusal is None:
+        wanted = cl.strict_int(frame.get("expected_version"))
+        if wanted is not None and wanted != lease["version"]:
+            refusal = f"Task '{task_id}' version conflict (current {lease['version']})."
+    status = cl.text_field(frame.get("status")).strip() if refusal is None else ""
+    if refusal is None and status:
+        refusal = cl.transition_refusal(task_id, lease["status"], status)
+    if refusal is not None:
+        router.error(session, refusal, task_id=task_id)
+        return
+    updated = dict(lease)
+    updated["status"] = status or lease["status"]
+    if frame.get("note") is not None:
+        updated["note"] = cl.text_field(frame["note"])
+    if frame.get("data_ref") is not None:
+        updated["data_ref"] = cl.text_field(frame["data_ref"])
+    updated["version"] = lease["version"] + 1
+    first = router.next_seq()
+    router.event(cl.TASK_UPDATE, updated)
+    reply = router.frame("task_updated", "all", f"Task '{task_id}' updated by {name}.",
+                         task_id=task_id, owner=name, status=updated["status"],
+                         data_ref=updated["data_ref"], version=updated["version"])
+    router.broadcast(reply)
+    idempotency.remember(router, session, keyed, reply, first)
+    router.fail_privately(session, f"Update of '{task_id}' was not journalled; nothing "
+                                   "changed. Retry.", task_id=task_id)
+
+
+@handles("checkpoint")
+def checkpoint(router: Router, session: Session, frame: dict, size: int) -> None:
+    keyed = idempotency.begin(router, session, "checkpoint", frame)
+    if keyed is idempotency.HANDLED:
+        return
+    expire_due(router)
+    name = session.name
+    task_id = cl.task_id_of(frame, "id")
+    lease = cl.claims_of(router.state).live(task_id, router.now) if task_id else None
+    refusal = "Task ID is required." if not task_id else cl.check_holder(
+        lease, task_id, name, frame.get("epoch"), not_claimed="Task '{task_id}' not found.",
+        owned="Task '{task_id}' owned by {owner}, not {who}.")
+    if refusal is not None:
+        router.reply(session, "checkpoint_denied", refusal, task_id=task_id)
+        return
+    text = frame.get("checkpoint")
+    if text is None:
+        text = frame.get("payload")
+    updated = dict(lease)
+    updated["checkpoint"] = cl.text_field(text)
+    updated["version"] = lease["version"] + 1
+    first = router.next_seq()
+    router.event(cl.CHECKPOINT, updated)
+    reply = router.frame("checkpoint_saved", name, f"Checkpoint saved for '{task_id}' by {name}.",
+                         task_id=task_id, version=updated["version"])
+    router.send(session.conn, reply)
+    idempotency.remember(router, session, keyed, reply, first)
+    router.fail_privately(session, f"Checkpoint of '{task_id}' was not journalled; nothing "
+                                   "changed. Retry.", task_id=task_id)
+
+
+# -- handoff
+
+@handles("handoff")
+def handoff(router: Router, session: Session, frame: dict, size: int) -> None:
+    keyed = idempotency.begin(router, session, "handoff", frame)
+    if keyed is idempotency.HANDLED:
+        return
+    expire_due(router)
+    name = session.name
+    now = router.now
+    claims = cl.claims_of(router.state)
+    task_id = cl.task_id_of(frame, "id", "payload")
+    to = frame.get("to_agent")
+    if not isinstance(to, str) or not to:
+        to = frame.get("target") or "all"
+    lease = claims.live(task_id, now) if task_id else None
+    if not task_id:
+        refusal = "Task ID is required."
+    elif to not in router.presence.by_name:
+        refusal = f"Handoff target '{to}' is not online."
+    else:
+        refusal = cl.check_holder(lease, task_id, name, frame.get("epoch"),
+                                  not_claimed="Task '{task_id}' is not currently claimed.",
+                                  owned="Task '{task_id}' is owned by {owner}, not {who}.")
+    if refusal is None and to == lease["owner"]:
+        refusal = f"Task '{task_id}' is already owned by {to}."
+    if refusal is None:
+        cap = limits(router).max_claims_per_agent
+        if len(claims.by_owner.get(to, ())) >= cap and len(claims.held_by(to, now)) >= cap:
+            refusal = f"Agent {to} holds the maximum {cap} claims."
+    if refusal is not None:
+        router.reply(session, "handoff_denied", refusal, task_id=task_id)
+        return
+    note = cl.text_field(frame.get("note"))
+    moved = dict(lease)
+    moved.update(owner=to, note=note, claimed_at=now,
+                 lease_expires_at=now + cl.ttl_of(frame.get("ttl_seconds"), limits(router)),
+                 epoch=claims.epoch + 1, version=0)
+    progress = {"task_id": task_id, "author": name, "kind": "note",
+                "text": f"handed off to {to}: {note}" if note else f"handed off to {to}",
+                "posted_at": now}
+    first = router.next_seq()
+    router.event(cl.HANDOFF, moved)
+    router.event(bd.LEDGER_PROGRESS, progress)
+    router.broadcast(router.frame("ledger_progress_posted", "all", f"Progress from {name}",
+                                  note=progress))
+    fields = {key: moved[key] for key in ("task_id", "owner")}
+    fields["previous_owner"] = name
+    fields.update({key: moved[key] for key in ("note", "status", "worktree", "paths", "epoch",
+                                               "version", "lease_expires_at", "checkpoint")})
+    if "path_identity" in moved:
+        fields["path_identity"] = moved["path_identity"]
+    granted = router.frame("handoff_granted", "all",
+                           f"Task '{task_id}' handed from {name} to {to}.", **fields)
+    router.broadcast(granted)
+    idempotency.remember(router, session, keyed, granted, first)
+    router.fail_privately(session, f"Handoff of '{task_id}' was not journalled; {name} still "
+                                   "holds it. Retry.", task_id=task_id)
+
+
+# -- wait_request
+
+@handles("wait_request", reads_only=True)
+def wait_request(router: Router, session: Session, frame: dict, size: int) -> None:
+    name = session.name
+    now = router.now
+    claims = cl.claims_of(router.state)
+    task_id = cl.task_id_of(frame, "id", "payload")
+    lease = claims.live(task_id, now) if task_id else None
+    if lease is None:
+        router.reply(session, "wait_denied", f"Task '{task_id}' is not claimed; nothing to "
+                                             "wait for.", task_id=task_id)
+        return
+    holder = lease["owner"]
+    if holder == name:
+        router.reply(session, "wait_denied", f"You already hold '{task_id}'.", task_id=task_id)
+        return
+    waits = _live(router, WAITS)
+    if cl.deadlock(claims, waits, name, holder, now):
+        router.reply(session, "wait_denied", f"Waiting for '{task_id}' held by {holder} would "
+                                             "deadlock.", task_id=task_id, holder=holder)
+        return
+    waits.pop(name, None)
+    waits[name] = task_id
+    while len(waits) > MAX_WAITS:
+        waits.popitem(last=False)
+    router.reply(session, "wait_granted", f"Waiting for '{task_id}' held by {holder}.",
+                 task_id=task_id, holder=holder)
+
+
+# -- expiry
+
+def end_lease(router: Router, lease: dict, reason: str) -> None:
+    task_id, owner = lease["task_id"], lease["owner"]
+    router.event(cl.LEASE_EXPIRED, {"task_id": task_id, "owner": owner, "epoch": lease["epoch"],
+                                    "lease_expires_at": lease["lease_expires_at"],
+                                    "reason": reason, "expired_at": router.now})
+    router.broadcast(router.frame(
+        "lease_expired", "all", f"Lease on '{task_id}' held by {owner} expired ({reason}).",
+        task_id=task_id, owner=owner, epoch=lease["epoch"],
+        lease_expires_at=lease["lease_expires_at"], reason=reason))
+
+
+def expire_due(router: Router) -> None:
+    """Journal and announce every lease whose time is up, before any decision
+    that depends on it."""
+    claims = cl.claims_of(router.state)
+    heap = claims.expiry
+    if heap and heap[0][0] <= router.now:
+        for lease in claims.due(router.now):
+            end_lease(router, lease, "ttl")
+
+
+def sweep(router: Router) -> None:
+    """Once a second: expired leases end themselves; with --lease-offline-ttl,
+    so do the leases of a holder offline for longer than that."""
+    if router.mutations_refused():
+        return
+    expire_due(router)
+    ttl = limits(router).offline_ttl
+    if ttl is None:
+        return
+    claims = cl.claims_of(router.state)
+    offline = _live(router, OFFLINE)
+    by_name = router.presence.by_name
+    started = router.hub.started
+    now = router.now
+    for owner in sorted(claims.by_owner):
+        if owner in by_name:
+            continue
+        if now - offline.get(owner, started) >= ttl:
+            for task_id in sorted(claims.by_owner.get(owner, ())):
+                lease = claims.live(task_id, now)
+                if lease is not None:
+                    end_lease(router, lease, "holder_offline")
+            offline.pop(owner, None)
+
+
+PERIODIC.append(sweep)
+
+
+def _on_register(router: Router, session: Session, frame: dict) -> None:
+    offline = router.live.get(OFFLINE)
+    if offline:
+        offline.pop(session.name, None)
+
+
+def _on_unregister(router: Router, session: Session) -> None:
+    name = session.name
+    if name in router.presence.by_name:
+        return  # another socket still holds the name
+    if name in cl.claims_of(router.state).by_owner:
+        offline = _live(router, OFFLINE)
+        offline[name] = router.now
+        while len(offline) > MAX_WAITS:
+            offline.popitem(last=False)
+    waits = router.live.get(WAITS)
+    if waits:
+        waits.pop(name, None)
+
+
+ON_REGISTER.append(_on_register)
+ON_UNREGISTER.append(_on_unregister)
+
+
+# -- state_snapshot sections
+
+def active_claims(router: Router) -> list[dict]:
+    now = router.now
+    claims = cl.claims_of(router.state)
+    by_name = router.presence.by_name
+    offline = router.live.get(OFFLINE) or {}
+    started = router.hub.started
+    out = []
+    for task_id in sorted(claims.leases):
+        lease = claims.live(task_id, now)
+        if lease is None:
+            continue
+        entry = cl.snapshot_entry(lease)
+        online = lease["owner"] in by_name
+        entry["holder_online"] = online
+        entry["holder_offline_seconds"] = None if online else round(
+            max(0.0, now - offline.get(lease["owner"], started)), 3)
+        out.append(entry)
+    return out
+
+
+def _hex64(value) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(
+        c in "0123456789abcdef" for c in value)
+
+
+def release_confirmation(router: Router, session: Session, query) -> dict:
+    """The read-only answer to state_request.release_confirmation: confirmed
+    only for this sender's own accepted release with that key, task and
+    digest; unknown otherwise. Nothing is written."""
+    if not isinstance(query, dict):
+        return {"status": "unknown"}
+    task_id = query.get("task_id")
+    operation_id = query.get("operation_id")
+    digest = query.get("request_digest")
+    if not (isinstance(task_id, str) and task_id and isinstance(operation_id, str)
+            and 1 <= len(operation_id) <= 128 and "\x00" not in operation_id
+            and _hex64(digest)):
+        return {"status": "unknown"}
+    echo = {"task_id": task_id, "operation_id": operation_id, "request_digest": digest}
+    remembered = idem.store_of(router.state).lookup(session.name, "release", operation_id)
+    response = remembered.response if remembered is not None else None
+    receipt = response.get("receipt") if response is not None else None
+    if (response is None or remembered.digest != digest
+            or response.get("type") != "release_granted"
+            or response.get("task_id") != task_id or response.get("owner") != session.name
+            or not isinstance(receipt, dict) or receipt.get("released") is not True):
+        return {"status": "unknown", **echo}
+    return {**echo, "status": "confirmed", "owner": response["owner"],
+            "release_operation_id": operation_id, "receipt": receipt,
+            "first_event_seq": remembered.first_event_seq, "commit_seq": remembered.commit_seq}
+
+
+STATE_SECTIONS["active_claims"] = active_claims
+STATE_SECTIONS["release_confirmation"] = release_confirmation
