@@ -49,6 +49,8 @@ class Forwarding:
         # every settlement goes through the durable notification outbox)
         self._told_pending: set[str] = set()
         self._first_answer_due: dict[str, float] = {}
+        # settlements reported since the Router last ran them (one event per round)
+        self._settlements: list = []
 
     def knows(self, hub_id: str) -> bool:
         return hub_id in self.config.message_peers
@@ -94,8 +96,13 @@ class Forwarding:
 
     def _settle_later(self, item: PendingForward, state: str, reason: str, detail: str,
                       result: dict) -> None:
-        self.hub.router.post_control(
-            lambda router: self.settle(router, item, state, reason, detail, result))
+        if not self._settlements:
+            self.hub.router.post_control(self._settle_all)
+        self._settlements.append((item, state, reason, detail, result))
+
+    def _settle_all(self, router: Router) -> None:
+        batch, self._settlements = self._settlements, []
+        self.settle(router, batch)
 
     def _pending_later(self, item: PendingForward, why: str) -> None:
         if item.receipt_requested and item.forward_id not in self._told_pending:
@@ -146,31 +153,43 @@ class Forwarding:
             self._first_answer_due[forward_id] = time.monotonic() + FIRST_ANSWER
         router.after_release(lambda: self.outbox.submit(item))
 
-    def settle(self, router: Router, item: PendingForward, state: str, reason: str, detail: str,
-               result: dict) -> None:
-        if item.forward_id not in outbox_of(router.state).pending:
-            return  # settled already (a late duplicate answer)
-        self._first_answer_due.pop(item.forward_id, None)
-        told_pending = item.forward_id in self._told_pending
-        self._told_pending.discard(item.forward_id)
-        payload = {"forward_id": item.forward_id, "peer": item.peer, "state": state,
-                   "reason_code": reason, "detail": detail, "chat_seq": item.seq}
-        sender = router.presence.session_of(item.sender)
-        receipt = None
-        if item.receipt_requested:
-            receipt = self.receipt(router, item, state, reason, detail, result,
-                                   deferred=told_pending)
-            if told_pending or sender is None:
-                payload["receipt"] = receipt  # durable: queued for the sender
-        router.event(fstate.FORWARD_SETTLED, payload)
-        if receipt is not None and sender is not None:
-            if "receipt" in payload:
-                deliver_notifications(router, sender)
+    def settle(self, router: Router, batch: list) -> None:
+        """Journal what the peers answered, as one event, and send the receipts."""
+        pending = outbox_of(router.state).pending
+        settled, receipts = [], []
+        for item, state, reason, detail, result in batch:
+            if item.forward_id not in pending:
+                continue  # settled already (a late duplicate answer)
+            self._first_answer_due.pop(item.forward_id, None)
+            told_pending = item.forward_id in self._told_pending
+            self._told_pending.discard(item.forward_id)
+            entry = {"forward_id": item.forward_id, "peer": item.peer, "state": state,
+                     "reason_code": reason, "detail": detail, "chat_seq": item.seq}
+            if item.receipt_requested:
+                sender = router.presence.session_of(item.sender)
+                receipt = self.receipt(router, item, state, reason, detail, result,
+                                       deferred=told_pending)
+                if told_pending or sender is None:
+                    entry["receipt"] = receipt  # durable: queued for the sender
+                receipts.append((sender, receipt, "receipt" in entry))
+            settled.append(entry)
+            if state in (REFUSED, EXPIRED):
+                log.warning("forward settled without delivery", peer=item.peer,
+                            forward_id=item.forward_id, state=state, reason=reason,
+                            detail=detail)
+        if not settled:
+            return
+        router.event(fstate.FORWARD_SETTLED, {"settled": settled})
+        queued_for = set()
+        for sender, receipt, durable in receipts:
+            if sender is None:
+                continue
+            if durable:
+                queued_for.add(sender)
             else:
                 router.send(sender.conn, receipt)
-        if state in (REFUSED, EXPIRED):
-            log.warning("forward settled without delivery", peer=item.peer,
-                        forward_id=item.forward_id, state=state, reason=reason, detail=detail)
+        for sender in queued_for:
+            deliver_notifications(router, sender)
 
     def pending(self, router: Router, item: PendingForward, why: str) -> None:
         if item.forward_id in self._told_pending or \

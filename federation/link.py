@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 import time
 from typing import Callable
 
@@ -26,8 +27,12 @@ from hubd.wire.envelope import PROTOCOL_VERSION, strict_int
 log = structlog.get_logger("hubd.federation.link")
 
 CONNECT_TIMEOUT = 5.0
-BACKOFF_START = 0.2
-BACKOFF_MAX = 5.0
+# Reconnect attempts are cheap against a peer that refuses, and a hung peer
+# is bounded by CONNECT_TIMEOUT anyway; a low cap means a returning peer is
+# found within a second, not after the reference's 10-300 s backoff.
+BACKOFF_START = 0.1
+BACKOFF_MAX = 0.8
+LOG_REPEAT = 60.0  # a link failing the same way is logged once a minute
 STABLE_AFTER = 10.0  # a link up this long resets the reconnect backoff
 HEARTBEAT = 15.0
 
@@ -67,6 +72,7 @@ class PeerLink:
         self.clock_skew: float | None = None
         self.connects = 0
         self._requests: dict[str, asyncio.Future] = {}
+        self._logged_at = 0.0
         self._stop = False
 
     # -- requests
@@ -116,7 +122,7 @@ class PeerLink:
                     self._went_down()
                 if time.monotonic() - started > STABLE_AFTER:
                     backoff = BACKOFF_START
-                delay = backoff * (0.5 + random.random())
+                delay = backoff * (0.5 + random.random() / 2)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 await asyncio.sleep(delay)
 
@@ -199,8 +205,13 @@ class PeerLink:
         raise LinkError(CLOSED, f"{self.peer} closed the link (code {ws.close_code})")
 
     def _record_error(self, cause: str, detail: str) -> None:
-        self.last_error = {"cause": cause, "detail": detail, "at": time.time()}
-        log.warning("peer link failed", peer=self.peer, cause=cause, detail=detail)
+        now = time.time()
+        previous = self.last_error
+        if previous is None or previous["cause"] != cause or self.up or \
+                now - self._logged_at > LOG_REPEAT:
+            log.warning("peer link failed", peer=self.peer, cause=cause, detail=detail)
+            self._logged_at = now
+        self.last_error = {"cause": cause, "detail": detail, "at": now}
 
     def _went_down(self) -> None:
         was_up = self.up
@@ -226,7 +237,7 @@ def _classify(exc: BaseException) -> tuple[str, str]:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return TIMEOUT, "connect or welcome timed out"
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError) or "SSL" in text or "TLS" in text:
+    if isinstance(exc, (aiohttp.ClientSSLError, ssl.SSLError)):
         return TLS, text
     if isinstance(exc, aiohttp.WSServerHandshakeError):
         return REFUSED, text

@@ -15,6 +15,7 @@ be pinned before the old one is retired.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -118,7 +119,9 @@ def spki_der(der_cert: bytes) -> bytes:
     )
 
 
+@functools.lru_cache(maxsize=256)
 def pin_digest(kind: PinKind, der_cert: bytes) -> bytes:
+    """Cached: a peer presents the same certificate on every frame of its link."""
     if kind == CERT_PIN:
         return hashlib.sha256(der_cert).digest()
     if kind == SPKI_PIN:

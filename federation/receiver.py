@@ -172,9 +172,9 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
     router.send(session.conn, _result(router, session, forward_id, "accepted",
                                       result=result_of(event, recipients)))
     # If the journal cannot take it, the origin must retry: a transient refusal.
-    router.out.fail_with(session.conn, text_frame(codec.encode(_result(
+    router.out.failure.append((session.conn, lambda: text_frame(codec.encode(_result(
         router, session, forward_id, "refused", JOURNAL_RECOVERY_REQUIRED,
-        "the chat could not be journalled; retry"))))
+        "the chat could not be journalled; retry"))), "multihub_message_result"))
 
 
 def _roster(router: Router, session: Session, forward_id: str, origin: str, policy) -> None:

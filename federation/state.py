@@ -145,9 +145,11 @@ def result_of(event: Event, recipients: list[str]) -> dict:
 
 @applies(FORWARD_SETTLED)
 def _apply_settled(state: HubState, event: Event) -> None:
-    payload = event.payload
-    outbox_of(state).pending.pop(payload["forward_id"], None)
-    receipt = payload.get("receipt")
-    if receipt is not None:
-        state.receipts.queue_notification(receipt["target"], receipt["receipt_notification_id"],
-                                          receipt)
+    """One event settles every forward answered in one Router round."""
+    pending = outbox_of(state).pending
+    for settled in event.payload["settled"]:
+        pending.pop(settled["forward_id"], None)
+        receipt = settled.get("receipt")
+        if receipt is not None:
+            state.receipts.queue_notification(receipt["target"],
+                                              receipt["receipt_notification_id"], receipt)

@@ -49,6 +49,9 @@ def release(outcomes: list[Outcome], use_failure: bool, frames_out: dict) -> Non
             elif type(item) is bytes:
                 dest.send(item)
                 frames_out[type_] = frames_out.get(type_, 0) + 1
+            elif callable(item):  # a failure frame built only when it is needed
+                dest.send(item())
+                frames_out[type_] = frames_out.get(type_, 0) + 1
             else:  # CloseSocket, after the frames queued before it
                 dest.close(item.code, item.reason)
         if outcome.after_release is not None and not (use_failure and outcome.events):

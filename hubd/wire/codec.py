@@ -55,10 +55,14 @@ def decode_frame(data: str | bytes, max_depth: int = MAX_DEPTH) -> dict | Decode
         return DecodeError(MALFORMED_JSON)
     if not isinstance(value, dict):
         return DecodeError(NOT_AN_OBJECT)
-    # Most frames are flat; only walk the tree when something is nested.
-    if any(isinstance(child, (dict, list)) for child in value.values()):
-        if _depth_exceeds(value, max_depth):
-            return DecodeError(MALFORMED_JSON)
+    # Nesting needs an opening bracket per level, so a frame with few of them
+    # (nearly all) cannot be too deep; only the rest are walked.
+    if isinstance(data, str):
+        brackets = data.count("{") + data.count("[")
+    else:
+        brackets = data.count(b"{") + data.count(b"[")
+    if brackets > max_depth and _depth_exceeds(value, max_depth):
+        return DecodeError(MALFORMED_JSON)
     return value
 
 
