@@ -1,0 +1,153 @@
+"""A small agent program for multi-host tests: it runs inside a site's network
+namespace (where the test process cannot open sockets) and reports on stdout
+as JSON lines.
+
+    python -m tests.support.chat_driver send --url URL --name P/a --target P/b@west \
+        --count 200 --prefix east- [--rate 100]
+    python -m tests.support.chat_driver receive --url URL --name P/b --expect 400 [--timeout 60]
+    python -m tests.support.chat_driver get --url http://127.0.0.1:8876/metrics
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import urllib.request
+
+import aiohttp
+
+
+def emit(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+async def _open(url: str, name: str, **extra):
+    session = aiohttp.ClientSession()
+    ws = await session.ws_connect(url, ssl=False, max_msg_size=0, heartbeat=10)
+    frame = {"sender": name, "target": "System", "type": "heartbeat", "payload": "online"}
+    frame.update(extra)
+    await ws.send_str(json.dumps(frame))
+    return session, ws
+
+
+async def send(args) -> int:
+    session, ws = await _open(args.url, args.name)
+    receipts: dict[str, dict] = {}
+
+    async def read():
+        async for msg in ws:
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                break
+            frame = json.loads(msg.data)
+            if frame.get("type") == "delivery_receipt":
+                receipts[frame.get("client_msg_id")] = frame
+            elif frame.get("type") == "error":
+                emit(event="error", payload=frame.get("payload"))
+
+    reader = asyncio.create_task(read())
+    gap = 1.0 / args.rate if args.rate else 0.0
+    for i in range(args.count):
+        cmid = f"{args.prefix}{i}"
+        await ws.send_str(json.dumps({"sender": args.name, "target": args.target, "type": "chat",
+                                      "payload": f"chat {cmid}", "client_msg_id": cmid,
+                                      "receipt_requested": True}))
+        if gap:
+            await asyncio.sleep(gap)
+    emit(event="sent", count=args.count)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        settled = [r for r in receipts.values() if r.get("forward_state") != "pending"]
+        if len(settled) >= args.count:
+            break
+        await asyncio.sleep(0.1)
+    states: dict[str, int] = {}
+    for receipt in receipts.values():
+        states[receipt.get("forward_state", "local")] = states.get(
+            receipt.get("forward_state", "local"), 0) + 1
+    emit(event="receipts", states=states, count=len(receipts))
+    reader.cancel()
+    await ws.close()
+    await session.close()
+    return 0
+
+
+async def receive(args) -> int:
+    session, ws = await _open(args.url, args.name, mailbox=True, since_seq=0)
+    seen: dict[str, int] = {}
+    deadline = time.monotonic() + args.timeout
+    emit(event="ready")
+    try:
+        while time.monotonic() < deadline and len(seen) < args.expect:
+            try:
+                msg = await asyncio.wait_for(ws.receive(), deadline - time.monotonic())
+            except asyncio.TimeoutError:
+                break
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                break
+            frame = json.loads(msg.data)
+            if frame.get("type") != "chat" or frame.get("target") != args.name:
+                continue
+            cmid = frame.get("client_msg_id")
+            seen[cmid] = seen.get(cmid, 0) + 1
+            if seen[cmid] == 1:
+                emit(event="chat", client_msg_id=cmid, sender=frame.get("sender"),
+                     seq=frame.get("seq"))
+        # linger to catch duplicates
+        end = time.monotonic() + args.linger
+        while time.monotonic() < end:
+            try:
+                msg = await asyncio.wait_for(ws.receive(), end - time.monotonic())
+            except asyncio.TimeoutError:
+                break
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                break
+            frame = json.loads(msg.data)
+            if frame.get("type") == "chat" and frame.get("target") == args.name:
+                cmid = frame.get("client_msg_id")
+                seen[cmid] = seen.get(cmid, 0) + 1
+    finally:
+        emit(event="done", unique=len(seen), duplicates=sum(n - 1 for n in seen.values()))
+        await ws.close()
+        await session.close()
+    return 0
+
+
+def get(args) -> int:
+    import ssl
+
+    context = ssl._create_unverified_context() if args.url.startswith("https") else None
+    with urllib.request.urlopen(args.url, timeout=5, context=context) as resp:
+        sys.stdout.write(resp.read().decode())
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("send")
+    s.add_argument("--url", required=True)
+    s.add_argument("--name", required=True)
+    s.add_argument("--target", required=True)
+    s.add_argument("--count", type=int, default=100)
+    s.add_argument("--prefix", default="m")
+    s.add_argument("--rate", type=float, default=0.0)
+    s.add_argument("--timeout", type=float, default=90.0)
+    r = sub.add_parser("receive")
+    r.add_argument("--url", required=True)
+    r.add_argument("--name", required=True)
+    r.add_argument("--expect", type=int, required=True)
+    r.add_argument("--timeout", type=float, default=90.0)
+    r.add_argument("--linger", type=float, default=1.0)
+    g = sub.add_parser("get")
+    g.add_argument("--url", required=True)
+    args = parser.parse_args()
+    if args.command == "get":
+        return get(args)
+    return asyncio.run(send(args) if args.command == "send" else receive(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
