@@ -127,7 +127,7 @@ def run_one(variant: str, scen: str, count: int, args, base: Path, tag: str) -> 
         base_bytes = dir_bytes(workdir, skip_wal=True)
         cmd = [sys.executable, "-m", "tests.bench.loadgen", "--url", hub.url,
                "--senders", str(sc["senders"]), "--window", str(sc["window"]),
-               "--warmup", str(args.warmup), "--procs", str(args.procs),
+               "--warmup", str(args.warmup), "--procs", str(args.procs), "--client", args.client,
                "--hub-pid", str(hub.pid), "--json"]
         if args.duration and sc["senders"] > 1:
             cmd += ["--duration", str(args.duration)]
@@ -245,7 +245,7 @@ def ratios(runs: list[dict], variants: list[str], scenarios: list[str]) -> list[
 
 def print_table(rows: list[dict], rat: list[dict]) -> None:
     hdr = ("scen", "hub", "ok", "msg/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "rcpt p50",
-           "hub ms/msg", "hub cpu", "client cpu", "other", "B/msg", "problems")
+           "hub ms/msg", "hub cpu", "client cpu", "client us/msg", "other", "B/msg", "problems")
     lines = [hdr]
     for r in rows:
         flags = dict(r["problems"])
@@ -260,6 +260,7 @@ def print_table(rows: list[dict], rat: list[dict]) -> None:
                       fmt(r["receipt_p50"], 2), fmt(r["hub_ms_per_msg"], 3),
                       fmt(None if r["hub_cpu_util"] is None else r["hub_cpu_util"] * 100, 0) + "%",
                       fmt(None if r["client_cpu_util"] is None else r["client_cpu_util"] * 100, 0) + "%",
+                      fmt(r["client_us_per_msg"], 1),
                       fmt(r["other_cores"], 2),
                       fmt(r["journal_bytes_per_msg"], 0),
                       ", ".join(f"{k}={v}" for k, v in flags.items()) or "none"))
@@ -300,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="loaded scenarios send for this many seconds instead of a count")
     ap.add_argument("--warmup", type=int, default=100, help="unmeasured messages before each run")
     ap.add_argument("--procs", type=int, default=1, help="client processes per run")
+    ap.add_argument("--client", choices=("raw", "aiohttp"), default="raw",
+                    help="loadgen client: raw (asyncio Protocols, lean; default) or aiohttp (the earlier one)")
     ap.add_argument("--timeout", type=float, default=600, help="per-run loadgen timeout, seconds")
     ap.add_argument("--keep", action="store_true", help="keep the hubs' temporary directories")
     ap.add_argument("--hubd-rev", default=None,
@@ -347,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "loadavg_start": os.getloadavg(), "git": _git_head(), "hubd": hubd_version}
     print(f"bench_local: {rounds} round(s), variants {variants}, scenarios {scenarios}, "
-          f"hubd from {hubd_version}, {os.cpu_count()} cpus, loadavg {os.getloadavg()[0]:.2f}, temp {base}")
+          f"hubd from {hubd_version}, {args.client} client, {os.cpu_count()} cpus, "
+          f"loadavg {os.getloadavg()[0]:.2f}, temp {base}")
     if os.getloadavg()[0] > 0.5:
         print("  warning: the box is not idle (loadavg > 0.5); figures will be noisier")
     runs: list[dict] = []
@@ -374,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  round {rnd} {scen} {SCENARIOS[scen]['label']:<9} {var:<13} "
                               f"n={rec['delivered']:<6} {rec['msg_per_s']:>8.0f} msg/s  p50 {lat['p50']:>7.2f}  "
                               f"p99 {lat['p99']:>7.2f} ms  hub {fmt(rec.get('hub_cpu_ms_per_msg'), 3)} ms/msg  "
-                              f"client {rec['client_cpu_util']:.0%}  other {fmt(rec.get('other_cores'), 2)} cores  "
+                              f"client {rec['client_cpu_util']:.0%} {fmt(rec.get('client_cpu_us_per_msg'), 1)} us/msg  other {fmt(rec.get('other_cores'), 2)} cores  "
                               f"{bad or ''}", flush=True)
                         if bad and rec.get("samples"):
                             print(f"      e.g. {json.dumps(rec['samples'][0])[:300]}")

@@ -522,7 +522,9 @@ class RawPair(lg.Pair):
         p.chunk_end = self.after_chunk
 
     def _sender_mode(self, p: WSClientProtocol) -> None:
-        p.mark = MARK                   # chats (own echoes, other pairs'): dropped in the frame loop
+        # chats (own echoes, other pairs'): dropped in the frame loop. With receipts every
+        # frame goes to on_sender_frame, which looks for a receipt first (as loadgen does).
+        p.mark = None if self.cfg.receipts else MARK
         p.own = None
         p.handler = self.on_sender_frame
 
