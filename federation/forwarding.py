@@ -131,7 +131,7 @@ class Forwarding:
         outbox = outbox_of(router.state)
         peer = remote.hub
         if self.outbox is not None:
-            backlog, _ = self.outbox.backlog(peer)
+            backlog = len(self.outbox.queues[peer].items)
             if backlog >= MAX_PENDING_PER_PEER:
                 router.metrics.refuse_quota("forward_backlog")
                 router.error(session, f"The forward backlog to '{peer}' is full "

@@ -69,6 +69,7 @@ class PeerLink:
         self.up_since: float | None = None
         self.last_error: dict | None = None
         self.peer_protocol_version: int | None = None
+        self.batching = False  # the peer is a hubd that takes batched forwards
         self.clock_skew: float | None = None
         self.connects = 0
         self._requests: dict[str, asyncio.Future] = {}
@@ -151,6 +152,8 @@ class PeerLink:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 welcome = await self._await_welcome(ws)
             self.peer_protocol_version = strict_int(welcome.get("protocol_version"))
+            features = welcome.get("hubd_features")
+            self.batching = isinstance(features, list) and "forward_batch" in features
             ts = welcome.get("timestamp")
             if isinstance(ts, (int, float)) and not isinstance(ts, bool):
                 self.clock_skew = time.time() - ts
@@ -185,11 +188,19 @@ class PeerLink:
         async for msg in ws:
             if msg.type != aiohttp.WSMsgType.TEXT and msg.type != aiohttp.WSMsgType.BINARY:
                 break
-            frame = codec.decode_frame(msg.data)
+            # The pinned peer's answers nest (batched results); nothing here
+            # recurses on them, so orjson's own depth bound is enough.
+            frame = codec.decode_frame(msg.data, max_depth=None)
             if not isinstance(frame, dict):
                 continue
             kind = frame.get("type")
-            if kind == "multihub_message_result":
+            if kind == "multihub_message_result_batch":
+                results = frame.get("results")
+                if isinstance(results, list):
+                    for result in results:
+                        if isinstance(result, dict):
+                            self._on_result(self.peer, result)
+            elif kind == "multihub_message_result":
                 waiter = self._requests.pop(frame.get("forward_id"), None)
                 if waiter is None:
                     self._on_result(self.peer, frame)
@@ -228,6 +239,7 @@ class PeerLink:
 
     def health(self) -> dict:
         return {"link": "up" if self.up else "down", "connects": self.connects,
+                "batching": self.batching,
                 "last_error": self.last_error, "peer_protocol_version": self.peer_protocol_version,
                 "clock_skew_seconds": round(self.clock_skew, 3) if self.clock_skew is not None
                 else None}

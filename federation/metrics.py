@@ -20,6 +20,7 @@ class ForwardMetrics:
         self.latency = Histogram("hubd_forward_latency_seconds",
                                  "Time from sending a forward to the peer's answer.",
                                  ["peer"], buckets=LATENCY_BUCKETS, registry=registry)
+        self._latency_children: dict = {}
         registry.register(self)
 
     def forward_outcome(self, peer: str, outcome: str) -> None:
@@ -27,7 +28,10 @@ class ForwardMetrics:
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
 
     def forward_latency(self, peer: str, seconds: float) -> None:
-        self.latency.labels(peer).observe(seconds)
+        child = self._latency_children.get(peer)
+        if child is None:
+            child = self._latency_children[peer] = self.latency.labels(peer)
+        child.observe(seconds)
 
     def describe(self):
         return []

@@ -29,7 +29,8 @@ from federation.state import PendingForward
 
 log = structlog.get_logger("hubd.federation.outbox")
 
-WINDOW = 512  # forwards in flight per peer
+WINDOW = 1024  # forwards in flight per peer
+BATCH = 256  # forwards per frame, to a peer that takes batches
 ANSWER_TIMEOUT = 10.0
 RETRY_START = 1.0
 RETRY_MAX = 300.0
@@ -174,17 +175,32 @@ class ForwardOutbox:
             queue.wake.clear()
             if not link.up:
                 continue  # link_up() wakes us again
-            while queue.ready and len(queue.in_flight) < WINDOW:
-                forward_id = queue.ready.popleft()
-                attempt = queue.items.get(forward_id)
-                if attempt is None or forward_id in queue.in_flight:
-                    continue
-                attempt.sent_at = time.monotonic()
-                queue.in_flight[forward_id] = attempt
-                if not await link.send(attempt.item.frame(self.origin)):
-                    queue.in_flight.pop(forward_id, None)
-                    attempt.sent_at = None
-                    queue.ready.appendleft(forward_id)
+            while queue.ready and len(queue.in_flight) < WINDOW and link.up:
+                batch = []
+                limit = BATCH if link.batching else 1
+                now = time.monotonic()
+                while queue.ready and len(batch) < limit and \
+                        len(queue.in_flight) < WINDOW:
+                    forward_id = queue.ready.popleft()
+                    attempt = queue.items.get(forward_id)
+                    if attempt is None or forward_id in queue.in_flight:
+                        continue
+                    attempt.sent_at = now
+                    queue.in_flight[forward_id] = attempt
+                    batch.append(attempt)
+                if not batch:
+                    break
+                if len(batch) == 1:
+                    frame = batch[0].item.frame(self.origin)
+                else:
+                    frame = {"sender": self.origin, "target": "System",
+                             "type": "multihub_message_forward_batch", "payload": "",
+                             "forwards": [a.item.frame(self.origin) for a in batch]}
+                if not await link.send(frame):
+                    for attempt in reversed(batch):
+                        queue.in_flight.pop(attempt.item.forward_id, None)
+                        attempt.sent_at = None
+                        queue.ready.appendleft(attempt.item.forward_id)
                     break
 
     async def sweep(self) -> None:

@@ -30,6 +30,7 @@ log = structlog.get_logger("hubd.federation.receiver")
 
 MAX_FORWARD_ID_BYTES = 128
 MAX_BODY_BYTES = 262_144
+MAX_BATCH = 1024  # forwards in one multihub_message_forward_batch
 MAX_DETAIL_BYTES = 512
 BODY_FIELDS = ("client_msg_id", "metadata", "priority", "reply_to")
 
@@ -78,88 +79,129 @@ def _seat_problem(seat, what: str) -> str | None:
     return None
 
 
-def _result(router: Router, session: Session, forward_id: str, disposition: str,
-            reason_code: str = "", detail: str = "", result: dict | None = None) -> dict:
+def _entry(forward_id: str, disposition: str, reason_code: str = "", detail: str = "",
+           result: dict | None = None) -> dict:
+    return {"forward_id": forward_id, "disposition": disposition, "reason_code": reason_code,
+            "detail": detail.encode()[:MAX_DETAIL_BYTES].decode(errors="ignore"),
+            "result": result or {}}
+
+
+def _result_frame(router: Router, session: Session, entry: dict) -> dict:
     return router.frame("multihub_message_result", session.name or session.peer_hub or "all",
-                        "Multi-hub message result", forward_id=forward_id,
-                        disposition=disposition, answering_hub=router.hub_id,
-                        reason_code=reason_code,
-                        detail=detail.encode()[:MAX_DETAIL_BYTES].decode(errors="ignore"),
-                        result=result or {})
+                        "Multi-hub message result", answering_hub=router.hub_id, **entry)
 
 
 def _refuse(router: Router, session: Session, forward_id: str, code: str, detail: str) -> None:
-    router.send(session.conn, _result(router, session, forward_id, "refused", code, detail))
+    router.send(session.conn, _result_frame(router, session,
+                                            _entry(forward_id, "refused", code, detail)))
+
+
+def _transient_on_failure(entries: list[dict]) -> list[dict]:
+    """What the origin hears if the journal cannot take the accepted chats:
+    a transient refusal, so it retries."""
+    return [_entry(e["forward_id"], "refused", JOURNAL_RECOVERY_REQUIRED,
+                   "the chat could not be journalled; retry")
+            if e["disposition"] == "accepted" else e for e in entries]
+
+
+def _valid_forward_id(forward_id) -> bool:
+    return isinstance(forward_id, str) and bool(forward_id) and \
+        len(forward_id.encode()) <= MAX_FORWARD_ID_BYTES
 
 
 @handles("multihub_message_forward", peers=True)
 def forward_in(router: Router, session: Session, frame: dict, size: int) -> None:
     forward_id = frame.get("forward_id")
-    if not isinstance(forward_id, str) or not forward_id or \
-            len(forward_id.encode()) > MAX_FORWARD_ID_BYTES:
+    if not _valid_forward_id(forward_id):
         router.error(session, "Malformed multi-hub forward: forward_id must be a string of "
                               f"1-{MAX_FORWARD_ID_BYTES} bytes.")
         return
-    policy = _policy(router)
-    if policy is None:
-        _refuse(router, session, forward_id, PEER_NOT_AUTHORISED,
-                "this hub accepts no forwarded messages (no serving policy)")
-        return
     origin = frame.get("sender")
-    if not isinstance(origin, str) or not HUB_ID_RE.match(origin):
-        _refuse(router, session, forward_id, INVALID_ORIGIN, f"origin {origin!r} is not a hub id")
-        return
-    kind = frame.get("kind")
-    if kind == "who":
+    policy = _policy(router)
+    if frame.get("kind") == "who" and policy is not None and isinstance(origin, str):
         _roster(router, session, forward_id, origin, policy)
         return
-    if kind != "chat":
-        _refuse(router, session, forward_id, UNKNOWN_REQUEST,
-                f"this hub forwards chats and rosters, not {kind!r}")
+    entry = admit(router, session, origin, frame, size)
+    router.send(session.conn, _result_frame(router, session, entry))
+    if entry["disposition"] == "accepted":
+        router.out.failure.append((session.conn, lambda: text_frame(codec.encode(_result_frame(
+            router, session, _transient_on_failure([entry])[0]))), "multihub_message_result"))
+
+
+@handles("multihub_message_forward_batch", peers=True)
+def forward_batch_in(router: Router, session: Session, frame: dict, size: int) -> None:
+    """hubd-to-hubd: many forwards in one frame, one result frame back (each
+    forward is still checked, deduplicated and journaled on its own)."""
+    forwards = frame.get("forwards")
+    if not isinstance(forwards, list) or not forwards or len(forwards) > MAX_BATCH:
+        router.error(session, f"Malformed multi-hub forward batch: forwards must be a list of "
+                              f"1-{MAX_BATCH} forwards.")
         return
-    sender_seat, target_seat, body = frame.get("sender_seat"), frame.get("target_seat"), \
-        frame.get("body")
+    origin = frame.get("sender")
+    share = max(size // len(forwards), 1)
+    entries = []
+    for forward in forwards:
+        if not isinstance(forward, dict) or not _valid_forward_id(forward.get("forward_id")):
+            continue  # nothing to answer by; the origin times it out and retries
+        entries.append(admit(router, session, origin, forward, share))
+    router.send(session.conn, router.frame(
+        "multihub_message_result_batch", session.peer_hub or session.name or "all",
+        "Multi-hub message results", answering_hub=router.hub_id, results=entries))
+    if any(e["disposition"] == "accepted" for e in entries):
+        router.out.failure.append((session.conn, lambda: text_frame(codec.encode(router.frame(
+            "multihub_message_result_batch", session.peer_hub or "all",
+            "Multi-hub message results", answering_hub=router.hub_id,
+            results=_transient_on_failure(entries)))), "multihub_message_result_batch"))
+
+
+def admit(router: Router, session: Session, origin, forward: dict, size: int) -> dict:
+    """Check one forward and, if it passes, route it as a local chat from
+    seat@ORIGIN. Returns its result entry (accepted, duplicate or refused)."""
+    forward_id = forward["forward_id"]
+    policy = _policy(router)
+    if policy is None:
+        return _entry(forward_id, "refused", PEER_NOT_AUTHORISED,
+                      "this hub accepts no forwarded messages (no serving policy)")
+    if not isinstance(origin, str) or not HUB_ID_RE.match(origin):
+        return _entry(forward_id, "refused", INVALID_ORIGIN, f"origin {origin!r} is not a hub id")
+    kind = forward.get("kind")
+    if kind != "chat":
+        return _entry(forward_id, "refused", UNKNOWN_REQUEST,
+                      f"this hub forwards chats and rosters, not {kind!r}")
+    sender_seat, target_seat, body = forward.get("sender_seat"), forward.get("target_seat"), \
+        forward.get("body")
     problem = _seat_problem(sender_seat, "sender_seat")
     if problem is not None:
-        _refuse(router, session, forward_id, INVALID_SHAPE, problem)
-        return
+        return _entry(forward_id, "refused", INVALID_SHAPE, problem)
     problem = _seat_problem(target_seat, "target_seat")
     if problem is not None:
-        _refuse(router, session, forward_id, INVALID_TARGET, problem)
-        return
+        return _entry(forward_id, "refused", INVALID_TARGET, problem)
     if not isinstance(body, dict) or len(codec.encode(body)) > MAX_BODY_BYTES:
-        _refuse(router, session, forward_id, INVALID_SHAPE,
-                f"body must be a JSON object of at most {MAX_BODY_BYTES} bytes")
-        return
+        return _entry(forward_id, "refused", INVALID_SHAPE,
+                      f"body must be a JSON object of at most {MAX_BODY_BYTES} bytes")
     namespace = project_of(target_seat)
     decision = policy.authorise(origin, session.conn.peer_cert, namespace, router.now)
     if not decision.allowed:
         code = NAMESPACE_NOT_GRANTED if decision.reason == NAMESPACE_NOT_GRANTED else \
             PEER_NOT_AUTHORISED
-        _refuse(router, session, forward_id, code,
-                f"peer may not address {namespace}: {decision.reference_reason} "
-                f"({decision.detail})")
-        return
+        return _entry(forward_id, "refused", code,
+                      f"peer may not address {namespace}: {decision.reference_reason} "
+                      f"({decision.detail})")
     digest = forward_digest(sender_seat, target_seat, "chat", body)
     known = inbox_of(router.state).accepted.get(forward_id)
     if known is not None:
         if known.digest == digest and known.origin == origin:
-            router.send(session.conn, _result(router, session, forward_id, "duplicate",
-                                              result=known.result))
-        else:
-            _refuse(router, session, forward_id, FORWARD_ID_CONFLICT,
-                    "this forward_id was already accepted with different content")
-        return
+            return _entry(forward_id, "duplicate", result=known.result)
+        return _entry(forward_id, "refused", FORWARD_ID_CONFLICT,
+                      "this forward_id was already accepted with different content")
     if router.mutations_refused():
-        _refuse(router, session, forward_id, JOURNAL_RECOVERY_REQUIRED,
-                f"this hub cannot write its journal right now ({router.refusing_mutations})")
-        return
+        return _entry(forward_id, "refused", JOURNAL_RECOVERY_REQUIRED,
+                      f"this hub cannot write its journal right now ({router.refusing_mutations})")
     refused = router.quota.admit(f"federation-peer:{origin}", size, router.now)
     if refused is not None:
         router.metrics.refuse_quota(refused)
-        _refuse(router, session, forward_id, CHAT_REFUSED,
-                f"Durable ingress quota exceeded ({refused}).")
-        return
+        return _entry(forward_id, "refused", CHAT_REFUSED,
+                      f"Durable ingress quota exceeded ({refused}).")
 
     chat = {"sender": sender_seat, "target": target_seat, "type": "chat",
             "payload": body.get("payload"), "forwarded_from": origin, "forward_id": forward_id}
@@ -169,12 +211,7 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
     event, recipients, _ = route_chat(
         router, chat, f"{sender_seat}@{origin}",
         {"forwarded": {"forward_id": forward_id, "origin": origin, "digest": digest}})
-    router.send(session.conn, _result(router, session, forward_id, "accepted",
-                                      result=result_of(event, recipients)))
-    # If the journal cannot take it, the origin must retry: a transient refusal.
-    router.out.failure.append((session.conn, lambda: text_frame(codec.encode(_result(
-        router, session, forward_id, "refused", JOURNAL_RECOVERY_REQUIRED,
-        "the chat could not be journalled; retry"))), "multihub_message_result"))
+    return _entry(forward_id, "accepted", result=result_of(event, recipients))
 
 
 def _roster(router: Router, session: Session, forward_id: str, origin: str, policy) -> None:
@@ -185,6 +222,6 @@ def _roster(router: Router, session: Session, forward_id: str, origin: str, poli
         _refuse(router, session, forward_id, PEER_NOT_AUTHORISED, decision.detail)
         return
     seats = [n for n in router.presence.online() if project_of(n) in granted]
-    router.send(session.conn, _result(router, session, forward_id, "accepted",
-                                      result={"online_agents": seats, "hub_id": router.hub_id}))
+    router.send(session.conn, _result_frame(router, session, _entry(
+        forward_id, "accepted", result={"online_agents": seats, "hub_id": router.hub_id})))
 

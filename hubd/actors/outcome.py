@@ -12,7 +12,7 @@ class Outcome:
     `sends` are (destination, framed bytes, frame type); a destination is one
     connection or a tuple of connections. If committing `events` fails, the
     `failure` frames go out instead of `sends` (a private error to whoever
-    asked). `after_release` runs once the sends are on their sockets' queues.
+    asked); they are usually callables, so the frame is built only then. `after_release` runs once the sends are on their sockets' queues.
     """
 
     __slots__ = ("events", "sends", "failure", "after_release")
@@ -24,8 +24,6 @@ class Outcome:
         self.failure = failure if failure is not None else []
         self.after_release = after_release
 
-    def fail_with(self, dest, framed: bytes) -> None:
-        self.failure.append((dest, framed, "error"))
 
 
 class Resync:

@@ -331,9 +331,10 @@ class Router:
                                             self.now, **fields))
 
     def fail_privately(self, session: Session, text: str, **fields) -> None:
-        """The reply if this command's events cannot be committed."""
-        self.out.fail_with(session.conn, text_frame(codec.encode(
-            error_frame(self.hub_id, session.name or BROADCAST, text, self.now, **fields))))
+        """The reply if this command's events cannot be committed (built only then)."""
+        target, now = session.name or BROADCAST, self.now
+        self.out.failure.append((session.conn, lambda: text_frame(codec.encode(
+            error_frame(self.hub_id, target, text, now, **fields))), "error"))
 
     def close(self, conn, code: int, reason: str) -> None:
         self.out.sends.append((conn, CloseSocket(code, reason), "close"))

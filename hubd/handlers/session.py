@@ -9,6 +9,9 @@ from hubd.state.presence import Session
 from hubd.wire.envelope import PROTOCOL_VERSION, reserved_name_reason, strict_int
 
 WELCOME_TEXT = "Welcome to hubd"
+# hubd extensions a peer hub may use on this connection (the reference ignores
+# unknown welcome fields): batched forwards, one result frame per batch.
+HUB_FEATURES = ["forward_batch"]
 
 
 def opened(router: Router, conn) -> None:
@@ -27,7 +30,8 @@ def opened(router: Router, conn) -> None:
     # online_agents lists registered names; the newcomer is not one yet.
     router.send(conn, router.frame(
         "welcome", "self", WELCOME_TEXT, connected_clients=len(presence.sockets),
-        online_agents=presence.online(), protocol_version=PROTOCOL_VERSION))
+        online_agents=presence.online(), protocol_version=PROTOCOL_VERSION,
+        hubd_features=HUB_FEATURES))
     del session  # registered by the first frame that names a sender
 
 

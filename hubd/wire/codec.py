@@ -41,7 +41,7 @@ def _depth_exceeds(value, limit: int) -> bool:
     return False
 
 
-def decode_frame(data: str | bytes, max_depth: int = MAX_DEPTH) -> dict | DecodeError:
+def decode_frame(data: str | bytes, max_depth: int | None = MAX_DEPTH) -> dict | DecodeError:
     """Parse one inbound frame into a dict, or say why it is refused.
 
     orjson refuses NaN/Infinity, invalid UTF-8, lone surrogates and nesting
@@ -55,6 +55,8 @@ def decode_frame(data: str | bytes, max_depth: int = MAX_DEPTH) -> dict | Decode
         return DecodeError(MALFORMED_JSON)
     if not isinstance(value, dict):
         return DecodeError(NOT_AN_OBJECT)
+    if max_depth is None:
+        return value  # a trusted peer's frame: orjson's own 1024-level bound applies
     # Nesting needs an opening bracket per level, so a frame with few of them
     # (nearly all) cannot be too deep; only the rest are walked.
     if isinstance(data, str):

@@ -82,10 +82,22 @@ class RemoteTargetError:
     text: str
 
 
+_REMOTE: dict[str, "RemoteSeat | RemoteTargetError"] = {}
+
+
 def parse_remote(raw: str) -> RemoteSeat | RemoteTargetError | None:
     """`PROJECT/seat@HUB` -> RemoteSeat; None when the target is not remote."""
     if "@" not in raw:
         return None
+    parsed = _REMOTE.get(raw)
+    if parsed is None:
+        if len(_REMOTE) >= _PARSED_LIMIT:
+            _REMOTE.clear()
+        parsed = _REMOTE[raw] = _parse_remote(raw)
+    return parsed
+
+
+def _parse_remote(raw: str) -> RemoteSeat | RemoteTargetError:
     if "," in raw:
         return RemoteTargetError(
             f"Cross-hub target '{raw}' must name exactly one seat, not a comma list.")
