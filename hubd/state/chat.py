@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+
+import orjson
 
 RETRY_MEMORY_PAIRS = 4096
 RETRY_MEMORY_SECONDS = 24 * 3600
@@ -19,8 +20,7 @@ CONTENT_FIELDS = ("target", "type", "payload", "channel", "metadata", "priority"
 
 def content_digest(frame: dict) -> str:
     content = {name: frame[name] for name in CONTENT_FIELDS if name in frame}
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 @dataclass(slots=True)
