@@ -292,14 +292,14 @@ class RefClient:
         return ["--token", tok] if tok else []
 
     def run(self, cmd: str, *args: str, timeout: float = 20.0, uri: bool = True,
-            token: str | None = None) -> CliResult:
+            token: str | None = None, cwd: Path | None = None) -> CliResult:
         argv = [self.synapse, cmd]
         if uri:
             argv += ["--uri", self.url]
         argv += self._auth(token) + list(args)
         try:
             cp = subprocess.run(argv, env=self.env, capture_output=True, text=True,
-                                timeout=timeout, stdin=subprocess.DEVNULL, cwd=self.home)
+                                timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd or self.home)
         except subprocess.TimeoutExpired as exc:
             raise AssertionError(f"`synapse {cmd}` did not finish in {timeout}s: "
                                  f"{exc.stdout!r} {exc.stderr!r}") from None
