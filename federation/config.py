@@ -5,7 +5,9 @@ moves over unchanged:
 
     --message-peer west=wss://west.example:8876/     (repeatable)
     --message-peer-pin west=sha256:<hex>             (repeatable; several per peer for rotation;
-                                                      spki-sha256:<hex> also accepted)
+                                                      spki-sha256:<hex> also accepted;
+                                                      west=@FILE reads pins from a file, one per
+                                                      line, again on every SIGHUP)
     --message-peer-token / --message-peer-token-file
     --multihub-client-certfile / --multihub-client-keyfile
     --message-forward-ttl SECONDS                    (default 86400)
@@ -50,6 +52,12 @@ class FederationConfig:
     tls_certfile: Path | None = None
     tls_keyfile: Path | None = None
     serving_policy_path: Path | None = None
+    # the flag values this was built from: SIGHUP builds it again from them,
+    # re-reading every file they name
+    flags: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def rebuild(self) -> "FederationConfig":
+        return build_federation_config(**self.flags) if self.flags else self
 
     @property
     def enabled(self) -> bool:
@@ -102,10 +110,7 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
         if name not in routes:
             raise FederationConfigError(
                 f"--message-peer-pin requires --message-peer; no message peer named {name!r}")
-        try:
-            pins.setdefault(name, []).append(parse_pin(value))
-        except PinError as exc:
-            raise FederationConfigError(f"--message-peer-pin {name}: {exc}") from exc
+        pins.setdefault(name, []).extend(read_pins(value, f"--message-peer-pin {name}"))
     peers = {}
     for name, uri in routes.items():
         scheme = urlsplit(uri).scheme
@@ -125,4 +130,31 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
         forward_ttl=float(forward_ttl),
         tls_certfile=Path(tls_certfile) if tls_certfile else None,
         tls_keyfile=Path(tls_keyfile) if tls_keyfile else None,
-        serving_policy_path=Path(serving_policy) if serving_policy else None)
+        serving_policy_path=Path(serving_policy) if serving_policy else None,
+        flags=dict(message_peers=list(message_peers), message_peer_pins=list(message_peer_pins),
+                   message_peer_token=message_peer_token, client_certfile=client_certfile,
+                   client_keyfile=client_keyfile, forward_ttl=forward_ttl,
+                   tls_certfile=tls_certfile, tls_keyfile=tls_keyfile,
+                   serving_policy=serving_policy, hub_id=hub_id))
+
+
+def read_pins(value: str, flag: str) -> list:
+    """One pin, or `@FILE`: every non-blank, non-comment line of FILE (a file
+    lets an operator rotate pins and SIGHUP the hub instead of restarting it)."""
+    if not value.startswith("@"):
+        lines = [value]
+    else:
+        path = value[1:]
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise FederationConfigError(f"{flag}: cannot read pin file {path}: "
+                                        f"{exc.strerror or exc}") from exc
+        lines = [ln.strip() for ln in text.splitlines()
+                 if ln.strip() and not ln.strip().startswith("#")]
+        if not lines:
+            raise FederationConfigError(f"{flag}: pin file {path} holds no pin")
+    try:
+        return [parse_pin(line) for line in lines]
+    except PinError as exc:
+        raise FederationConfigError(f"{flag}: {exc}") from exc

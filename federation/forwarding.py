@@ -51,6 +51,7 @@ class Forwarding:
         self._first_answer_due: dict[str, float] = {}
         # settlements reported since the Router last ran them (one event per round)
         self._settlements: list = []
+        self._group: asyncio.TaskGroup | None = None
 
     def knows(self, hub_id: str) -> bool:
         return hub_id in self.config.message_peers
@@ -60,18 +61,42 @@ class Forwarding:
     def start(self, router: Router, group: asyncio.TaskGroup) -> None:
         context = self.config.client_context() if any(
             r.secure for r in self.config.message_peers.values()) else None
-        for peer, route in self.config.message_peers.items():
-            self.links[peer] = PeerLink(
-                route, self.hub.hub_id, context, on_up=self._link_up, on_down=self._link_down,
-                on_result=self._on_result, on_rejected=self._on_rejected)
         self.outbox = ForwardOutbox(self.hub.hub_id, self.links, self.metrics,
                                     settle=self._settle_later, pending_notice=self._pending_later)
+        self._group = group
+        for peer, route in self.config.message_peers.items():
+            self._add_link(peer, route, context)
         self.outbox.load(list(outbox_of(router.state).pending.values()))
-        for peer, link in self.links.items():
-            group.create_task(link.run(), name=f"peer-link-{peer}")
-            group.create_task(self.outbox.run_peer(peer), name=f"forward-outbox-{peer}")
         group.create_task(self.outbox.sweep(), name="forward-outbox-sweep")
         group.create_task(self._first_answer_sweep(), name="forward-first-answer")
+
+    def reconfigure(self, config: FederationConfig) -> None:
+        """New pins, URIs, tokens or peers after SIGHUP. A link whose live peer
+        certificate no longer matches its pins is closed; it reconnects and is
+        checked against the new pins like any new connection."""
+        self.config = config
+        context = config.client_context() if any(
+            r.secure for r in config.message_peers.values()) else None
+        for peer, route in config.message_peers.items():
+            link = self.links.get(peer)
+            if link is None:
+                self._add_link(peer, route, context)
+                continue
+            link.reroute(route, context)
+        for peer in set(self.links) - set(config.message_peers):
+            log.warning("message peer removed by reload; its unsettled forwards wait for "
+                        "their TTL", peer=peer)
+            self.links[peer].stop()
+
+    def _add_link(self, peer: str, route, context) -> None:
+        link = self.links[peer] = PeerLink(
+            route, self.hub.hub_id, context, on_up=self._link_up, on_down=self._link_down,
+            on_result=self._on_result, on_rejected=self._on_rejected)
+        if self.outbox is not None:
+            self.outbox.add_peer(peer)
+        if self._group is not None:
+            self._group.create_task(link.run(), name=f"peer-link-{peer}")
+            self._group.create_task(self.outbox.run_peer(peer), name=f"forward-outbox-{peer}")
 
     def resync(self, router: Router) -> None:
         """After the Router rebuilt its state: rows the outbox may have missed."""

@@ -127,6 +127,19 @@ class PeerLink:
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 await asyncio.sleep(delay)
 
+    def reroute(self, route: PeerRoute, ssl_context) -> None:
+        """Take new pins/URI/token; a live connection that fails the new pins is closed."""
+        self.route = route
+        self._ssl = ssl_context
+        ws = self._ws
+        if ws is not None and route.pins is not None:
+            der = peer_certificate_der(ws)
+            if der is None or not route.pins.matches(der):
+                log.warning("peer certificate no longer matches its pins; closing the link",
+                            peer=self.peer)
+                self._record_error(PIN_MISMATCH, "certificate no longer matches the reloaded pins")
+                asyncio.get_running_loop().create_task(ws.close())
+
     def stop(self) -> None:
         self._stop = True
         if self._ws is not None:

@@ -74,6 +74,9 @@ class ForwardOutbox:
         self._pending_notice = pending_notice
         self.queues: dict[str, PeerQueue] = {peer: PeerQueue() for peer in links}
 
+    def add_peer(self, peer: str) -> None:
+        self.queues.setdefault(peer, PeerQueue())
+
     # -- rows in
 
     def submit(self, item: PendingForward) -> None:

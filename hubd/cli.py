@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     fed.add_argument("--message-peer-pin", action="append", default=[],
                      metavar="HUB_ID=sha256:HEX",
                      help="accept the peer's wss certificate only by this pin (repeatable; "
-                          "several per peer for rotation; spki-sha256:HEX also accepted)")
+                          "several per peer for rotation; spki-sha256:HEX also accepted; "
+                          "HUB_ID=@FILE reads pins from FILE, one per line, again on SIGHUP)")
     fed.add_argument("--message-peer-token", help="connect token sent to every message peer")
     fed.add_argument("--message-peer-token-file", metavar="PATH",
                      help="read --message-peer-token from this owner-only file")
@@ -188,6 +189,8 @@ async def serve(config: HubConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.hub.stop)
+    loop.add_signal_handler(signal.SIGHUP,
+                            lambda: server.hub.track(loop.create_task(server.hub.reload())))
     return await server.wait()
 
 

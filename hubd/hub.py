@@ -48,6 +48,7 @@ class Hub:
         self.router: Router | None = None
         self.forwarding = None  # federation.forwarding.Forwarding, with message peers
         self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
+        self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
         self.ready = False
         self.started = time.time()
         self.corrupt_rows: list[CorruptRow] = []
@@ -85,6 +86,52 @@ class Hub:
             self._reader_thread, self._replay)
         self.corrupt_rows = corrupt
         return state
+
+    async def reload(self) -> bool:
+        """SIGHUP: read pins, peers, the serving policy, the federation store
+        and certificate files again. Everything is checked before anything is
+        swapped; a bad file keeps the running configuration and says why.
+        Local agents stay connected; a peer link whose certificate no longer
+        matches is closed."""
+        from dataclasses import replace
+
+        old = self.config.federation
+        try:
+            federation = old.rebuild()
+            policy = None
+            if federation.serving_policy_path is not None:
+                from federation.policy import load_serving_policy
+
+                policy = load_serving_policy(federation.serving_policy_path)
+            if federation.tls_certfile is not None:
+                from federation.tls import server_context
+
+                server_context(federation.tls_certfile, federation.tls_keyfile,
+                               client_ca_pem=policy.client_ca_pem if policy else None)
+            if federation.message_peers:
+                federation.client_context()
+            if bool(federation.message_peers) != (self.forwarding is not None) or \
+                    (federation.tls_certfile is None) != (old.tls_certfile is None):
+                raise ValueError("turning forwarding or native TLS on or off needs a restart")
+        except (ValueError, OSError) as exc:
+            self.metrics.reload_failures += 1
+            log.error("reload refused; the running configuration is kept", reason=str(exc))
+            return False
+        self.config = replace(self.config, federation=federation)
+        self.serving_policy = policy
+        if self.server_ssl is not None:
+            self.server_ssl.load_cert_chain(federation.tls_certfile, federation.tls_keyfile)
+            if policy is not None:
+                self.server_ssl.load_verify_locations(cadata=policy.client_ca_pem)
+        if self.router is not None:
+            self.router.config = self.config
+            self.router.post_control(_recheck_peer_sessions)
+        if self.forwarding is not None:
+            self.forwarding.reconfigure(federation)
+        self.metrics.reloads += 1
+        log.info("configuration reloaded", peers=sorted(federation.message_peers),
+                 serving_policy=str(federation.serving_policy_path or ""))
+        return True
 
     def _journal_committed(self) -> None:
         if self.router is not None:
@@ -197,6 +244,22 @@ class Hub:
                     conn.abort()
             for timer in PERIODIC:
                 await self.router.inbox.put(timer)
+
+
+def _recheck_peer_sessions(router) -> None:
+    """After a reload: a peer hub whose grant or pin no longer holds is cut off."""
+    from hubd.actors.connection import CLOSE_AUTH
+
+    policy = router.hub.serving_policy
+    for session in list(router.presence.sessions.values()):
+        if session.peer_hub is None:
+            continue
+        decision = policy.authorise(session.peer_hub, session.conn.peer_cert, None,
+                                    router.now) if policy is not None else None
+        if decision is None or not decision.allowed:
+            log.warning("peer link closed after reload", peer=session.peer_hub,
+                        reason=decision.detail if decision else "no serving policy")
+            session.conn.close(CLOSE_AUTH, "peer no longer authorised")
 
 
 class _Stop(Exception):

@@ -35,6 +35,8 @@ class HubMetrics:
         self.send_timeouts = 0
         self.handler_crashes = 0
         self.journal_failures = 0
+        self.reloads = 0
+        self.reload_failures = 0
         self.commit_batch = Histogram(
             "hubd_journal_commit_batch_events", "Events per journal commit (group commit size).",
             buckets=BATCH_SIZE_BUCKETS, registry=self.registry)
@@ -118,6 +120,11 @@ class _Collector:
                                   value=m.handler_crashes)
         yield CounterMetricFamily("hubd_journal_commit_failures", "Journal commits that failed.",
                                   value=m.journal_failures)
+        yield CounterMetricFamily("hubd_config_reloads", "SIGHUP reloads applied.",
+                                  value=m.reloads)
+        yield CounterMetricFamily("hubd_config_reload_failures",
+                                  "SIGHUP reloads refused (the old configuration was kept).",
+                                  value=m.reload_failures)
         for name, (help_text, read, label) in m.gauges.items():
             value = read()
             if label is None:

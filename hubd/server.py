@@ -78,8 +78,9 @@ class HubServer:
         from federation.tls import server_context
 
         policy = self.hub.serving_policy
-        return server_context(federation.tls_certfile, federation.tls_keyfile,
-                              client_ca_pem=policy.client_ca_pem if policy else None)
+        self.hub.server_ssl = server_context(federation.tls_certfile, federation.tls_keyfile,
+                                             client_ca_pem=policy.client_ca_pem if policy else None)
+        return self.hub.server_ssl
 
     async def _supervise(self) -> int:
         code = 0
