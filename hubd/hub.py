@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
-import federation.receiver  # noqa: F401  (registers the hub-to-hub verbs)
+import federation.logpull  # noqa: F401  (registers the hub-to-hub verbs)
+import federation.receiver  # noqa: F401
 import hubd.handlers  # noqa: F401  (registers the verb handlers)
 from hubd.actors.connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN, SEND_DEADLINE_SECONDS
 from hubd.actors.journal_writer import JournalWriter

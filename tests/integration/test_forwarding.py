@@ -275,3 +275,48 @@ def test_duplicate_and_conflicting_forward_ids(tmp_path, pki):
         asyncio.run(scenario())
     finally:
         west.stop()
+
+
+def test_log_pull_is_served_only_to_a_pinned_granted_peer(tmp_path, pki):
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    west = hubd_process(tmp_path / "west", *site_flags(pki, "west", policy).serve, hub_id="west",
+                        scheme="wss")
+    west.start()
+    try:
+        async def scenario():
+            bob = await joined(west.url, "PROJ/bob")
+            for i in range(5):
+                await bob.chat("PROJ/bob", "all", f"n{i}")
+            await bob.send_json({"sender": "PROJ/bob", "type": "who_request"})
+            await bob.recv_type("who_snapshot")
+            east_ctx = peer_client_context(pki.file("east", "client", "cert"),
+                                           pki.file("east", "client", "key"))
+            peer = await WsProbe.open(west.url, ssl=east_ctx)
+            request = {"sender": "east", "target": "all", "type": "multihub_log_request",
+                       "payload": "", "after_seq": 0, "limit": None}
+            await peer.send_json(request)
+            snap = await peer.recv_type("multihub_log_snapshot")
+            chats = [e for e in snap["events"] if e["kind"] == "chat"]
+            assert [e["payload"]["payload"] for e in chats] == [f"n{i}" for i in range(5)]
+            assert snap["next_cursor"] == snap["events"][-1]["seq"] == snap["log_end_seq"]
+            assert all(set(e) == {"seq", "ts", "kind", "payload"} for e in snap["events"])
+            await peer.send_json(dict(request, after_seq=snap["next_cursor"]))
+            caught_up = await peer.recv_type("multihub_log_snapshot")
+            assert caught_up["events"] == [] and caught_up["log_end_seq"] == snap["log_end_seq"]
+            await peer.send_json(dict(request, after_seq=0, limit=2))
+            paged = await peer.recv_type("multihub_log_snapshot")
+            assert [e["seq"] for e in paged["events"]] == [1, 2] and paged["next_cursor"] == 2
+            # no certificate, or a certificate that is not east's: an empty answer
+            for ssl in (None, peer_client_context(pki.file("north", "client", "cert"),
+                                                  pki.file("north", "client", "key"))):
+                other = await WsProbe.open(west.url, ssl=ssl)
+                await other.send_json(dict(request, after_seq=3))
+                refused = await other.recv_type("multihub_log_snapshot")
+                assert refused["events"] == [] and refused["log_end_seq"] is None
+                assert refused["next_cursor"] == 3
+                await other.close()
+            for p in (bob, peer):
+                await p.close()
+        asyncio.run(scenario())
+    finally:
+        west.stop()

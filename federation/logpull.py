@@ -1,0 +1,75 @@
+"""Event-log pull, serving side: `multihub_log_request` -> `multihub_log_snapshot`.
+
+Served only to a peer that holds a grant in the serving policy and presents its
+pinned client certificate on this connection. Anyone else gets the same empty
+shape as "no new events" (with `log_end_seq: null`, exactly as the reference
+hub answers, so a follower cannot tell a refusal from a quiet log by content
+alone beyond that documented field).
+
+The journal is read on the reader threads; events are copied into the reply as
+the JSON text they are stored as (orjson fragments), never re-encoded, so what a
+peer fingerprints is byte-for-byte what this hub journaled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import structlog
+
+from hubd.actors.router import Router, handles
+from hubd.state.presence import Session
+from hubd.wire.envelope import strict_int
+from hubd.wire.wsframe import text_frame
+
+log = structlog.get_logger("hubd.federation.logpull")
+
+MAX_EVENTS = 2000  # per snapshot; a follower pages by asking again from next_cursor
+MAX_BYTES = 4 * 1024 * 1024
+
+
+def _snapshot(router: Router, target: str, events: list, next_cursor: int, log_end_seq) -> bytes:
+    frame = router.frame("multihub_log_snapshot", target, "Multi-hub log snapshot",
+                         events=events, next_cursor=next_cursor, log_end_seq=log_end_seq)
+    return text_frame(orjson.dumps(frame))
+
+
+@handles("multihub_log_request", peers=True, reads_only=True)
+def log_request(router: Router, session: Session, frame: dict, size: int) -> None:
+    target = session.peer_hub or session.name or "all"
+    sender = frame.get("sender")
+    after = strict_int(frame.get("after_seq"))
+    limit = frame.get("limit")
+    policy = router.hub.serving_policy
+    decision = policy.authorise(sender, session.conn.peer_cert, None, router.now) \
+        if policy is not None and isinstance(sender, str) else None
+    if decision is None or not decision.allowed:
+        log.info("log pull refused", sender=sender,
+                 reason=decision.detail if decision else "no serving policy")
+        cursor = after if after is not None and after >= 0 else 0
+        router.out.sends.append((session.conn, _snapshot(router, target, [], cursor, None),
+                                 "multihub_log_snapshot"))
+        return
+    if after is None or after < 0 or (limit is not None and (strict_int(limit) is None
+                                                             or limit <= 0)):
+        router.out.sends.append((session.conn, _snapshot(router, target, [], 0, None),
+                                 "multihub_log_snapshot"))
+        return
+    count = min(limit or MAX_EVENTS, MAX_EVENTS)
+    conn, hub = session.conn, router.hub
+
+    async def serve() -> None:
+        rows = await hub.read_journal("since", after, count)
+        end = await hub.read_journal("max_seq")
+        events, used, cursor = [], 0, after
+        for seq, ts, kind, payload, _route in rows:
+            used += len(payload) + 64
+            if events and used > MAX_BYTES:
+                break
+            events.append({"seq": seq, "ts": ts, "kind": kind,
+                           "payload": orjson.Fragment(payload)})
+            cursor = seq
+        conn.send(_snapshot(router, target, events, cursor, end))
+
+    hub.track(asyncio.get_running_loop().create_task(serve()))
