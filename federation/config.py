@@ -25,6 +25,8 @@ from federation.pins import PinError, PinSet, parse_pin
 from hubd.wire.envelope import HUB_ID_RE
 
 DEFAULT_FORWARD_TTL = 86400.0
+DEFAULT_WATCH_INTERVAL = 30.0
+WATCH_INTERVAL_FLOOR = 1.0
 
 
 class FederationConfigError(ValueError):
@@ -52,6 +54,10 @@ class FederationConfig:
     tls_certfile: Path | None = None
     tls_keyfile: Path | None = None
     serving_policy_path: Path | None = None
+    namespace_owners: dict[str, str] = field(default_factory=dict)  # namespace -> hub id
+    watches: dict[str, PeerRoute] = field(default_factory=dict)
+    watch_interval: float = DEFAULT_WATCH_INTERVAL
+    claim_peers: dict[str, PeerRoute] = field(default_factory=dict)
     # the flag values this was built from: SIGHUP builds it again from them,
     # re-reading every file they name
     flags: dict = field(default_factory=dict, compare=False, repr=False)
@@ -83,11 +89,43 @@ def _pairs(values: list[str], flag: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _routes(values: list[str], pin_values: list[str], token: str | None, flag: str,
+            pin_flag: str, client_certfile: str | None) -> dict[str, PeerRoute]:
+    """HUB_ID=URI routes with their pins; the reference's refusals, word for word."""
+    routes = dict(_pairs(values, flag))
+    if len(routes) != len(values):
+        raise FederationConfigError(f"{flag} names the same hub twice")
+    pins: dict[str, list] = {}
+    for name, value in _pairs(pin_values, pin_flag):
+        if name not in routes:
+            raise FederationConfigError(
+                f"{pin_flag} requires {flag}; no route named {name!r}")
+        pins.setdefault(name, []).extend(read_pins(value, f"{pin_flag} {name}"))
+    out = {}
+    for name, uri in routes.items():
+        scheme = urlsplit(uri).scheme
+        if scheme not in ("ws", "wss"):
+            raise FederationConfigError(f"{flag} URI for {name!r} must be ws:// or wss://")
+        if client_certfile and scheme == "wss" and name not in pins:
+            raise FederationConfigError(
+                f"multi-hub client identity requires {pin_flag} for hub {name!r}")
+        if name in pins and scheme != "wss":
+            raise FederationConfigError(f"{pin_flag} {name}: a pin needs a wss:// URI")
+        out[name] = PeerRoute(name, uri, PinSet(pins[name]) if name in pins else None, token)
+    return out
+
+
 def build_federation_config(*, message_peers: list[str], message_peer_pins: list[str],
                             message_peer_token: str | None, client_certfile: str | None,
                             client_keyfile: str | None, forward_ttl: float,
                             tls_certfile: str | None, tls_keyfile: str | None,
-                            serving_policy: str | None, hub_id: str | None) -> FederationConfig:
+                            serving_policy: str | None, hub_id: str | None,
+                            namespace_owners: list[str] = (),
+                            watches: list[str] = (), watch_pins: list[str] = (),
+                            watch_token: str | None = None,
+                            watch_interval: float = DEFAULT_WATCH_INTERVAL,
+                            claim_peers: list[str] = (), claim_peer_pins: list[str] = (),
+                            claim_peer_token: str | None = None) -> FederationConfig:
     """Check the flags together, as the reference does, and build the config."""
     if (tls_certfile is None) != (tls_keyfile is None):
         raise FederationConfigError("native WSS requires both --tls-certfile and --tls-keyfile")
@@ -100,29 +138,22 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
                                     "(and the reverse)")
     if forward_ttl < 1:
         raise FederationConfigError("--message-forward-ttl must be at least 1 second")
-    routes = dict(_pairs(message_peers, "--message-peer"))
-    if len(routes) != len(message_peers):
-        raise FederationConfigError("--message-peer names the same hub twice")
-    if routes and not hub_id:
+    peers = _routes(list(message_peers), list(message_peer_pins), message_peer_token,
+                    "--message-peer", "--message-peer-pin", client_certfile)
+    if peers and not hub_id:
         raise FederationConfigError("--message-peer requires --hub-id: peers know this hub by it")
-    pins: dict[str, list] = {}
-    for name, value in _pairs(message_peer_pins, "--message-peer-pin"):
-        if name not in routes:
-            raise FederationConfigError(
-                f"--message-peer-pin requires --message-peer; no message peer named {name!r}")
-        pins.setdefault(name, []).extend(read_pins(value, f"--message-peer-pin {name}"))
-    peers = {}
-    for name, uri in routes.items():
-        scheme = urlsplit(uri).scheme
-        if scheme not in ("ws", "wss"):
-            raise FederationConfigError(f"--message-peer URI for {name!r} must be ws:// or wss://")
-        if client_certfile and scheme == "wss" and name not in pins:
-            raise FederationConfigError(
-                f"multi-hub client identity requires --message-peer-pin for hub {name!r}")
-        if name in pins and scheme != "wss":
-            raise FederationConfigError(f"--message-peer-pin {name}: a pin needs a wss:// URI")
-        peers[name] = PeerRoute(name, uri, PinSet(pins[name]) if name in pins else None,
-                                message_peer_token)
+    owners = _owners(list(namespace_owners))
+    if owners and not hub_id:
+        raise FederationConfigError("--namespace-owner requires --hub-id: the ownership map "
+                                    "compares owners against it")
+    watch_routes = _routes(list(watches), list(watch_pins), watch_token, "--multihub-watch",
+                           "--multihub-watch-pin", client_certfile)
+    if watch_routes and not owners:
+        raise FederationConfigError("--multihub-watch requires --namespace-owner")
+    claim_routes = _routes(list(claim_peers), list(claim_peer_pins), claim_peer_token,
+                           "--claim-peer", "--claim-peer-pin", client_certfile)
+    if claim_routes and not owners:
+        raise FederationConfigError("--claim-peer requires --namespace-owner")
     return FederationConfig(
         message_peers=peers,
         client_certfile=Path(client_certfile) if client_certfile else None,
@@ -131,11 +162,36 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
         tls_certfile=Path(tls_certfile) if tls_certfile else None,
         tls_keyfile=Path(tls_keyfile) if tls_keyfile else None,
         serving_policy_path=Path(serving_policy) if serving_policy else None,
+        namespace_owners=owners, watches=watch_routes,
+        watch_interval=max(float(watch_interval), WATCH_INTERVAL_FLOOR),
+        claim_peers=claim_routes,
         flags=dict(message_peers=list(message_peers), message_peer_pins=list(message_peer_pins),
                    message_peer_token=message_peer_token, client_certfile=client_certfile,
                    client_keyfile=client_keyfile, forward_ttl=forward_ttl,
                    tls_certfile=tls_certfile, tls_keyfile=tls_keyfile,
-                   serving_policy=serving_policy, hub_id=hub_id))
+                   serving_policy=serving_policy, hub_id=hub_id,
+                   namespace_owners=list(namespace_owners), watches=list(watches),
+                   watch_pins=list(watch_pins), watch_token=watch_token,
+                   watch_interval=watch_interval, claim_peers=list(claim_peers),
+                   claim_peer_pins=list(claim_peer_pins), claim_peer_token=claim_peer_token))
+
+
+def _owners(values: list[str]) -> dict[str, str]:
+    """--namespace-owner NS=HUB_ID (repeatable): one owner per namespace."""
+    owners: dict[str, str] = {}
+    for value in values:
+        namespace, sep, hub = value.partition("=")
+        if not sep or not namespace or not hub or "/" in namespace:
+            raise FederationConfigError(
+                f"--namespace-owner expects NAMESPACE=HUB_ID, got {value!r}")
+        if not HUB_ID_RE.match(hub):
+            raise FederationConfigError(f"--namespace-owner {namespace}: {hub!r} is not a hub id")
+        if owners.get(namespace, hub) != hub:
+            raise FederationConfigError(
+                f"--namespace-owner names two owners for {namespace!r}: "
+                f"{owners[namespace]!r} and {hub!r}")
+        owners[namespace] = hub
+    return owners
 
 
 def read_pins(value: str, flag: str) -> list:

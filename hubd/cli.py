@@ -112,6 +112,25 @@ def build_parser() -> argparse.ArgumentParser:
     leases.add_argument("--lease-min-ttl", type=float, default=LeaseLimits.min_ttl,
                         metavar="SECONDS",
                         help=f"shortest lease a claim may ask for (default {LeaseLimits.min_ttl:g})")
+    auth_ = parser.add_argument_group(
+        "multi-hub authority", "Each namespace has one owning hub; claims elsewhere are "
+        "forwarded to it or refused, and a contested namespace refuses every claim.")
+    auth_.add_argument("--namespace-owner", action="append", default=[], metavar="NS=HUB_ID",
+                       help="the single hub that grants claims in namespace NS (repeatable); "
+                            "with a map, a namespace absent from it grants nothing")
+    auth_.add_argument("--multihub-watch", action="append", default=[], metavar="PEER=URI",
+                       help="poll this peer hub's event log and watch for namespaces it "
+                            "contests (repeatable)")
+    auth_.add_argument("--multihub-watch-interval", type=float, default=30.0, metavar="SECONDS",
+                       help="seconds between watch polls (default 30, floor 1)")
+    auth_.add_argument("--multihub-watch-pin", action="append", default=[],
+                       metavar="PEER=sha256:HEX", help="pin of a watched peer (or PEER=@FILE)")
+    auth_.add_argument("--multihub-watch-token", help="connect token sent to watched peers")
+    auth_.add_argument("--claim-peer", action="append", default=[], metavar="HUB_ID=URI",
+                       help="route claims in namespaces HUB_ID owns to it (repeatable)")
+    auth_.add_argument("--claim-peer-pin", action="append", default=[],
+                       metavar="HUB_ID=sha256:HEX", help="pin of a claim peer (or HUB_ID=@FILE)")
+    auth_.add_argument("--claim-peer-token", help="connect token sent to claim peers")
     logging_ = parser.add_argument_group("logging")
     logging_.add_argument("--log-format", choices=("text", "json"), default="text")
     logging_.add_argument("--log-level", default="INFO",
@@ -150,7 +169,11 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             message_peer_token=peer_token, client_certfile=args.multihub_client_certfile,
             client_keyfile=args.multihub_client_keyfile, forward_ttl=args.message_forward_ttl,
             tls_certfile=args.tls_certfile, tls_keyfile=args.tls_keyfile,
-            serving_policy=args.multihub_serving_policy, hub_id=args.hub_id)
+            serving_policy=args.multihub_serving_policy, hub_id=args.hub_id,
+            namespace_owners=args.namespace_owner, watches=args.multihub_watch,
+            watch_pins=args.multihub_watch_pin, watch_token=args.multihub_watch_token,
+            watch_interval=args.multihub_watch_interval, claim_peers=args.claim_peer,
+            claim_peer_pins=args.claim_peer_pin, claim_peer_token=args.claim_peer_token)
     except FederationConfigError as exc:
         parser.error(str(exc))
     for name in ("max_claims_per_agent", "max_paths_per_claim"):
