@@ -345,3 +345,49 @@ async def test_health_readyz_metrics(tmp_path):
             async with http.get(base + "/health", headers={**auth, "Origin": "http://x"}) as resp:
                 assert resp.status == 403
         await a.close()
+
+
+async def test_slow_consumer_is_cut_off_and_others_carry_on(tmp_path):
+    import base64
+    import os
+    import socket
+
+    async with running_hub(tmp_path) as server:
+        # A client that completes the handshake, registers, then never reads.
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        key = base64.b64encode(os.urandom(16)).decode()
+        writer.write((f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nUpgrade: websocket\r\n"
+                      f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                      "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        await writer.drain()
+        assert b"101" in await reader.readuntil(b"\r\n\r\n")
+        payload = b'{"sender":"p/sleepy","type":"heartbeat","payload":"online"}'
+        mask = os.urandom(4)
+        writer.write(bytes([0x81, 0x80 | len(payload)]) + mask +
+                     bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+        await writer.drain()
+
+        talker = await joined(server.url, "p/talker")
+        assert "p/sleepy" in talker.seen("presence_update")[-1]["online_agents"]
+        big = "x" * 60_000
+        left = None
+        for i in range(400):
+            await talker.chat("p/talker", "all", big)
+            frames = await talker.drain(0.01)
+            left = next((f for f in frames if f.get("type") == "presence_update"
+                         and f.get("agent") == "p/sleepy" and f.get("event") == "left"), None)
+            if left:
+                break
+        if left is None:
+            left = await talker.recv_type("presence_update", agent="p/sleepy", event="left",
+                                          timeout=15)
+        metrics = server.hub.metrics
+        assert metrics.send_timeouts + metrics.send_queue_overflows >= 1
+        # the talker was never held up by the sleeper
+        await talker.chat("p/talker", "all", "still here")
+        await talker.recv_type("chat", payload="still here")
+        await talker.close()
+        writer.close()
