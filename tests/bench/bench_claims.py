@@ -116,6 +116,8 @@ async def hold_live_claims(url: str, n: int, window: int = 64):
             done.set_result(None)
 
     proto = await _registered(url, name, on_frame)
+    if n <= 0:
+        return proto
     for _ in range(min(window, n)):
         send_next()
     await asyncio.wait_for(done, 120)
