@@ -9,10 +9,13 @@ lease is granted or refused.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 
 from hubd.actors.router import ON_REGISTER, ON_UNREGISTER, PERIODIC, Router, handles
+from hubd.http.app import HEALTH_SECTIONS
 from hubd.state import board as bd
+from hubd.state import capabilities as cap
 from hubd.state import claims as cl
 from hubd.state import idem
 from hubd.state.presence import Session
@@ -321,6 +324,8 @@ def expire_due(router: Router) -> None:
 def sweep(router: Router) -> None:
     """Once a second: expired leases end themselves; with --lease-offline-ttl,
     so do the leases of a holder offline for longer than that."""
+    if "hubd_active_claims" not in router.metrics.gauges:
+        register_gauges(router)
     if router.mutations_refused():
         return
     expire_due(router)
@@ -344,6 +349,38 @@ def sweep(router: Router) -> None:
 
 
 PERIODIC.append(sweep)
+
+
+def register_gauges(router: Router) -> None:
+    """The sizes of the claim, board, idempotency and card stores, so their
+    bounds are visible on /metrics."""
+    def gauge(name, text, read):
+        router.metrics.gauge(name, text, read)
+    gauge("hubd_active_claims", "Leases held (live or awaiting the expiry sweep).",
+          lambda: len(cl.claims_of(router.state).leases))
+    gauge("hubd_lease_epoch", "The last fencing epoch issued.",
+          lambda: cl.claims_of(router.state).epoch)
+    gauge("hubd_idempotency_keys", f"Keyed verdicts remembered (bound {idem.TOTAL}, "
+          f"{idem.PER_SENDER} per sender).", lambda: len(idem.store_of(router.state).entries))
+    gauge("hubd_board_tasks", f"Board tasks (bound {bd.MAX_TASKS}).",
+          lambda: len(bd.board_of(router.state).tasks))
+    gauge("hubd_board_progress_notes", f"Board progress notes (bound {bd.MAX_PROGRESS}).",
+          lambda: len(bd.board_of(router.state).progress))
+    gauge("hubd_capability_registrations",
+          f"Persistent capability registrations (bound {cap.MAX_REGISTRATIONS}).",
+          lambda: len(cap.capabilities_of(router.state).registrations))
+
+
+def _health_active_claims(hub) -> int:
+    router = hub.router
+    if router is None:
+        return 0
+    claims = cl.claims_of(router.state)
+    now = time.time()
+    return sum(1 for lease in claims.leases.values() if lease["lease_expires_at"] > now)
+
+
+HEALTH_SECTIONS["active_claims"] = _health_active_claims
 
 
 def _on_register(router: Router, session: Session, frame: dict) -> None:

@@ -99,6 +99,26 @@ async def test_tasks_compare_and_set_scope_and_progress(tmp_path):
         await carol.close()
 
 
+async def test_an_unexpected_causal_parent_fault_changes_nothing(tmp_path, monkeypatch):
+    from hubd.state import board as bd
+
+    def broken(frame):
+        raise RuntimeError("parser bug")
+
+    async with running_hub(tmp_path) as server:
+        alice = await joined(server.url, "p/alice")
+        monkeypatch.setattr(bd, "causal_parent", broken)
+        await send(alice, "p/alice", "ledger_task", task_id="T", title="x", idem_key="k")
+        err = await alice.recv_type("error")
+        assert err["payload"] == "Causal parent validation failed; task was not changed."
+        monkeypatch.undo()
+        # the connection is usable and the same idem_key goes through once fixed
+        await send(alice, "p/alice", "ledger_task", task_id="T", title="x", idem_key="k")
+        assert (await alice.recv_type("ledger_task_posted"))["task"]["version"] == 1
+        await same_as_replay(server)
+        await alice.close()
+
+
 async def test_capability_cards(tmp_path):
     async with running_hub(tmp_path) as server:
         alice = await joined(server.url, "p2/alice")

@@ -470,3 +470,24 @@ async def test_path_identity_validated_persisted_and_used_for_aliases(tmp_path):
         assert (await claim(bob, "p/bob", "P-7", worktree="/repo", paths=["z/alias.py"]))[
             "type"] == "claim_granted"
         await bob.close()
+
+
+async def test_health_and_metrics_show_the_claim_stores(tmp_path):
+    import aiohttp
+
+    async with running_hub(tmp_path) as server:
+        alice = await joined(server.url, "p/alice")
+        await claim(alice, "p/alice", "h", worktree="/w", paths=["h"])
+        await server.hub.router.inbox.put(__import__("hubd.handlers.claims",
+                                                     fromlist=["sweep"]).sweep)
+        await send(alice, "p/alice", "who_request")
+        await alice.recv_type("who_snapshot")
+        base = server.url.replace("ws://", "http://")
+        async with aiohttp.ClientSession() as http:
+            async with http.get(base + "health") as resp:
+                assert (await resp.json())["active_claims"] == 1
+            async with http.get(base + "metrics") as resp:
+                text = await resp.text()
+        assert "hubd_active_claims 1.0" in text and "hubd_lease_epoch 1.0" in text
+        assert "hubd_idempotency_keys" in text and "hubd_board_tasks" in text
+        await alice.close()
