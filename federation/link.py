@@ -221,7 +221,7 @@ class PeerLink:
                     waiter.set_result(frame)
             elif kind == "error":
                 text = str(frame.get("payload", ""))
-                if "multihub_message_forward" in text:
+                if "'multihub_message_forward'" in text:
                     # A hub older than wire v5 does not know the verb at all.
                     self._on_rejected(self.peer, text)
                 else:

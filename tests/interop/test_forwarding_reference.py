@@ -78,10 +78,24 @@ def test_hubd_east_forwards_to_reference_west(tmp_path, pki):
     east = hubd_process(tmp_path / "east", "--message-peer", f"west=wss://127.0.0.1:{west.port}/",
                         "--message-peer-pin", f"west={pki.server_pin('west')}",
                         *site_flags(pki, "east", None).connect, hub_id="east")
+
+    async def roster():
+        bob = await joined(west.url, "PROJ/bob2")
+        zed = await joined(west.url, "OTHER/zed")
+        alice = await joined(east.url, "PROJ/alice2")
+        await alice.send_json({"sender": "PROJ/alice2", "type": "who_request", "hub": "west"})
+        snapshot = await alice.recv_type("who_snapshot", timeout=15)
+        for probe in (alice, bob, zed):
+            await probe.close()
+        return snapshot
+
     try:
         east.start()
         got, receipt = asyncio.run(chat_across(east.url, west.url))
         _check(got, receipt)
+        snapshot = asyncio.run(roster())
+        assert snapshot["remote_hub"] == "west"
+        assert snapshot["online_agents"] == ["PROJ/bob2@west"]  # OTHER is not granted
     finally:
         east.stop()
         west.stop()
