@@ -3,7 +3,8 @@
 `hubd` alone runs one hub on 127.0.0.1:8876 with its journal in ./hubd.db.
 Where a feature is the same as the reference hub's, the flag has the same name,
 so an operator can move a site without rewriting its command line.
-Operator subcommands: `hubd certs ...` (a private PKI and pins).
+Operator subcommands: `hubd certs ...` (a private PKI and pins), `hubd multihub ...`
+(observe a peer's journal, multi-hub authority state, quarantine recovery).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from hubd.state.quota import QuotaLimits
 
 SUBCOMMANDS = {
     "certs": ("federation.certs_cli", "make a private CA, hub certificates, and print pins"),
+    "multihub": ("federation.multihub_cli",
+                 "observe a peer hub's journal, show multi-hub authority state, recover a "
+                 "quarantined peer"),
 }
 
 
