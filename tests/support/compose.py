@@ -39,6 +39,7 @@ COMPOSE_DIR = REPO / "compose"
 PROGRAMS = {
     "hubd": [sys.executable, "-m", "hubd"],
     "hubd-compose-setup": [sys.executable, str(COMPOSE_DIR / "bin" / "hubd-compose-setup")],
+    "hubd-journal-backup": [sys.executable, str(COMPOSE_DIR / "bin" / "hubd-journal-backup")],
 }
 # Subnets handed to compose networks, in order: documentation ranges only.
 SUBNETS = [str(n) for base in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")
