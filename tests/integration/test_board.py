@@ -199,11 +199,12 @@ async def test_a_journal_failure_rolls_board_writes_back_privately(tmp_path):
                 assert asyncio.get_running_loop().time() < deadline, err
                 await asyncio.sleep(0.3)
             assert err["payload"] == "Task 'T2' was not journalled; mutation rolled back."
-            # nothing was broadcast, nothing half-applied
-            assert server.hub.router.state.last_seq == committed
-            assert await server.hub.load_state() == server.hub.router.state
+            # nothing was broadcast, nothing half-applied (the reply to a read comes
+            # after the Router has rebuilt its state from the journal)
             await bob.send_json(frame("p/bob", "board_request"))
             snap = await bob.recv_type("board_snapshot")
+            assert server.hub.router.state.last_seq == committed
+            assert await server.hub.load_state() == server.hub.router.state
             assert [t["task_id"] for t in snap["board"]["tasks"]] == ["T"]
             assert bob.seen("ledger_task_posted")[1:] == [] and bob.seen(
                 "ledger_progress_posted") == []

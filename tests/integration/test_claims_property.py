@@ -105,6 +105,11 @@ class Run:
         for name, probe in list(self.probes.items()):
             await probe.send_json({"sender": name, "type": "who_request", "target": "System"})
             await probe.recv_type("who_snapshot", timeout=10)
+        # commands queued without a socket (the sweep) are handled, and their
+        # outcome handed to the writer, before this resolves
+        handled = asyncio.get_running_loop().create_future()
+        await self.server.hub.router.inbox.put(lambda router: handled.set_result(None))
+        await handled
         done = asyncio.get_running_loop().create_future()
         await self.server.hub.writer.inbox.put(Flush(done))
         await done
