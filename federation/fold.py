@@ -46,6 +46,8 @@ LEDGER_TASK = "ledger_task"
 LEDGER_PROGRESS = "ledger_progress"
 LEASE_KINDS = frozenset({"claim", "task_update", "checkpoint", "handoff"})
 LEASE_END_KINDS = frozenset({"release", "lease_expired"})
+# What fold() reads; a follower may retain only these (MergedLog(retain=...)).
+FOLDED_KINDS = frozenset({LEDGER_TASK, LEDGER_PROGRESS}) | LEASE_KINDS | LEASE_END_KINDS
 
 BOARD_POLICY = {
     "mode": "causal-head-then-display-lww",
@@ -394,13 +396,17 @@ def fold(events: Iterable[LogEvent]) -> ObservedState:
     return ObservedState(board, provenance, conflicts, tuple(progress), display, hub_claims)
 
 
-def asserting_hubs(observed: ObservedState, now: float) -> dict[str, set[str]]:
+def asserting_hubs(observed: ObservedState, now: float,
+                   hub: str | None = None) -> dict[str, set[str]]:
     """{namespace: {hub_id, ...}}: the hubs observed holding a live claim
     (lease_expires_at > now) in each namespace, from the per-(hub, task) fold.
     The namespace is the claim owner's `PROJECT/` prefix; a bare owner
-    contributes nothing."""
+    contributes nothing. `hub` limits it to what that hub's own log shows (a
+    watch feeding PartitionDetector.observe(peer, ...) passes hub=peer)."""
     out: dict[str, set[str]] = {}
     for (hub_id, _task), claim in observed.hub_claims.items():
+        if hub is not None and hub_id != hub:
+            continue
         if not claim.live(now):
             continue
         namespace = namespace_of(claim.owner)

@@ -49,7 +49,7 @@ import math
 import struct
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 FINGERPRINT_DOMAIN = b"synapse-channel:multihub-event-fingerprint:v1\x00"
 SNAPSHOT_TYPE = "multihub_log_snapshot"
@@ -339,14 +339,28 @@ class AcceptResult:
         one of the peer's events. Refusals and empty journals are not."""
         return not self.refused and self.held > 0
 
+    @property
+    def complete(self) -> bool:
+        """Evidence of what the peer shows *now*: non-empty and caught up to the
+        log_end_seq it reported (a page in the middle of its log is not). This
+        is what PartitionDetector.observe takes as `non_empty`."""
+        return self.non_empty and self.caught_up
+
 
 class MergedLog:
     """Grow-only union of hub-tagged events keyed by (hub_id, seq), with a
     per-hub cursor (the highest contiguously accepted seq) and the highest
-    log_end_seq each peer reported."""
+    log_end_seq each peer reported.
 
-    def __init__(self) -> None:
-        self._events: dict[tuple[str, int], LogEvent] = {}
+    `retain(kind)` chooses which events keep their content (default: all).
+    Every accepted identity keeps its fingerprint, which is all equivocation
+    detection needs, so a follower can keep only the kinds it folds
+    (fold.FOLDED_KINDS) and not a peer's whole chat history."""
+
+    def __init__(self, retain: Callable[[str], bool] | None = None) -> None:
+        self._retain = retain
+        self._fingerprints: dict[tuple[str, int], str] = {}  # every accepted identity
+        self._events: dict[tuple[str, int], LogEvent] = {}  # the retained ones
         self._cursors: dict[str, int] = {}
         self._log_ends: dict[str, int] = {}
         self._base: dict[str, int] = {}  # the after_seq of a hub's first batch
@@ -356,13 +370,18 @@ class MergedLog:
     # reads
 
     def __len__(self) -> int:
-        return len(self._events)
+        """Accepted identities (retained or not)."""
+        return len(self._fingerprints)
 
     def __contains__(self, identity) -> bool:
-        return identity in self._events
+        return identity in self._fingerprints
 
     def get(self, hub_id: str, seq: int) -> LogEvent | None:
+        """The retained event with this identity."""
         return self._events.get((hub_id, seq))
+
+    def fingerprint_of(self, hub_id: str, seq: int) -> str | None:
+        return self._fingerprints.get((hub_id, seq))
 
     def cursor(self, hub_id: str) -> int:
         return self._cursors.get(hub_id, 0)
@@ -377,7 +396,7 @@ class MergedLog:
         return sorted(self._cursors)
 
     def ordered(self) -> list[LogEvent]:
-        """Every event in the deterministic (ts, hub_id, seq) order."""
+        """Every retained event in the deterministic (ts, hub_id, seq) order."""
         if self._ordered is None:
             self._ordered = sorted(self._events.values(), key=lambda e: e.order_key)
         return list(self._ordered)
@@ -420,7 +439,8 @@ class MergedLog:
             raise LogGap(hub_id, cursor + 1, after_seq + 1,
                          f"batch starts after seq {after_seq} but the cursor is {cursor}")
 
-        staged: dict[tuple[str, int], LogEvent] = {}
+        staged: dict[tuple[str, int], str] = {}  # identity -> fingerprint
+        keep: list[LogEvent] = []
         duplicates = 0
         expected = after_seq + 1
         for event in events:
@@ -430,16 +450,18 @@ class MergedLog:
             expected += 1
             fingerprint = event.fingerprint  # raises Unfingerprintable
             if event.seq <= cursor:
-                accepted = self._events.get(event.identity)
+                accepted = self._fingerprints.get(event.identity)
                 if accepted is None:
                     raise CursorRollback(hub_id, f"seq {event.seq} is at or below the "
                                                  f"cursor {cursor} but was never accepted "
                                                  f"(history starts after {base})")
-                if accepted.fingerprint != fingerprint:
-                    raise Equivocation(hub_id, event.seq, accepted.fingerprint, fingerprint)
+                if accepted != fingerprint:
+                    raise Equivocation(hub_id, event.seq, accepted, fingerprint)
                 duplicates += 1
                 continue
-            staged[event.identity] = event
+            staged[event.identity] = fingerprint
+            if self._retain is None or self._retain(event.kind):
+                keep.append(event)
 
         last = events[-1].seq if events else after_seq
         if next_cursor != last:
@@ -457,8 +479,15 @@ class MergedLog:
                                          f"{previous_end} reported before")
 
         # publish: nothing above can fail past this point
-        if staged:
-            self._events.update(staged)
+        self._fingerprints.update(staged)
+        for event in keep:
+            # the union owns what it keeps: a caller mutating its dict later
+            # cannot rewrite an accepted identity
+            owned = LogEvent(hub_id, event.seq, event.ts, event.kind,
+                             copy.deepcopy(dict(event.payload)))
+            owned.__dict__["fingerprint"] = staged[event.identity]  # the cached_property's slot
+            self._events[event.identity] = owned
+        if keep:
             self._ordered = None
         new_cursor = max(cursor, last)
         self._cursors[hub_id] = new_cursor
@@ -473,9 +502,10 @@ class MergedLog:
         """Drop a hub's history and cursor. Only for the operator recovery
         ceremony (after multihub_equivocation_recovery is journaled): the next
         poll then starts from zero. Returns how many events were dropped."""
-        gone = [identity for identity in self._events if identity[0] == hub_id]
+        gone = [identity for identity in self._fingerprints if identity[0] == hub_id]
         for identity in gone:
-            del self._events[identity]
+            del self._fingerprints[identity]
+            self._events.pop(identity, None)
         self._cursors.pop(hub_id, None)
         self._log_ends.pop(hub_id, None)
         self._base.pop(hub_id, None)
@@ -489,7 +519,7 @@ class MergedLog:
         if isinstance(item, LogEvent):
             if item.hub_id != hub_id:
                 raise CursorMismatch(hub_id, f"batch holds an event of hub {item.hub_id!r}")
-            return LogEvent(hub_id, item.seq, item.ts, item.kind, copy.deepcopy(item.payload))
+            return item
         if not isinstance(item, Mapping):
             raise SnapshotInvalid("a batch event is not an object")
         seq, ts, kind, payload = (item.get("seq"), item.get("ts"), item.get("kind"),
@@ -500,7 +530,7 @@ class MergedLog:
             raise SnapshotInvalid("event ts must be a finite number")
         if not isinstance(kind, str) or not isinstance(payload, Mapping):
             raise SnapshotInvalid("event kind must be a string and payload an object")
-        return LogEvent(hub_id, seq, float(ts), kind, copy.deepcopy(dict(payload)))
+        return LogEvent(hub_id, seq, float(ts), kind, payload)
 
 
 def merge_logs(logs: Mapping[str, Sequence]) -> MergedLog:

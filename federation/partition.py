@@ -103,10 +103,11 @@ class PartitionDetector:
         ({namespace: {hub_id, ...}}, normally fold.asserting_hubs of the
         peer's events: {ns: {peer}}), or None when the poll produced no view.
         `refreshed_ok`: the pull succeeded and was not refused (a refusal is a
-        snapshot with log_end_seq null). `non_empty`: the observer holds some
-        of the peer's history after this poll (AcceptResult.non_empty); pass
-        True only when the pull is caught up to the peer's log_end_seq, so a
-        page in the middle of the log is not mistaken for the present.
+        snapshot with log_end_seq null; AcceptResult.refused). `non_empty`: the
+        observer holds some of the peer's history after this poll *and* is
+        caught up to the log_end_seq the peer reported -- AcceptResult.complete
+        -- so neither an empty journal nor a page in the middle of the log is
+        taken as proof of what the peer shows now.
         Returns the transitions to journal, in namespace order."""
         if not refreshed_ok or asserting is None:
             return []  # a failed poll: the last successful observation stands

@@ -258,6 +258,8 @@ def test_a_release_on_one_hub_cannot_erase_another_hubs_claim():
     both = fold(merged(*events[:2]))
     assert both.observed_claims["t"].hub_id == "north"  # latest in merged order
     assert asserting_hubs(both, NOW) == {"PROJ": {"east", "north"}}
+    assert asserting_hubs(both, NOW, hub="north") == {"PROJ": {"north"}}
+    assert asserting_hubs(both, NOW, hub="west") == {}
 
 
 def test_namespace_derivation():

@@ -9,7 +9,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from federation.fold import fold
+from federation.fold import FOLDED_KINDS, fold
 from federation.merge import (CursorMismatch, CursorRollback, Equivocation, LogEvent, LogGap,
                               MergedLog, SnapshotInvalid, Unfingerprintable, canonical_value,
                               decode_snapshot, event_fingerprint, merge_logs)
@@ -233,6 +233,12 @@ def test_any_delivery_converges(data):
         deliver(log, data.draw(deliveries(logs)), logs)
         assert state_of(log) == state_of(expected)
         assert fold(log.ordered()).to_json() == fold(expected.ordered()).to_json()
+    # keeping only what the fold reads changes neither the fold nor the cursors
+    lean = MergedLog(retain=FOLDED_KINDS.__contains__)
+    deliver(lean, data.draw(deliveries(logs)), logs)
+    assert fold(lean.ordered()).to_json() == fold(expected.ordered()).to_json()
+    assert lean.cursors() == expected.cursors() and len(lean) == len(expected)
+    assert all(e.kind in FOLDED_KINDS for e in lean.ordered())
     ordered = expected.ordered()
     assert [e.order_key for e in ordered] == sorted(e.order_key for e in ordered)
     assert expected.cursors() == {h: len(evs) for h, evs in logs.items()}
@@ -245,7 +251,8 @@ def test_equivocation_is_detected_and_changes_nothing(data):
     hub = data.draw(st.sampled_from(sorted(logs)))
     events = logs[hub]
     assume(events)
-    log = MergedLog()
+    # also when the union keeps no content at all: fingerprints suffice
+    log = MergedLog(retain=data.draw(st.sampled_from([None, lambda kind: False])))
     deliver(log, data.draw(deliveries(logs)), logs)
     before = state_of(log)
     # a batch re-sent from an earlier cursor with one event's content changed
@@ -331,7 +338,9 @@ def test_cursor_rules():
         log.accept("w", 3, ev[3:], 5, None)
     result = log.accept("w", 1, ev[1:], 5, 5)  # a re-fetch from an older cursor
     assert (result.added, result.duplicates, result.cursor) == (2, 2, 5)
-    assert result.caught_up and result.non_empty
+    assert result.caught_up and result.non_empty and result.complete
+    page = MergedLog().accept("w", 0, ev[:2], 2, 5)
+    assert page.non_empty and not page.caught_up and not page.complete
     empty = MergedLog().accept("e", 0, [], 0, 0)
     assert not empty.non_empty and empty.caught_up and not empty.refused
 

@@ -3,6 +3,7 @@ never-heal-on-no-evidence rule, and restore after restart."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from federation.ownership import NamespaceOwnership
@@ -191,3 +192,47 @@ def test_restored_contestant_needs_its_own_refresh(steps, data):
             d.observe(hub, {}, True, True)
     assert holdout in d.contesting(ns)
     assert d.observe(holdout, {}, True, True)[-1].kind == MULTIHUB_HEAL
+
+
+def test_watch_round_trip():
+    """The pieces as a standing watch wires them: pull -> decode -> accept ->
+    fold -> asserting_hubs(hub=peer) -> observe(peer, ...)."""
+    from federation.fold import FOLDED_KINDS, asserting_hubs, fold
+    from federation.merge import Equivocation, MergedLog, decode_snapshot
+
+    now = 1000.0
+    north_log = [
+        {"seq": 1, "ts": 1.0, "kind": "chat", "payload": {"text": "hi"}},
+        {"seq": 2, "ts": 2.0, "kind": "claim", "payload": {
+            "task_id": "t", "owner": "PROJ/nina", "epoch": 1, "lease_expires_at": now + 60}},
+        {"seq": 3, "ts": 3.0, "kind": "release", "payload": {"task_id": "t", "epoch": 1}},
+    ]
+    union = MergedLog(retain=FOLDED_KINDS.__contains__)
+    d = detector()
+
+    def poll(frame):
+        snap = decode_snapshot(frame)
+        result = union.accept("north", union.cursor("north"), snap.events, snap.next_cursor,
+                              snap.log_end_seq)
+        seen = asserting_hubs(fold(union.ordered()), now, hub="north")
+        return d.observe("north", seen, not result.refused, result.complete)
+
+    def page(upto, end):
+        after = union.cursor("north")
+        events = north_log[after:upto]
+        return {"type": "multihub_log_snapshot", "events": events,
+                "next_cursor": upto if events else after, "log_end_seq": end}
+
+    assert poll(page(2, 2))[0].payload["transition"] == "entered"
+    assert poll({"events": [], "next_cursor": 2, "log_end_seq": None}) == []  # refused
+    tampered = page(3, 3)
+    tampered["events"] = [dict(north_log[1], ts=2.5)] + tampered["events"]
+    tampered["next_cursor"] = 3
+    union_before = union.ordered()
+    d_before = d.partitioned()
+    with pytest.raises(Equivocation):  # the watch quarantines north; nothing is published
+        union.accept("north", 1, decode_snapshot(tampered).events, 3, 3)
+    assert union.ordered() == union_before and union.cursor("north") == 2
+    assert d.partitioned() == d_before
+    heal = poll(page(3, 3))
+    assert heal[0].kind == MULTIHUB_HEAL and d.partitioned() == frozenset()
