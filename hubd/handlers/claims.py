@@ -25,7 +25,7 @@ from .queries import STATE_SECTIONS
 
 # Live (not journaled) bookkeeping kept on the Router, bounded.
 OFFLINE = "claims.offline_since"  # owner -> when its last socket went away
-WAITS = "claims.waits"  # waiter -> task it waits for (deadlock detection)
+WAITS = "claims.waits"  # waiter -> (task, epoch) it waits for (deadlock detection)
 MAX_WAITS = 10_000
 
 
@@ -291,7 +291,7 @@ def wait_request(router: Router, session: Session, frame: dict, size: int) -> No
                                              "deadlock.", task_id=task_id, holder=holder)
         return
     waits.pop(name, None)
-    waits[name] = task_id
+    waits[name] = (task_id, lease["epoch"])
     while len(waits) > MAX_WAITS:
         waits.popitem(last=False)
     router.reply(session, "wait_granted", f"Waiting for '{task_id}' held by {holder}.",

@@ -578,16 +578,18 @@ def transition_refusal(task_id: str, current: str, wanted: str) -> str | None:
 def deadlock(claims: ClaimState, waits: dict, waiter: str, holder: str, now: float,
              depth: int = 64) -> bool:
     """Would `waiter` waiting on `holder` close a cycle in the wait-for graph?
-    `waits` maps an agent to the task it waits for."""
+    `waits` maps an agent to (task, epoch) it waits for; a wait counts only
+    while that very lease is still live."""
     current = holder
     for _ in range(depth):
         if current == waiter:
             return True
-        task = waits.get(current)
-        if task is None:
+        waiting = waits.get(current)
+        if waiting is None:
             return False
+        task, epoch = waiting
         lease = claims.live(task, now)
-        if lease is None:
+        if lease is None or lease["epoch"] != epoch:
             return False
         current = lease["owner"]
     return False

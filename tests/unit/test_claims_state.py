@@ -178,9 +178,12 @@ def test_deadlock_detection():
     state = cl.ClaimState()
     grant(state, {"task_id": "A", "paths": ["a"]}, who="p/alice")
     grant(state, {"task_id": "B", "paths": ["b"]}, who="p/bob")
-    waits = {"p/bob": "A"}  # bob waits for alice's task
+    epoch = state.leases["A"]["epoch"]
+    waits = {"p/bob": ("A", epoch)}  # bob waits for alice's task
     assert cl.deadlock(state, waits, "p/alice", "p/bob", 1000.0)  # alice waiting for bob closes it
     assert not cl.deadlock(state, {}, "p/alice", "p/bob", 1000.0)
+    # a wait on a lease that has since ended (or been renewed) no longer counts
+    assert not cl.deadlock(state, {"p/bob": ("A", epoch - 1)}, "p/alice", "p/bob", 1000.0)
 
 
 def test_lease_events_replay_to_the_same_state():
