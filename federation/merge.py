@@ -47,9 +47,12 @@ import copy
 import hashlib
 import math
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
+
+import orjson
 
 FINGERPRINT_DOMAIN = b"synapse-channel:multihub-event-fingerprint:v1\x00"
 SNAPSHOT_TYPE = "multihub_log_snapshot"
@@ -132,8 +135,62 @@ def _float(value: float) -> bytes:
 
 def canonical_value(value: Any) -> bytes:
     """V(value): the type-tagged encoding of one JSON value (see the module
-    docstring). Iterative, so a deeply nested payload cannot exhaust the
-    Python stack."""
+    docstring). A recursive encoder does the common shallow case (about twice
+    as fast); a value nested deeper than the Python stack allows falls back to
+    the iterative one, so depth alone can never fail a fingerprint."""
+    try:
+        return _encode(value)
+    except RecursionError:
+        return _canonical_iterative(value)
+
+
+def _encode(v: Any) -> bytes:
+    t = type(v)
+    if t is str:
+        b = _utf8(v)
+        return b"s" + len(b).to_bytes(8, "big") + b
+    if v is None:
+        return b"n"
+    if v is True:
+        return b"b1"
+    if v is False:
+        return b"b0"
+    if t is int:
+        b = str(v).encode("ascii")
+        return b"i" + len(b).to_bytes(8, "big") + b
+    if t is float:
+        return _frame(b"f", _float(v))
+    if t is dict or (t is not list and isinstance(v, Mapping)):
+        parts = []
+        for key in v:
+            if not isinstance(key, str):
+                raise Unfingerprintable("object keys must be strings")
+        # code-point order of valid text is the UTF-8 byte order (lone
+        # surrogates are refused by _utf8 below)
+        for key in sorted(v):
+            kb, vb = _utf8(key), _encode(v[key])
+            parts.append(b"k" + len(kb).to_bytes(8, "big") + kb
+                         + b"v" + len(vb).to_bytes(8, "big") + vb)
+        body = b"".join(parts)
+        return b"o" + len(body).to_bytes(8, "big") + body
+    if t is list or t is tuple:
+        parts = []
+        for item in v:
+            vb = _encode(item)
+            parts.append(b"v" + len(vb).to_bytes(8, "big") + vb)
+        body = b"".join(parts)
+        return b"l" + len(body).to_bytes(8, "big") + body
+    if isinstance(v, int):
+        return _frame(b"i", str(int(v)).encode("ascii"))
+    if isinstance(v, float):
+        return _frame(b"f", _float(v))
+    if isinstance(v, str):
+        return _frame(b"s", _utf8(v))
+    raise Unfingerprintable(f"unsupported payload type {type(v).__name__}")
+
+
+def _canonical_iterative(value: Any) -> bytes:
+    """The same encoding without recursion (for very deep values)."""
     out: list[bytes] = []
     # A work stack of either values to encode or ("close", tag, start) marks:
     # a container's body is everything emitted after `start`, framed on close.
@@ -483,8 +540,7 @@ class MergedLog:
         for event in keep:
             # the union owns what it keeps: a caller mutating its dict later
             # cannot rewrite an accepted identity
-            owned = LogEvent(hub_id, event.seq, event.ts, event.kind,
-                             copy.deepcopy(dict(event.payload)))
+            owned = LogEvent(hub_id, event.seq, event.ts, event.kind, _owned(event.payload))
             owned.__dict__["fingerprint"] = staged[event.identity]  # the cached_property's slot
             self._events[event.identity] = owned
         if keep:
@@ -531,6 +587,16 @@ class MergedLog:
         if not isinstance(kind, str) or not isinstance(payload, Mapping):
             raise SnapshotInvalid("event kind must be a string and payload an object")
         return LogEvent(hub_id, seq, float(ts), kind, payload)
+
+
+def _owned(payload: Mapping) -> dict:
+    """A private deep copy of a JSON payload (orjson round trip: several
+    times faster than copy.deepcopy; the content was already fingerprinted, so
+    it is finite JSON; deepcopy for what orjson cannot encode, e.g. >64-bit ints)."""
+    try:
+        return orjson.loads(orjson.dumps(payload))
+    except (TypeError, orjson.JSONEncodeError):
+        return copy.deepcopy(dict(payload))
 
 
 def merge_logs(logs: Mapping[str, Sequence]) -> MergedLog:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from federation.fold import FOLDED_KINDS, fold
-from federation.merge import (CursorMismatch, CursorRollback, Equivocation, LogEvent, LogGap,
+from federation.merge import (_canonical_iterative, CursorMismatch, CursorRollback, Equivocation, LogEvent, LogGap,
                               MergedLog, SnapshotInvalid, Unfingerprintable, canonical_value,
                               decode_snapshot, event_fingerprint, merge_logs)
 
@@ -151,6 +151,12 @@ def test_canonical_form_by_hand():
         + frame(b"v", frame(b"i", b"1")))
 
 
+@SETTINGS
+@given(json_values | payloads)
+def test_both_encoders_agree(value):
+    assert canonical_value(value) == _canonical_iterative(value)
+
+
 def _reorder(value, draw):
     if isinstance(value, dict):
         items = [(k, _reorder(v, draw)) for k, v in value.items()]
@@ -233,6 +239,9 @@ def test_any_delivery_converges(data):
         deliver(log, data.draw(deliveries(logs)), logs)
         assert state_of(log) == state_of(expected)
         assert fold(log.ordered()).to_json() == fold(expected.ordered()).to_json()
+        # what the union kept is exactly what was fingerprinted
+        assert all(event_fingerprint(e.hub_id, e.seq, e.ts, e.kind, e.payload) == e.fingerprint
+                   for e in log.ordered())
     # keeping only what the fold reads changes neither the fold nor the cursors
     lean = MergedLog(retain=FOLDED_KINDS.__contains__)
     deliver(lean, data.draw(deliveries(logs)), logs)
