@@ -149,9 +149,10 @@ def test_alerts_cover_the_issue_list():
 # --- a real hub pair ---------------------------------------------------------------------
 
 
-@pytest.fixture
-def hub_pair(tmp_path):
+@pytest.fixture(scope="module")
+def hub_pair(tmp_path_factory):
     """east forwards to west over pinned mTLS, set up by the compose setup script."""
+    tmp_path = tmp_path_factory.mktemp("hub-pair")
     certs = tmp_path / "certs"
     run([sys.executable, str(COMPOSE_DIR / "bin" / "hubd-compose-setup"), "--dir", str(certs),
          "--hub", "east", "--hub", "west", "--namespace", "PROJ"])
