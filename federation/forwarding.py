@@ -267,7 +267,7 @@ class Forwarding:
 
         async def ask() -> None:
             try:
-                answer = await link.request(request, timeout=5.0)
+                answer = await link.request(request, 5.0, key=request["forward_id"])
             except LinkError as exc:
                 reply = lambda r: r.send(conn, r.frame(  # noqa: E731
                     "error", name, f"Hub '{hub_id}' did not answer the roster request: {exc}"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import deque
 import ssl
 import time
 from typing import Callable
@@ -55,9 +56,10 @@ class LinkError(Exception):
 
 class PeerLink:
     def __init__(self, route: PeerRoute, hub_id: str, ssl_context, *,
-                 on_up: Callable[[str], None], on_down: Callable[[str, str], None],
-                 on_result: Callable[[str, dict], None],
-                 on_rejected: Callable[[str, str], None]):
+                 on_up: Callable[[str], None] = lambda peer: None,
+                 on_down: Callable[[str, str], None] = lambda peer, cause: None,
+                 on_result: Callable[[str, dict], None] = lambda peer, frame: None,
+                 on_rejected: Callable[[str, str], None] = lambda peer, text: None):
         self.route = route
         self.peer = route.hub_id
         self.hub_id = hub_id
@@ -72,7 +74,8 @@ class PeerLink:
         self.batching = False  # the peer is a hubd that takes batched forwards
         self.clock_skew: float | None = None
         self.connects = 0
-        self._requests: dict[str, asyncio.Future] = {}
+        self._requests: dict[str, asyncio.Future] = {}  # answers that echo an id
+        self._in_order: dict[str, deque] = {}  # reply type -> waiters, for answers without one
         self._logged_at = 0.0
         self._stop = False
 
@@ -89,14 +92,19 @@ class PeerLink:
             return False
         return True
 
-    async def request(self, frame: dict, timeout: float) -> dict:
-        """Send a forward and wait for its result (roster reads); LinkError when
-        the peer cannot answer in time."""
+    async def request(self, frame: dict, timeout: float, *, key: str | None = None,
+                      reply_type: str | None = None) -> dict:
+        """Send a request and wait for its answer; LinkError when the peer cannot
+        answer in time. Answers are matched by `key` (a forward_id or
+        request_id the peer echoes) or, for `reply_type`s that carry no id (log
+        snapshots), in order."""
         if not self.up:
             raise LinkError(CLOSED, self.last_error["detail"] if self.last_error else "link down")
-        forward_id = frame["forward_id"]
         future = asyncio.get_running_loop().create_future()
-        self._requests[forward_id] = future
+        if key is not None:
+            self._requests[key] = future
+        else:
+            self._in_order.setdefault(reply_type, deque()).append(future)
         try:
             if not await self.send(frame):
                 raise LinkError(CLOSED, "link went down")
@@ -104,7 +112,12 @@ class PeerLink:
         except TimeoutError as exc:
             raise LinkError(TIMEOUT, f"no answer from {self.peer} within {timeout:g}s") from exc
         finally:
-            self._requests.pop(forward_id, None)
+            if key is not None:
+                self._requests.pop(key, None)
+            else:
+                waiting = self._in_order.get(reply_type)
+                if waiting and future in waiting:
+                    waiting.remove(future)
 
     # -- lifetime
 
@@ -219,6 +232,14 @@ class PeerLink:
                     self._on_result(self.peer, frame)
                 elif not waiter.done():
                     waiter.set_result(frame)
+            elif kind in ("multihub_log_snapshot", "multihub_claim_result"):
+                waiter = self._requests.pop(frame.get("request_id"), None) \
+                    if isinstance(frame.get("request_id"), str) else None
+                waiting = self._in_order.get(kind)
+                if waiter is None and waiting:
+                    waiter = waiting.popleft()
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(frame)
             elif kind == "error":
                 text = str(frame.get("payload", ""))
                 if "'multihub_message_forward'" in text:
@@ -242,7 +263,11 @@ class PeerLink:
         self.up = False
         self._ws = None
         self.up_since = None
-        for waiter in self._requests.values():
+        waiters = list(self._requests.values())
+        for waiting in self._in_order.values():
+            waiters.extend(waiting)
+            waiting.clear()
+        for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(LinkError(CLOSED, "link went down"))
         self._requests.clear()

@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
-import federation.logpull  # noqa: F401  (registers the hub-to-hub verbs)
+import federation.claim_forwarding  # noqa: F401  (registers the hub-to-hub verbs)
+import federation.logpull  # noqa: F401
 import federation.receiver  # noqa: F401
 import hubd.handlers  # noqa: F401  (registers the verb handlers)
 from hubd.actors.connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN, SEND_DEADLINE_SECONDS
@@ -50,6 +51,7 @@ class Hub:
         self.forwarding = None  # federation.forwarding.Forwarding, with message peers
         self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
         self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
+        self.authority = None  # federation.authority.Authority, with a namespace-owner map
         self.ready = False
         self.started = time.time()
         self.corrupt_rows: list[CorruptRow] = []
@@ -159,6 +161,10 @@ class Hub:
             from federation.forwarding import Forwarding
 
             self.forwarding = Forwarding(self, federation)
+        if federation.namespace_owners:
+            from federation.authority import Authority
+
+            self.authority = Authority(self, federation)
 
     async def open(self) -> None:
         store = await self.writer.open()
@@ -175,6 +181,8 @@ class Hub:
         started = time.perf_counter()
         state = await self.load_state()
         self.router = Router(self, state)
+        if self.authority is not None:
+            self.authority.restore(state)
         if self.corrupt_rows:
             self.router.refuse_permanently("journal recovery required")
             log.error("journal replay quarantined undecodable rows; mutations are refused",
@@ -198,6 +206,8 @@ class Hub:
             group.create_task(self._sweep(), name="sweeper")
             if self.forwarding is not None:
                 self.forwarding.start(self.router, group)
+            if self.authority is not None:
+                self.authority.start(self.router, group)
             self.ready = True
             await self._stopping.wait()
             self.ready = False

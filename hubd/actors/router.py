@@ -360,6 +360,8 @@ class Router:
         self.state = await self.hub.load_state()
         if self.hub.forwarding is not None:
             self.hub.forwarding.resync(self)
+        if self.hub.authority is not None:
+            self.hub.authority.restore(self.state)
 
     async def _rebuild_after_crash(self) -> None:
         await self._wait_committed()

@@ -42,8 +42,20 @@ def _live(router: Router, name: str) -> dict | OrderedDict:
 
 # -- claim
 
+# Federation's namespace-ownership gate: called first for claim-family verbs;
+# True when it handled the frame (forwarded it to the owning hub, or refused
+# it naming the owner). Unset on a hub without an ownership map.
+OWNERSHIP_GATE: list = []
+
+
+def _gated(router: Router, session: Session, frame: dict, verb: str) -> bool:
+    return bool(OWNERSHIP_GATE) and OWNERSHIP_GATE[0](router, session, frame, verb)
+
+
 @handles("claim")
 def claim(router: Router, session: Session, frame: dict, size: int) -> None:
+    if _gated(router, session, frame, "claim"):
+        return
     keyed = idempotency.begin(router, session, "claim", frame)
     if keyed is idempotency.HANDLED:
         return
@@ -59,15 +71,9 @@ def grant_or_deny(router: Router, session: Session, request: cl.ClaimRequest,
     ownership gate in front of this call: a claim in a namespace this hub does
     not own must be forwarded to its owner or refused before reaching here.
     """
-    expire_due(router)
-    claims = cl.claims_of(router.state)
-    decision = cl.decide_claim(claims, request, router.now, limits(router))
+    decision, granted, first = decide_and_record(router, request)
     task_id = request.task_id
     if isinstance(decision, cl.Deny):
-        # durable, content-minimised evidence first; the reply leaves only
-        # once it is committed
-        router.event(cl.CLAIM_DENIAL,
-                     cl.denial_evidence(request.claimant, request, decision.reason_code))
         fields = {"task_id": task_id, "reason_code": decision.reason_code}
         if decision.conflict_task_id is not None:
             fields["conflict_task_id"] = decision.conflict_task_id
@@ -77,44 +83,76 @@ def grant_or_deny(router: Router, session: Session, request: cl.ClaimRequest,
                                        "hub could not journal it); nothing changed. Retry.",
                               task_id=task_id)
         return decision
-    lease = decision.lease
-    first = router.next_seq()
-    router.event(cl.CLAIM, lease)
-    granted = router.frame("claim_granted", "all", f"Task '{task_id}' claimed by "
-                                                   f"{lease['owner']}.", **cl.grant_fields(lease))
-    router.broadcast(granted)
     idempotency.remember(router, session, keyed, granted, first)
     router.fail_privately(session, f"Claim of '{task_id}' was not journalled; nothing was "
                                    "granted. Retry (with the same idem_key).", task_id=task_id)
     return decision
 
 
+def decide_and_record(router: Router, request: cl.ClaimRequest):
+    """The decision and its events: durable denial evidence, or the lease and
+    its claim_granted broadcast. Returns (decision, claim_granted frame or
+    None, the first seq it journaled). Used for local claimants and for claims
+    a peer hub forwards to this owner."""
+    expire_due(router)
+    claims = cl.claims_of(router.state)
+    decision = cl.decide_claim(claims, request, router.now, limits(router))
+    if isinstance(decision, cl.Deny):
+        # durable, content-minimised evidence first; the reply leaves only
+        # once it is committed
+        router.event(cl.CLAIM_DENIAL,
+                     cl.denial_evidence(request.claimant, request, decision.reason_code))
+        return decision, None, None
+    lease = decision.lease
+    first = router.next_seq()
+    router.event(cl.CLAIM, lease)
+    granted = router.frame("claim_granted", "all",
+                           f"Task '{request.task_id}' claimed by {lease['owner']}.",
+                           **cl.grant_fields(lease))
+    router.broadcast(granted)
+    return decision, granted, first
+
+
 # -- release
 
 @handles("release")
 def release(router: Router, session: Session, frame: dict, size: int) -> None:
+    if _gated(router, session, frame, "release"):
+        return
     keyed = idempotency.begin(router, session, "release", frame)
     if keyed is idempotency.HANDLED:
         return
-    expire_due(router)
     name = session.name
-    now = router.now
-    task_id = cl.task_id_of(frame, "payload")
     bound = {"release_operation_id": keyed.key, "request_digest": keyed.digest} if keyed else {}
-    claims = cl.claims_of(router.state)
-    if not task_id:
-        refusal = "Task ID is required."
-        lease = None
-    else:
-        lease = claims.live(task_id, now)
-        refusal = cl.check_holder(lease, task_id, name, frame.get("epoch"),
-                                  not_claimed="Task '{task_id}' is not currently claimed.",
-                                  owned="Task '{task_id}' is owned by {owner}, not {who}.")
+    task_id, refusal, lease = release_refusal(router, name, frame)
     if refusal is not None:
         router.reply(session, "release_denied", refusal, task_id=task_id, **bound)
         return
-    receipt, has_evidence = cl.build_receipt(frame, task_id, name)
     first = router.next_seq()
+    granted = record_release(router, name, lease, frame, bound)
+    idempotency.remember(router, session, keyed, granted, first)
+    router.fail_privately(session, f"Release of '{task_id}' was not journalled; the lease is "
+                                   "still held. Retry (with the same idem_key).", task_id=task_id,
+                          **bound)
+
+
+def release_refusal(router: Router, who: str, frame: dict) -> tuple[str, str | None, dict | None]:
+    """(task_id, refusal text or None, the live lease) for `who` releasing."""
+    expire_due(router)
+    task_id = cl.task_id_of(frame, "payload")
+    if not task_id:
+        return task_id, "Task ID is required.", None
+    lease = cl.claims_of(router.state).live(task_id, router.now)
+    return task_id, cl.check_holder(lease, task_id, who, frame.get("epoch"),
+                                    not_claimed="Task '{task_id}' is not currently claimed.",
+                                    owned="Task '{task_id}' is owned by {owner}, not {who}."), lease
+
+
+def record_release(router: Router, name: str, lease: dict, frame: dict, bound: dict) -> dict:
+    """Journal and announce one release; returns the release_granted frame."""
+    task_id = lease["task_id"]
+    now = router.now
+    receipt, has_evidence = cl.build_receipt(frame, task_id, name)
     router.event(cl.RELEASE, {"task_id": task_id, "owner": name, "epoch": lease["epoch"],
                               "released_at": now})
     granted = router.frame("release_granted", "all", f"Task '{task_id}' released by {name}.",
@@ -126,10 +164,7 @@ def release(router: Router, session: Session, frame: dict, size: int) -> None:
         router.event(bd.LEDGER_PROGRESS, note)
         router.broadcast(router.frame("ledger_progress_posted", "all",
                                       f"Release receipt from {name}", note=note))
-    idempotency.remember(router, session, keyed, granted, first)
-    router.fail_privately(session, f"Release of '{task_id}' was not journalled; the lease is "
-                                   "still held. Retry (with the same idem_key).", task_id=task_id,
-                          **bound)
+    return granted
 
 
 # -- task_update, checkpoint

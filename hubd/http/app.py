@@ -123,6 +123,8 @@ def health_document(hub) -> dict:
         "journal_corrupt_rows": len(hub.corrupt_rows),
         "message_forward": hub.forwarding.health() if hub.forwarding is not None else {},
     }
+    if hub.authority is not None:
+        document["multihub"] = hub.authority.health()
     for name, section in HEALTH_SECTIONS.items():
         document[name] = section(hub)
     return document
