@@ -95,7 +95,7 @@ class WatchFollower:
         self.peer = peer
         self.link = link
         self.interval = interval
-        self.merged = MergedLog(retain=FOLDED_KINDS)
+        self.merged = MergedLog(retain=FOLDED_KINDS.__contains__)
         self.status = WatchStatus(peer)
         self.wake = asyncio.Event()
 

@@ -1,0 +1,174 @@
+"""Namespace authority with real hub processes over mTLS: claims routed to
+their owner, refusals naming it, and a misconfigured second owner turning into
+a journaled partition (refusing even locally) and a journaled heal."""
+
+import asyncio
+import json
+import sqlite3
+import time
+
+import pytest
+
+from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.procs import free_port, hubd_process
+from tests.support.wsprobe import WsProbe
+
+
+def wait_for(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def rows(hub_dir, kind):
+    db = sqlite3.connect(hub_dir / "hubd.db")
+    try:
+        return [json.loads(p) for (p,) in db.execute(
+            "SELECT payload FROM events WHERE kind = ? ORDER BY seq", (kind,))]
+    finally:
+        db.close()
+
+
+async def agent(url, name):
+    probe = await WsProbe.open(url)
+    await probe.register(name)
+    await probe.recv_type("presence_update", agent=name, timeout=10)
+    return probe
+
+
+async def claim(probe, name, task_id, paths, **extra):
+    await probe.send_json({"sender": name, "target": "System", "type": "claim",
+                           "payload": task_id, "task_id": task_id, "worktree": "/repo",
+                           "paths": paths, "ttl_seconds": 120, **extra})
+    return await probe.recv(lambda f: f.get("type") in ("claim_granted", "claim_denied")
+                            and f.get("task_id") == task_id
+                            and (f.get("type") == "claim_denied" or f.get("owner") == name),
+                            timeout=15)
+
+
+@pytest.fixture
+def sites(tmp_path):
+    pki = make_pki(tmp_path / "pki", ["east", "west", "north"])
+    ports = {hub: free_port() for hub in ("east", "west", "north")}
+    url = {hub: f"wss://127.0.0.1:{port}/" for hub, port in ports.items()}
+    procs = {}
+
+    def start(hub, grants, *extra):
+        policy = write_serving_policy(tmp_path / f"{hub}-policy", pki, grants)
+        site = site_flags(pki, hub, policy)
+        proc = hubd_process(tmp_path / hub, *site.serve, *site.connect, *extra, hub_id=hub,
+                            port=ports[hub], scheme="wss")
+        procs[hub] = proc.start()
+        return proc
+
+    def route(flag, peer):
+        return [f"--{flag}", f"{peer}={url[peer]}", f"--{flag}-pin",
+                f"{peer}={pki.server_pin(peer)}"]
+
+    yield start, route, url
+    for proc in procs.values():
+        proc.stop()
+
+
+def test_claims_route_to_the_owner_and_a_second_owner_partitions(tmp_path, sites):
+    start, route, url = sites
+    # east owns PROJ and watches north; west routes PROJ claims to east;
+    # north is misconfigured and believes it owns PROJ too.
+    east = start("east", {"west": ["PROJ"], "north": ["PROJ"]}, "--namespace-owner", "PROJ=east",
+                 *route("multihub-watch", "north"), "--multihub-watch-interval", "1")
+    west = start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
+                 *route("claim-peer", "east"))
+    north = start("north", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=north")
+
+    async def scenario():
+        amy = await agent(url["west"], "PROJ/amy")
+        bob = await agent(url["east"], "PROJ/bob")
+        granted = await claim(amy, "PROJ/amy", "t-1", ["src/core"])
+        assert granted["type"] == "claim_granted" and granted["hub_id"] == "west"
+        assert granted["target"] == "PROJ/amy"  # relayed privately
+        # the lease is east's: its epoch and expiry, in east's state
+        await bob.send_json({"sender": "PROJ/bob", "type": "state_request"})
+        leases = (await bob.recv_type("state_snapshot"))["snapshot"]["active_claims"]
+        assert [(c["task_id"], c["owner"], c["epoch"]) for c in leases] == \
+            [("t-1", "PROJ/amy", granted["epoch"])]
+        conflict = await claim(bob, "PROJ/bob", "t-2", ["src/core/x.py"])
+        assert conflict["type"] == "claim_denied"
+        assert conflict["reason_code"] == "SCOPE_CONFLICT"
+        # a conflicting claim from west is refused by the owner, in the owner's words
+        second = await claim(amy, "PROJ/amy", "t-3", ["src"])
+        assert second["type"] == "claim_denied" and second["owner_hub_id"] == "east"
+        assert "conflicts with 't-1'" in second["payload"]
+        # ungoverned namespace: refused on west, naming no owner
+        other = await agent(url["west"], "OTHER/zed")
+        ungoverned = await claim(other, "OTHER/zed", "o-1", ["x"])
+        assert ungoverned["type"] == "claim_denied" and ungoverned["ownership"] == "ungoverned"
+        # release is routed to the owner too
+        await amy.send_json({"sender": "PROJ/amy", "type": "release", "task_id": "t-1",
+                             "epoch": granted["epoch"]})
+        released = await amy.recv_type("release_granted", timeout=15)
+        assert released["owner_hub_id"] == "east"
+
+        # north grants PROJ on its own: east sees it asserting and refuses PROJ
+        nora = await agent(url["north"], "PROJ/nora")
+        rogue = await claim(nora, "PROJ/nora", "n-1", ["docs"])
+        assert rogue["type"] == "claim_granted"
+        partitions = wait_for(lambda: rows(tmp_path / "east", "multihub_partition"))
+        assert partitions[0]["contesting_hubs"] == ["north"]
+        assert partitions[0]["transition"] == "entered"
+        refused = await claim(bob, "PROJ/bob", "t-4", ["elsewhere"])
+        assert refused["type"] == "claim_denied" and refused["ownership"] == "partitioned"
+        # north lets go; east heals only after a successful refresh shows it
+        await nora.send_json({"sender": "PROJ/nora", "type": "release", "task_id": "n-1",
+                              "epoch": rogue["epoch"]})
+        await nora.recv_type("release_granted")
+        heals = wait_for(lambda: rows(tmp_path / "east", "multihub_heal"))
+        assert heals[0]["previous_contesting_hubs"] == ["north"]
+        assert heals[0]["observation_refreshed"] is True
+        again = await claim(bob, "PROJ/bob", "t-5", ["elsewhere"])
+        assert again["type"] == "claim_granted"
+        for p in (amy, bob, other, nora):
+            await p.close()
+
+    asyncio.run(scenario())
+    health = east.get_json("/health")["multihub"]
+    assert health["partitioned"] == [] and health["watches"]["north"]["last_success"]
+
+
+def test_partition_survives_restart_and_owner_down_fails_closed(tmp_path, sites):
+    start, route, url = sites
+    east = start("east", {"west": ["PROJ"], "north": ["PROJ"]}, "--namespace-owner", "PROJ=east",
+                 *route("multihub-watch", "north"), "--multihub-watch-interval", "1")
+    west = start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
+                 *route("claim-peer", "east"))
+    north = start("north", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=north")
+
+    async def rogue_claim():
+        nora = await agent(url["north"], "PROJ/nora")
+        granted = await claim(nora, "PROJ/nora", "n-1", ["docs"])
+        await nora.close()
+        return granted
+
+    assert asyncio.run(rogue_claim())["type"] == "claim_granted"
+    wait_for(lambda: rows(tmp_path / "east", "multihub_partition"))
+    north.stop()  # the contestant goes away: a failed poll must not heal
+    east.stop()
+    east.start()
+
+    async def after_restart():
+        bob = await agent(url["east"], "PROJ/bob")
+        refused = await claim(bob, "PROJ/bob", "t-1", ["a"])
+        assert refused["type"] == "claim_denied" and refused["ownership"] == "partitioned"
+        await bob.close()
+        # the owner is down: a claim from west is refused naming it
+        east.stop()
+        amy = await agent(url["west"], "PROJ/amy")
+        down = await claim(amy, "PROJ/amy", "t-2", ["b"])
+        assert down["type"] == "claim_denied" and down["owner_hub_id"] == "east"
+        await amy.close()
+
+    asyncio.run(after_restart())
+    assert rows(tmp_path / "east", "multihub_heal") == []
