@@ -12,6 +12,8 @@ interpreter is usable by it.
 Then: every pinned link comes up, chats cross east -> north and north -> east,
 east's link to the inter-site network is cut and restored, and each hub's
 Prometheus /metrics shows the backlog rise and fall; every chat arrives once.
+And claims made at any site are decided by their namespace's owner under the
+compose file's owner map.
 """
 
 from __future__ import annotations
@@ -267,10 +269,58 @@ def test_compose_topology_forwards_across_a_cut(mount_root, tmp_path):
             assert proc.poll() is None, f"{site} exited with {proc.returncode}"
 
 
-@pytest.mark.skip(reason="claims routed to their owner (issue 5): the compose file already "
-                         "gives every hub --namespace-owner, --claim-peer and --multihub-watch, "
-                         "but hubd accepts the flags without routing claims yet; enable this "
-                         "test when the claim forwarder lands")
-def test_compose_topology_routes_claims_to_their_owner(tmp_path):
-    """A claim in PROJ made at east is granted by west (PROJ's owner); one in
-    NORTH made at west by north; the owner's journal holds each grant."""
+def claims(topo, site, *args):
+    out = topo.run(site, [sys.executable, "-m", "tests.support.claim_driver", *args,
+                          "--url", f"wss://127.0.0.1:{PORT}/"], env=driver_env(), timeout=60)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def journal_rows(project, site, kind):
+    import sqlite3
+
+    db = project.workdir(project.services[site]) / "hubd.db"
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return [json.loads(p) for (p,) in conn.execute(
+            "SELECT payload FROM events WHERE kind = ? ORDER BY seq", (kind,))]
+    finally:
+        conn.close()
+
+
+def test_compose_topology_routes_claims_to_their_owner(mount_root, tmp_path):
+    """The compose owner map (EAST->east, WEST->west, NORTH->north, PROJ->west):
+    a PROJ claim made at east is granted by west and lives in west's journal; a
+    conflicting one made at north is refused by west; a NORTH claim made at
+    west is north's; an EAST claim at east stays local."""
+    require_netns()
+    with Topology() as topo:
+        project, procs, _ = start_project(topo, mount_root, tmp_path)
+
+        granted = claims(topo, "east", "claim", "--name", "PROJ/amy", "--task", "p-1",
+                         "--paths", "src/core")
+        assert granted["type"] == "claim_granted", granted
+        held = claims(topo, "west", "state", "--name", "PROJ/wes")["active_claims"]
+        assert [(c["task_id"], c["owner"]) for c in held] == [("p-1", "PROJ/amy")]
+        assert [r["task_id"] for r in journal_rows(project, "west", "claim")] == ["p-1"]
+        assert journal_rows(project, "east", "claim") == []
+
+        conflict = claims(topo, "north", "claim", "--name", "PROJ/nia", "--task", "p-2",
+                          "--paths", "src/core/x.py")
+        assert conflict["type"] == "claim_denied", conflict
+        assert conflict.get("owner_hub_id") == "west", conflict
+
+        remote = claims(topo, "west", "claim", "--name", "NORTH/wes", "--task", "n-1",
+                        "--paths", "ops")
+        assert remote["type"] == "claim_granted", remote
+        assert [r["task_id"] for r in journal_rows(project, "north", "claim")] == ["n-1"]
+
+        local = claims(topo, "east", "claim", "--name", "EAST/eve", "--task", "e-1",
+                       "--paths", "lib")
+        assert local["type"] == "claim_granted", local
+        assert [r["task_id"] for r in journal_rows(project, "east", "claim")] == ["e-1"]
+
+        ungoverned = claims(topo, "east", "claim", "--name", "OTHER/oz", "--task", "o-1",
+                            "--paths", "x")
+        assert ungoverned["type"] == "claim_denied", ungoverned
+        for site, proc in procs.items():
+            assert proc.poll() is None, f"{site} exited with {proc.returncode}"
