@@ -69,10 +69,25 @@ class FederationConfig:
     def enabled(self) -> bool:
         return bool(self.message_peers) or self.serving_policy_path is not None
 
-    def client_context(self) -> ssl.SSLContext:
-        from federation.tls import peer_client_context
+    def client_context(self) -> "ClientContexts":
+        from federation.tls import peer_client_context, verified_client_context
 
-        return peer_client_context(self.client_certfile, self.client_keyfile)
+        return ClientContexts(
+            pinned=peer_client_context(self.client_certfile, self.client_keyfile),
+            verified=verified_client_context(self.client_certfile, self.client_keyfile))
+
+
+@dataclass(frozen=True)
+class ClientContexts:
+    """TLS for outgoing peer links: a pinned route skips CA checks because the
+    pin is checked on the live connection before any frame; a route without
+    a pin gets ordinary CA and hostname verification."""
+
+    pinned: ssl.SSLContext
+    verified: ssl.SSLContext
+
+    def for_route(self, route: "PeerRoute") -> ssl.SSLContext:
+        return self.pinned if route.pins is not None else self.verified
 
 
 def _pairs(values: list[str], flag: str) -> list[tuple[str, str]]:

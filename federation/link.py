@@ -161,7 +161,8 @@ class PeerLink:
     async def _connect_and_serve(self, session: aiohttp.ClientSession) -> None:
         route = self.route
         async with asyncio.timeout(CONNECT_TIMEOUT):
-            ws = await session.ws_connect(route.uri, ssl=self._ssl if route.secure else False,
+            ssl_context = self._ssl.for_route(route) if route.secure else False
+            ws = await session.ws_connect(route.uri, ssl=ssl_context,
                                           heartbeat=HEARTBEAT, max_msg_size=16 * 1024 * 1024,
                                           compress=0, autoping=True)
         try:

@@ -24,7 +24,6 @@ Exit status: 0 success, 2 refused or failed (one line on stderr saying why).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import time
@@ -112,6 +111,9 @@ def _build_parser() -> argparse.ArgumentParser:
     follow.add_argument("--pin", help="trust the peer's wss certificate by this sha256: pin")
     follow.add_argument("--limit", type=int, help="most events per request")
     follow.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
+    follow.add_argument("--client-certfile", help="client certificate to present (a "
+                                                  "policy-gated peer serves only pinned peers)")
+    follow.add_argument("--client-keyfile", help="private key for --client-certfile")
     follow.add_argument("--json", action="store_true", help="print the ObservedState as JSON")
     follow.set_defaults(handler=_cmd_follow)
     return parser
@@ -229,15 +231,7 @@ def _cmd_recover(args) -> int:
 # -- follow
 
 def _cmd_follow(args) -> int:
-    """The network pull lives with the hub's network code: a module
-    federation.multihub_follow exposing run(args) -> int. Until it exists this
-    says so and exits 2."""
-    try:
-        module = importlib.import_module("federation.multihub_follow")
-    except ModuleNotFoundError as exc:
-        if exc.name != "federation.multihub_follow":
-            raise
-        raise _Failed("not available in this build: the network pull is provided by "
-                      "federation.multihub_follow (use `hubd multihub observe --peer-db` on a "
-                      "copy of the peer's journal meanwhile)") from None
-    return module.run(args)
+    """The network pull lives with the hub's network code (federation.multihub_follow)."""
+    from federation import multihub_follow
+
+    return multihub_follow.run(args)

@@ -79,6 +79,19 @@ def peer_client_context(
     return context
 
 
+def verified_client_context(
+    certfile: PathLike | None = None,
+    keyfile: PathLike | None = None,
+) -> ssl.SSLContext:
+    """For a wss:// peer configured without a pin: the system's CA store (or
+    SSL_CERT_FILE) and hostname checks, as any TLS client would do."""
+    context = ssl.create_default_context()
+    context.minimum_version = MINIMUM_TLS_VERSION
+    if certfile is not None and keyfile is not None:
+        _load_identity(context, certfile, keyfile, "client")
+    return context
+
+
 def _load_identity(context: ssl.SSLContext, certfile: PathLike, keyfile: PathLike, role: str) -> None:
     for path, what in ((certfile, "certificate"), (keyfile, "key")):
         if not Path(path).is_file():

@@ -172,3 +172,37 @@ def test_partition_survives_restart_and_owner_down_fails_closed(tmp_path, sites)
 
     asyncio.run(after_restart())
     assert rows(tmp_path / "east", "multihub_heal") == []
+
+
+def test_multihub_follow_prints_a_peers_observed_claims(tmp_path, sites):
+    import subprocess
+    import sys
+    from tests.support.federation import make_pki  # noqa: F401  (same PKI as the fixture)
+
+    start, route, url = sites
+    east = start("east", {"west": ["PROJ"]}, "--namespace-owner", "PROJ=east")
+
+    async def work():
+        bob = await agent(url["east"], "PROJ/bob")
+        assert (await claim(bob, "PROJ/bob", "build", ["src"]))["type"] == "claim_granted"
+        await bob.close()
+    asyncio.run(work())
+    pki_dir = tmp_path / "pki"
+    pin = json.loads(subprocess.run([sys.executable, "-m", "hubd", "certs", "pin",
+                                     str(pki_dir / "east-server.pem"), "--json"],
+                                    check=True, capture_output=True, text=True).stdout)["sha256"]
+    base = [sys.executable, "-m", "hubd", "multihub", "follow", "--peer-uri", url["east"],
+            "--peer-id", "east", "--pin", pin, "--local-id", "west"]
+    granted = subprocess.run(base + ["--client-certfile", str(pki_dir / "west-client.pem"),
+                                     "--client-keyfile", str(pki_dir / "west-client.key")],
+                             capture_output=True, text=True, timeout=60)
+    assert granted.returncode == 0, granted.stderr
+    assert "observing peer 'east'" in granted.stdout
+    assert "build -> PROJ/bob @ east" in granted.stdout
+    # without the client certificate the peer serves nothing, and says why
+    anonymous = subprocess.run(base, capture_output=True, text=True, timeout=60)
+    assert anonymous.returncode == 0 and "0 observed claims" in anonymous.stdout
+    assert "does not grant this hub" in anonymous.stderr
+    wrong_pin = subprocess.run([*base[:-4], "--pin", "sha256:" + "0" * 64, "--local-id", "west"],
+                               capture_output=True, text=True, timeout=60)
+    assert wrong_pin.returncode == 2 and "pin" in wrong_pin.stderr

@@ -230,6 +230,6 @@ def test_observe_refuses_a_log_with_a_hole(tmp_path, capsys):
     assert code == 2 and "expected seq 2, got 3" in err
 
 
-def test_follow_is_a_stub_until_wired(capsys):
-    code, _, err = run(capsys, "follow", "--peer-uri", "ws://127.0.0.1:1/")
-    assert code == 2 and "federation.multihub_follow" in err
+def test_follow_an_unreachable_peer_fails_clearly(capsys):
+    code, _, err = run(capsys, "follow", "--peer-uri", "ws://127.0.0.1:1/", "--timeout", "2")
+    assert code == 2 and "could not follow peer hub" in err and "127.0.0.1:1" in err
