@@ -78,9 +78,12 @@ class WatchStatus:
     quarantined: bool = False
     polls: int = 0
 
+    @property
+    def lag(self) -> int | None:
+        return (self.log_end - self.cursor) if self.log_end is not None else None
+
     def to_json(self, link: PeerLink) -> dict:
-        lag = (self.log_end - self.cursor) if self.log_end is not None else None
-        return {"cursor": self.cursor, "log_end_seq": self.log_end, "lag_events": lag,
+        return {"cursor": self.cursor, "log_end_seq": self.log_end, "lag_events": self.lag,
                 "last_success": self.last_success, "last_error": self.last_error,
                 "quarantined": self.quarantined, "polls": self.polls,
                 "clock_skew_seconds": round(link.clock_skew, 3)
@@ -169,6 +172,21 @@ class Authority:
         self.followers: dict[str, WatchFollower] = {}
         self.claim_links: dict[str, PeerLink] = {}
         self.quarantined: set[str] = set()
+        metrics = hub.metrics
+        metrics.gauge("hubd_namespace_partitioned",
+                      "1 for each owned or governed namespace refusing claims as contested.",
+                      lambda: {ns: 1 for ns in self.detector.partitioned()}, "namespace")
+        metrics.gauge("hubd_peer_quarantined",
+                      "1 for each watched peer quarantined after equivocation.",
+                      lambda: {p: int(p in self.quarantined) for p in self.config.watches}, "peer")
+        metrics.gauge("hubd_watch_lag_events",
+                      "Events a watched peer has journaled that this hub has not pulled yet.",
+                      lambda: {p: f.status.lag for p, f in self.followers.items()
+                               if f.status.lag is not None}, "peer")
+        metrics.gauge("hubd_watch_last_success_timestamp_seconds",
+                      "When a watched peer's log was last pulled successfully (Unix time).",
+                      lambda: {p: f.status.last_success or 0 for p, f in self.followers.items()},
+                      "peer")
 
     @property
     def configured(self) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,8 +37,9 @@ log = structlog.get_logger("hubd.hub")
 SWEEP_SECONDS = 1.0
 
 
-class HubIdMismatch(RuntimeError):
-    pass
+class JournalRefused(RuntimeError):
+    """The journal cannot be opened as this hub's (another hub's id, or not a
+    hubd journal at all): refuse to start rather than guess."""
 
 
 class Hub:
@@ -167,10 +169,15 @@ class Hub:
             self.authority = Authority(self, federation)
 
     async def open(self) -> None:
-        store = await self.writer.open()
+        from hubd.journal.store import NotAHubdJournal
+
+        try:
+            store = await self.writer.open()
+        except (NotAHubdJournal, sqlite3.DatabaseError) as exc:
+            raise JournalRefused(f"journal {self.config.db}: {exc}") from exc
         stored = await self.writer.call(store.get_meta, "hub_id")
         if stored and self.config.hub_id and stored != self.config.hub_id:
-            raise HubIdMismatch(
+            raise JournalRefused(
                 f"journal {self.config.db} belongs to hub '{stored}'; start with "
                 f"--hub-id {stored} or use a new --db")
         self.hub_id = self.config.hub_id or stored or f"hubd-{secrets.token_hex(4)}"

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from hubd.config import HubConfig
 from hubd.http.app import make_app
-from hubd.hub import Hub, HubIdMismatch, _Stop
+from hubd.hub import Hub, JournalRefused, _Stop
 
 log = structlog.get_logger("hubd")
 
@@ -45,7 +45,7 @@ class HubServer:
             raise StartupError(str(exc)) from exc
         try:
             await self.hub.open()
-        except HubIdMismatch as exc:
+        except JournalRefused as exc:
             await self.hub.shutdown()
             raise StartupError(str(exc)) from exc
         self._runner = web.AppRunner(make_app(self.hub), access_log=None, handle_signals=False,

@@ -37,8 +37,22 @@ def _connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
+class NotAHubdJournal(RuntimeError):
+    """The file is a SQLite database, but not one hubd wrote."""
+
+
+EXPECTED_COLUMNS = {"seq", "ts", "kind", "payload", "route"}
+
+
 def ensure_schema(conn: sqlite3.Connection) -> None:
     db = sqlite_utils.Database(conn)
+    if db["events"].exists():
+        columns = {c.name for c in db["events"].columns}
+        if not EXPECTED_COLUMNS <= columns or not db["meta"].exists():
+            raise NotAHubdJournal(
+                "this database has an events table hubd did not write (the reference hub's "
+                "journal looks like this); start hubd with a new --db — history does not "
+                "carry over (see docs/migration-from-reference.md)")
     db["events"].create({"seq": int, "ts": float, "kind": str, "payload": str, "route": str},
                         pk="seq", not_null={"ts", "kind", "payload"}, if_not_exists=True)
     db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)

@@ -136,6 +136,9 @@ def test_claims_route_to_the_owner_and_a_second_owner_partitions(tmp_path, sites
     asyncio.run(scenario())
     health = east.get_json("/health")["multihub"]
     assert health["partitioned"] == [] and health["watches"]["north"]["last_success"]
+    metrics = east.get_text("/metrics")
+    assert 'hubd_peer_quarantined{peer="north"} 0.0' in metrics
+    assert 'hubd_watch_lag_events{peer="north"}' in metrics
 
 
 def test_partition_survives_restart_and_owner_down_fails_closed(tmp_path, sites):
@@ -154,6 +157,7 @@ def test_partition_survives_restart_and_owner_down_fails_closed(tmp_path, sites)
 
     assert asyncio.run(rogue_claim())["type"] == "claim_granted"
     wait_for(lambda: rows(tmp_path / "east", "multihub_partition"))
+    assert 'hubd_namespace_partitioned{namespace="PROJ"} 1.0' in east.get_text("/metrics")
     north.stop()  # the contestant goes away: a failed poll must not heal
     east.stop()
     east.start()

@@ -119,3 +119,21 @@ async def test_journal_write_failure_refuses_mutations_and_keeps_reads(tmp_path)
             await bob.close()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+async def test_a_journal_that_is_not_hubds_is_refused_with_a_reason(tmp_path):
+    import sqlite3
+
+    from hubd.server import HubServer, StartupError
+    from tests.support.inproc import test_config
+
+    db = sqlite3.connect(tmp_path / "hub.db")
+    db.execute("CREATE TABLE events (seq INTEGER PRIMARY KEY, ts REAL, kind TEXT, payload TEXT, "
+               "mac TEXT)")
+    db.commit()
+    db.close()
+    with pytest.raises(StartupError, match="did not write"):
+        await HubServer(test_config(tmp_path)).start()
+    (tmp_path / "other.db").write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(StartupError, match="not a database"):
+        await HubServer(test_config(tmp_path, db=tmp_path / "other.db")).start()

@@ -122,18 +122,22 @@ class HubProcess:
             return self.log_path.read_text(errors="replace")
         return ""
 
-    def get_json(self, path: str, timeout: float = 5.0, headers: dict | None = None):
-        import json
+    def get_text(self, path: str, timeout: float = 5.0, headers: dict | None = None) -> str:
         import ssl
 
         req = urllib.request.Request(self.http_url + path, headers=headers or {})
         ctx = None
-        if self.scheme == "wss":
+        if self.scheme == "wss":  # the test PKI's self-signed CA
             ctx = ssl.create_default_context()
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
-            return json.loads(resp.read())
+            return resp.read().decode()
+
+    def get_json(self, path: str, timeout: float = 5.0, headers: dict | None = None):
+        import json
+
+        return json.loads(self.get_text(path, timeout, headers))
 
 
 def hubd_process(workdir: Path, *args: str, port: int | None = None, hub_id: str | None = "test-hub",
