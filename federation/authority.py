@@ -174,8 +174,10 @@ class Authority:
         self.quarantined: set[str] = set()
         metrics = hub.metrics
         metrics.gauge("hubd_namespace_partitioned",
-                      "1 for each owned or governed namespace refusing claims as contested.",
-                      lambda: {ns: 1 for ns in self.detector.partitioned()}, "namespace")
+                      "1 while a governed namespace refuses claims as contested, else 0.",
+                      lambda: {ns: int(ns in self.detector.partitioned())
+                               for ns in set(self.ownership.governed())
+                               | self.detector.partitioned()}, "namespace")
         metrics.gauge("hubd_peer_quarantined",
                       "1 for each watched peer quarantined after equivocation.",
                       lambda: {p: int(p in self.quarantined) for p in self.config.watches}, "peer")

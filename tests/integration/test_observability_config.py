@@ -169,6 +169,9 @@ def hub_pair(tmp_path_factory):
             "--message-peer-pin", f"west=@{certs / 'east' / 'pins' / 'west.pins'}",
             "--multihub-client-certfile", str(certs / "east" / "east-client.pem"),
             "--multihub-client-keyfile", str(certs / "east" / "east-client.key"),
+            "--namespace-owner", "PROJ=east", "--multihub-watch",
+            f"west=wss://127.0.0.1:{west.port}/", "--multihub-watch-pin",
+            f"west=@{certs / 'east' / 'pins' / 'west.pins'}",
             "--durable-ingress-events", "3", hub_id="east")
         east.start()
         yield east, west
