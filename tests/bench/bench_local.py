@@ -75,12 +75,17 @@ def make_hub(variant: str, workdir: Path, hubd_extra: list[str], hubd_src: Path 
     else:
         raise ValueError(variant)
     if hubd_src is not None:
-        # run the snapshot instead of the working tree: replace "-m hubd" by a runpy call with
-        # the snapshot first on sys.path (it wins over the editable install's finder)
-        assert hub.argv[1:3] == ["-m", "hubd"], hub.argv
-        code = (f"import runpy, sys; sys.path.insert(0, {str(hubd_src)!r}); "
-                "runpy.run_module('hubd', run_name='__main__', alter_sys=True)")
-        hub.argv = [hub.argv[0], "-c", code, *hub.argv[3:]]
+        run_from_snapshot(hub, hubd_src)
+    return hub
+
+
+def run_from_snapshot(hub: HubProcess, hubd_src: Path) -> HubProcess:
+    """Run a hubd snapshot instead of the working tree: replace "-m hubd" by a runpy call with
+    the snapshot first on sys.path (it wins over the editable install's finder)."""
+    assert hub.argv[1:3] == ["-m", "hubd"], hub.argv
+    code = (f"import runpy, sys; sys.path.insert(0, {str(hubd_src)!r}); "
+            "runpy.run_module('hubd', run_name='__main__', alter_sys=True)")
+    hub.argv = [hub.argv[0], "-c", code, *hub.argv[3:]]
     return hub
 
 

@@ -66,6 +66,26 @@ class LoadConfig:
     keepalive: float = 30.0          # receivers send who_request this often (stale-recipient gate)
     max_missing: int = 200           # stop sending once this many measured messages went missing
     client: str = "raw"              # "raw": tests/bench/rawclient.py (asyncio Protocols); "aiohttp"
+    # Cross-hub (forwarding) runs: senders connect to ``url``, receivers to ``recv_url``, and the
+    # chat target is the receiver's name plus ``target_suffix`` (e.g. "@west"); the receiver
+    # still checks that the chat it gets is addressed to its own (local) name.
+    recv_url: str | None = None      # receivers' hub (None: the same hub as the senders)
+    target_suffix: str = ""          # appended to the receiver name in the chat target
+    peer_hub_pid: int | None = None  # a second hub (the receivers') whose CPU time is read too
+    # Open loop: each sender sends ``rate`` messages per second on a fixed schedule during the
+    # measured phase, whatever is in flight (raw client only). ``window`` then only applies to
+    # the probe and warm-up.
+    rate: float | None = None
+
+
+def ssl_client_context():
+    """TLS for wss:// benchmark clients: encrypted, not verified (the hubs use self-signed
+    certificates; a benchmark client trusts the loopback port it was given)."""
+    import ssl
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -80,6 +100,16 @@ def proc_cpu_seconds(pid: int) -> float | None:
     fields = data[data.rindex(b")") + 2:].split()
     # after "(comm) " the fields start at index 3 (state); utime is field 14, stime 15
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def hubs_cpu(cfg: "LoadConfig") -> tuple[float | None, float | None]:
+    """CPU seconds so far of the hub (cfg.hub_pid) and of the peer hub (cfg.peer_hub_pid)."""
+    return (proc_cpu_seconds(cfg.hub_pid) if cfg.hub_pid else None,
+            proc_cpu_seconds(cfg.peer_hub_pid) if cfg.peer_hub_pid else None)
+
+
+def cpu_delta(a: float | None, b: float | None) -> float | None:
+    return (b - a) if a is not None and b is not None else None
 
 
 def box_cpu_ticks() -> tuple[int, int]:
@@ -121,7 +151,7 @@ class Pair:
         pad = max(0, cfg.payload_size - len(head) - 8)
         self._pad = "." + "x" * pad
         self._tmpl_head = '{"sender":"%s","target":"%s","type":"chat","payload":"%s' % (
-            self.sname, self.rname, head)
+            self.sname, self.rname + cfg.target_suffix, head)
         self._tmpl_mid = '","client_msg_id":"c%s.%d.' % (run, idx)
         self._tmpl_tail = '"' + (',"receipt_requested":true' if cfg.receipts else "") + "}"
         self.cmid_prefix = f"c{run}.{idx}."
@@ -144,12 +174,13 @@ class Pair:
         return f"{self._tmpl_head}{seq}{self._pad}{self._tmpl_mid}{seq}{self._tmpl_tail}"
 
     async def connect(self, session: aiohttp.ClientSession) -> None:
-        self.rws = await self._open(session, self.rname)
-        self.sws = await self._open(session, self.sname)
+        self.rws = await self._open(session, self.rname, self.cfg.recv_url or self.cfg.url)
+        self.sws = await self._open(session, self.sname, self.cfg.url)
 
-    async def _open(self, session: aiohttp.ClientSession, name: str) -> aiohttp.ClientWebSocketResponse:
-        ws = await session.ws_connect(self.cfg.url, autoping=True, heartbeat=None, compress=0,
-                                      decode_text=False, max_msg_size=16 * 1024 * 1024)
+    async def _open(self, session: aiohttp.ClientSession, name: str, url: str) -> aiohttp.ClientWebSocketResponse:
+        ws = await session.ws_connect(url, autoping=True, heartbeat=None, compress=0,
+                                      decode_text=False, max_msg_size=16 * 1024 * 1024,
+                                      ssl=ssl_client_context() if url.startswith("wss:") else None)
         deadline = time.monotonic() + self.cfg.connect_timeout
         while True:  # open hub: the welcome comes first, before registration
             msg = await ws.receive(timeout=max(0.1, deadline - time.monotonic()))
@@ -298,6 +329,11 @@ class Pair:
                         other(s, self.sname)
                         continue
                     seq = int(cmid[plen:])
+                    if d.get("forward_state") == "pending":  # a forward not answered yet:
+                        ent = rpending.get(seq)              # its settled receipt follows
+                        if ent is not None and ent[1]:
+                            c["forward_pending"] += 1
+                        continue
                     ent = rpending.pop(seq, None)
                     if ent is None:
                         self._receipt_anomaly(seq)
@@ -370,7 +406,7 @@ class Shared:
         self.counters = {k: 0 for k in (
             "sent", "delivered", "missing", "refused", "duplicates", "late", "unexpected", "malformed", "errors",
             "receipts_ok", "receipts_negative", "receipt_missing", "duplicate_receipts", "late_receipts",
-            "unexpected_receipts", "closed_sockets")}
+            "unexpected_receipts", "closed_sockets", "forward_pending")}
         self.lat: list[float] = []
         self.rlat: list[float] = []
         self.last_done = 0.0
@@ -492,7 +528,7 @@ async def _client_main_aiohttp(cfg: LoadConfig, run: str, pair_ids: list[int], c
                 p.measure_from = p.next_seq
             shared.recording = True
             cpu0 = time.process_time()
-            hub0 = proc_cpu_seconds(cfg.hub_pid) if cfg.hub_pid else None
+            hub0, peer0 = hubs_cpu(cfg)
             box0 = box_cpu_ticks()
             t0 = time.perf_counter()
             t0_mono = time.monotonic()
@@ -504,7 +540,7 @@ async def _client_main_aiohttp(cfg: LoadConfig, run: str, pair_ids: list[int], c
             drained = await _drain(shared, pairs, cfg.drain_timeout)
             t_end = time.perf_counter()
             cpu1 = time.process_time()
-            hub1 = proc_cpu_seconds(cfg.hub_pid) if cfg.hub_pid else None
+            hub1, peer1 = hubs_cpu(cfg)
             box1 = box_cpu_ticks()
             if not drained:
                 for p in pairs:
@@ -519,7 +555,8 @@ async def _client_main_aiohttp(cfg: LoadConfig, run: str, pair_ids: list[int], c
                 "send_elapsed": t_sent - t0,
                 "wall": t_end - t0,
                 "client_cpu": cpu1 - cpu0,
-                "hub_cpu": (hub1 - hub0) if hub0 is not None and hub1 is not None else None,
+                "hub_cpu": cpu_delta(hub0, hub1),
+                "peer_hub_cpu": cpu_delta(peer0, peer1),
                 "box_busy": box1[0] - box0[0],
                 "box_total": box1[1] - box0[1],
                 "frames": 0,
@@ -580,6 +617,8 @@ def run_load(cfg: LoadConfig) -> dict:
     warm = [max(0, w) for w in _split(cfg.warmup, cfg.senders)]
     procs = max(1, min(cfg.procs, cfg.senders))
     if procs == 1:
+        if cfg.rate and cfg.client != "raw":
+            raise ValueError("--rate needs the raw client")
         raw = [asyncio.run(_client_main(cfg, run, ids, counts, warm))]
         hub_cpu = raw[0]["hub_cpu"]
         box = (raw[0]["box_busy"], raw[0]["box_total"])
@@ -590,17 +629,17 @@ def run_load(cfg: LoadConfig) -> dict:
         for k in range(procs):
             mine = ids[k::procs]
             parent, child = ctx.Pipe(duplex=False)
-            wcfg = LoadConfig(**{**asdict(cfg), "hub_pid": None})
+            wcfg = LoadConfig(**{**asdict(cfg), "hub_pid": None, "peer_hub_pid": None})
             pr = ctx.Process(target=_worker, args=(wcfg, run, mine, [counts[i] for i in mine],
                                                    [warm[i] for i in mine], barrier, child), daemon=True)
             pr.start()
             child.close()
             workers.append((pr, parent))
-        hub0 = hub1 = None
+        hub0 = hub1 = peer0 = peer1 = None
         box0 = box1 = (0, 0)
         try:
             barrier.wait(timeout=cfg.connect_timeout + cfg.drain_timeout + 60)
-            hub0 = proc_cpu_seconds(cfg.hub_pid) if cfg.hub_pid else None
+            hub0, peer0 = hubs_cpu(cfg)
             box0 = box_cpu_ticks()
         except Exception:
             pass
@@ -613,12 +652,15 @@ def run_load(cfg: LoadConfig) -> dict:
                 status, payload = "error", "client process died"
             (raw.append(payload) if status == "ok" else errors.append(payload))
             pr.join()
-        hub1 = proc_cpu_seconds(cfg.hub_pid) if cfg.hub_pid else None
+        hub1, peer1 = hubs_cpu(cfg)
         box1 = box_cpu_ticks()
         if errors:
             raise RuntimeError("; ".join(errors))
-        hub_cpu = (hub1 - hub0) if hub0 is not None and hub1 is not None else None
+        hub_cpu = cpu_delta(hub0, hub1)
         box = (box1[0] - box0[0], box1[1] - box0[1])
+        for r in raw:
+            r["peer_hub_cpu"] = None
+        raw[0]["peer_hub_cpu"] = cpu_delta(peer0, peer1)
     return summarise(cfg, raw, hub_cpu, box, procs)
 
 
@@ -637,8 +679,13 @@ def summarise(cfg: LoadConfig, raw: list[dict], hub_cpu: float | None, box: tupl
     delivered = counters["delivered"]
     client_cpu = sum(r["client_cpu"] for r in raw)
     wall = max(r["wall"] for r in raw)
+    peer_cpu = next((r["peer_hub_cpu"] for r in raw if r.get("peer_hub_cpu") is not None), None)
+    hubs_total = (hub_cpu or 0.0) + (peer_cpu or 0.0)
+    lag = [x for r in raw for x in r.get("send_lag", ())]
     out = {
         "url": cfg.url,
+        "recv_url": cfg.recv_url, "target_suffix": cfg.target_suffix or None,
+        "rate_per_sender": cfg.rate,
         "senders": cfg.senders, "window": cfg.window, "receipts": cfg.receipts,
         "count": None if cfg.duration else cfg.count, "duration": cfg.duration, "procs": procs,
         "client": cfg.client,
@@ -655,11 +702,19 @@ def summarise(cfg: LoadConfig, raw: list[dict], hub_cpu: float | None, box: tupl
         "hub_cpu_s": round(hub_cpu, 3) if hub_cpu is not None else None,
         "hub_cpu_ms_per_msg": round(hub_cpu / delivered * 1000, 4) if hub_cpu is not None and delivered else None,
         "hub_cpu_util": round(hub_cpu / wall, 3) if hub_cpu is not None else None,
+        "peer_hub_cpu_s": round(peer_cpu, 3) if peer_cpu is not None else None,
+        "peer_hub_cpu_ms_per_msg": round(peer_cpu / delivered * 1000, 4) if peer_cpu is not None and delivered
+        else None,
+        "peer_hub_cpu_util": round(peer_cpu / wall, 3) if peer_cpu is not None else None,
         "box_cpu_util": round(box[0] / box[1], 3) if box[1] else None,
-        # cores busy with something other than this hub and this client (other work on the box)
-        "other_cores": round(max(0.0, box[0] / CLK_TCK - client_cpu - (hub_cpu or 0.0)) / wall, 2)
+        # cores busy with something other than the hub(s) and this client (other work on the box)
+        "other_cores": round(max(0.0, box[0] / CLK_TCK - client_cpu - hubs_total) / wall, 2)
         if box[1] and hub_cpu is not None else None,
         "samples": [s for r in raw for s in r["samples"]][:8],
+        # open loop (rate): how late each write left against its schedule, and what was offered
+        "send_lag_ms": percentiles(lag) if cfg.rate else None,
+        "offered_msg_per_s": round(sum(r["counters"].get("sent", 0) for r in raw)
+                                   / max(max(r["send_elapsed"] for r in raw), 1e-9), 1) if cfg.rate else None,
         "aborted": "; ".join(r["aborted"] for r in raw if r.get("aborted")) or None,
     }
     return out
@@ -678,6 +733,13 @@ def format_summary(r: dict) -> str:
     s += f"; client cpu {r['client_cpu_util']:.0%} of a core ({r['client_cpu_us_per_msg']} us/msg)"
     if r.get("hub_cpu_ms_per_msg") is not None:
         s += f"; hub cpu {r['hub_cpu_ms_per_msg']:.3f} ms/msg ({r['hub_cpu_util']:.0%})"
+    if r.get("peer_hub_cpu_ms_per_msg") is not None:
+        s += f"; peer hub cpu {r['peer_hub_cpu_ms_per_msg']:.3f} ms/msg ({r['peer_hub_cpu_util']:.0%})"
+    if r.get("offered_msg_per_s") is not None:
+        s += (f"; offered {r['offered_msg_per_s']:.0f} msg/s (send lag p99 {r['send_lag_ms']['p99']} "
+              f"max {r['send_lag_ms']['max']} ms)")
+    if r.get("forward_pending"):
+        s += f"; {r['forward_pending']} forwards pending first"
     if r.get("box_cpu_util") is not None:
         s += f"; box {r['box_cpu_util']:.0%} busy"
     if r.get("other_cores") is not None:
@@ -690,7 +752,15 @@ def format_summary(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", required=True, help="ws://host:port/ of the hub")
+    ap.add_argument("--url", required=True, help="ws://host:port/ of the hub (the senders' hub)")
+    ap.add_argument("--recv-url", default=None,
+                    help="ws:// or wss:// of the receivers' hub (cross-hub runs; default: --url)")
+    ap.add_argument("--target-suffix", default="",
+                    help="appended to the receiver name in each chat's target, e.g. @west")
+    ap.add_argument("--peer-hub-pid", type=int, default=None, help="also measure this PID's CPU (the "
+                    "receivers' hub)")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="open loop: each sender sends this many msg/s on a fixed schedule (raw client)")
     ap.add_argument("--senders", type=int, default=4)
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--count", type=int, default=2000, help="measured messages in total")
@@ -715,7 +785,8 @@ def main(argv: list[str] | None = None) -> int:
                      count=a.count, duration=a.duration, receipts=a.receipts, payload_size=a.payload_size,
                      warmup=a.warmup, msg_timeout=a.msg_timeout, drain_timeout=a.drain_timeout,
                      procs=a.procs, verify=not a.no_verify, prefix=a.prefix, hub_pid=a.hub_pid,
-                     max_missing=a.max_missing, client=a.client)
+                     max_missing=a.max_missing, client=a.client, recv_url=a.recv_url,
+                     target_suffix=a.target_suffix, peer_hub_pid=a.peer_hub_pid, rate=a.rate)
     r = run_load(cfg)
     if a.json:
         print(json.dumps(r))

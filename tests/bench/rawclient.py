@@ -162,7 +162,7 @@ class WSClientProtocol(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        hostport = self.host if self.port == 80 else f"{self.host}:{self.port}"
+        hostport = self.host if self.port in (80, 443) else f"{self.host}:{self.port}"
         transport.write((
             f"GET {self.path} HTTP/1.1\r\n"
             f"Host: {hostport}\r\n"
@@ -408,17 +408,19 @@ class WSClientProtocol(asyncio.Protocol):
 
 
 async def connect(url: str, timeout: float = 15.0, setup=None) -> WSClientProtocol:
-    """Open ws://host:port/path and finish the Upgrade.
+    """Open ws://host:port/path (or wss://) and finish the Upgrade.
 
     ``setup(proto)`` runs when the protocol is created, before the first byte is read
     (a server may send its first frame in the same segment as the 101 response), to
-    install ``handler``, ``on_lost`` and the like.
+    install ``handler``, ``on_lost`` and the like. wss:// is encrypted but not verified
+    (``loadgen.ssl_client_context``): the hubs under test use self-signed certificates.
     """
     u = urlsplit(url)
-    if u.scheme != "ws":
-        raise ValueError(f"raw client speaks ws:// only, not {u.scheme}:// (use --client aiohttp)")
+    if u.scheme not in ("ws", "wss"):
+        raise ValueError(f"raw client speaks ws:// and wss:// only, not {u.scheme}://")
+    secure = u.scheme == "wss"
     host = u.hostname or "127.0.0.1"
-    port = u.port or 80
+    port = u.port or (443 if secure else 80)
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     loop = asyncio.get_running_loop()
     proto: WSClientProtocol | None = None
@@ -430,7 +432,8 @@ async def connect(url: str, timeout: float = 15.0, setup=None) -> WSClientProtoc
             setup(proto)
         return proto
 
-    await asyncio.wait_for(loop.create_connection(factory, host, port), timeout)
+    tls = {"ssl": lg.ssl_client_context(), "server_hostname": host} if secure else {}
+    await asyncio.wait_for(loop.create_connection(factory, host, port, **tls), timeout)
     try:
         await asyncio.wait_for(asyncio.shield(proto.opened), timeout)
     except BaseException:
@@ -497,6 +500,11 @@ class RawPair(lg.Pair):
         self._sent = 0
         self._send_fut: asyncio.Future | None = None
         self._dirty = False
+        # open loop (cfg.rate, measured phase only): message k of this send() is due at
+        # _t_start + k / _rate; _lag holds, per write, how late its oldest message left
+        self._rate: float | None = None
+        self._t_start = 0.0
+        self.lag: list[float] = []
 
     # stop_sending is set by Shared.note_close and the sweeper: also end a pending send()
     @property
@@ -510,8 +518,8 @@ class RawPair(lg.Pair):
             self._finish_send()
 
     async def connect(self, session=None) -> None:
-        self.rp = await self._open_raw(self.rname, self._receiver_mode)
-        self.sp = await self._open_raw(self.sname, self._sender_mode)
+        self.rp = await self._open_raw(self.rname, self._receiver_mode, self.cfg.recv_url or self.cfg.url)
+        self.sp = await self._open_raw(self.sname, self._sender_mode, self.cfg.url)
         self.rws, self.sws = self.rp, self.sp
 
     def _receiver_mode(self, p: WSClientProtocol) -> None:
@@ -528,7 +536,7 @@ class RawPair(lg.Pair):
         p.own = None
         p.handler = self.on_sender_frame
 
-    async def _open_raw(self, name: str, hot_mode) -> WSClientProtocol:
+    async def _open_raw(self, name: str, hot_mode, url: str) -> WSClientProtocol:
         cfg = self.cfg
         welcomed = asyncio.get_running_loop().create_future()
 
@@ -553,7 +561,7 @@ class RawPair(lg.Pair):
             p.handler = until_welcome
             p.on_lost = lost
 
-        p = await connect(cfg.url, cfg.connect_timeout, setup=setup)
+        p = await connect(url, cfg.connect_timeout, setup=setup)
         try:
             await asyncio.wait_for(welcomed, cfg.connect_timeout)
         except BaseException:
@@ -633,6 +641,11 @@ class RawPair(lg.Pair):
             self.shared.other_frame(s, self.sname)
             return
         seq = int(cmid[len(self.cmid_prefix):])
+        if d.get("forward_state") == "pending":  # a forward not answered yet: the settled
+            ent = self.rpending.get(seq)          # receipt follows; count it, keep waiting
+            if ent is not None and ent[1]:
+                self.c["forward_pending"] += 1
+            return
         ent = self.rpending.pop(seq, None)
         if ent is None:
             self._receipt_anomaly(seq)
@@ -666,6 +679,10 @@ class RawPair(lg.Pair):
         self._recorded = recorded
         self._deadline = deadline
         self._sent = 0
+        self._rate = self.cfg.rate if recorded and self.cfg.rate else None
+        if self._rate:
+            # senders are staggered evenly, so the combined stream is evenly spaced too
+            self._t_start = _now() + self.idx / (self._rate * self.cfg.senders)
         fut = self._send_fut = asyncio.get_running_loop().create_future()
         self.pump()
         await fut
@@ -687,7 +704,14 @@ class RawPair(lg.Pair):
             self._finish_send()
             return
         inflight = self.inflight
-        k = self.cfg.window - len(inflight)
+        rate = self._rate
+        if rate is None:
+            k = self.cfg.window - len(inflight)
+        else:  # open loop: everything due by now, whatever is in flight
+            now = _now()
+            k = int((now - self._t_start) * rate) + 1 - self._sent
+            if k > 0:
+                self.lag.append(now - (self._t_start + self._sent / rate))
         if self._budget is not None:
             k = min(k, self._budget - self._sent)
         if k > 0:
@@ -768,6 +792,14 @@ async def client_main(cfg: lg.LoadConfig, run: str, pair_ids: list[int], counts:
         await asyncio.gather(*(p.send(w, False, None) for p, w in zip(pairs, warm_counts)))
         await lg._drain(shared, pairs, cfg.drain_timeout)
 
+        if cfg.rate:
+            async def pacer():  # open loop: send what is due, about every millisecond
+                while True:
+                    await asyncio.sleep(0.0005)
+                    for p in pairs:
+                        if p._rate is not None:
+                            p.pump()
+            tasks.append(asyncio.create_task(pacer()))
         if sync is not None:
             await asyncio.to_thread(sync)
         # Measured phase
@@ -776,7 +808,7 @@ async def client_main(cfg: lg.LoadConfig, run: str, pair_ids: list[int], counts:
         shared.recording = True
         frames0 = sum(q.frames for p in pairs for q in (p.sp, p.rp))
         cpu0 = time.process_time()
-        hub0 = lg.proc_cpu_seconds(cfg.hub_pid) if cfg.hub_pid else None
+        hub0, peer0 = lg.hubs_cpu(cfg)
         box0 = lg.box_cpu_ticks()
         t0 = _now()
         t0_mono = time.monotonic()
@@ -788,7 +820,7 @@ async def client_main(cfg: lg.LoadConfig, run: str, pair_ids: list[int], counts:
         drained = await lg._drain(shared, pairs, cfg.drain_timeout)
         t_end = _now()
         cpu1 = time.process_time()
-        hub1 = lg.proc_cpu_seconds(cfg.hub_pid) if cfg.hub_pid else None
+        hub1, peer1 = lg.hubs_cpu(cfg)
         box1 = lg.box_cpu_ticks()
         frames1 = sum(q.frames for p in pairs for q in (p.sp, p.rp))
         if not drained:
@@ -804,7 +836,9 @@ async def client_main(cfg: lg.LoadConfig, run: str, pair_ids: list[int], counts:
             "send_elapsed": t_sent - t0,
             "wall": t_end - t0,
             "client_cpu": cpu1 - cpu0,
-            "hub_cpu": (hub1 - hub0) if hub0 is not None and hub1 is not None else None,
+            "hub_cpu": lg.cpu_delta(hub0, hub1),
+            "peer_hub_cpu": lg.cpu_delta(peer0, peer1),
+            "send_lag": [x for p in pairs for x in p.lag],
             "box_busy": box1[0] - box0[0],
             "box_total": box1[1] - box0[1],
             "frames": frames1 - frames0,
