@@ -28,10 +28,11 @@ OUTBOX = "forward_outbox"
 INBOX = "forward_inbox"
 
 # Accepted forward ids remembered for deduplication. The origin retries a
-# forward for at most its TTL (a day by default); this many ids cover far
-# more than a day of traffic from every peer at any rate this hub sustains
-# for long, and the bound keeps memory fixed.
-INBOX_IDS = 500_000
+# forward until it is answered (an answer lost in a cut link is retried within
+# seconds of the link returning), so the window that matters is minutes to
+# hours of traffic; 200,000 compact entries (~40 MB) covers that at the rates
+# this hub sustains, and the bound keeps memory fixed.
+INBOX_IDS = 200_000
 
 
 @dataclass(slots=True)
@@ -67,9 +68,17 @@ class ForwardOutbox:
 
 @dataclass(slots=True, frozen=True)
 class Accepted:
+    """What a forward_id was bound to, and enough to answer its duplicates."""
+
     digest: str
     origin: str
-    result: dict
+    seq: int
+    msg_id: int
+    recipients: tuple
+
+    @property
+    def result(self) -> dict:
+        return _result(self.seq, self.msg_id, self.recipients)
 
 
 @dataclass
@@ -129,15 +138,19 @@ def _apply_forwarding(state: HubState, event: Event) -> None:
         return
     incoming = route.get("forwarded")
     if incoming is not None:
-        recipients = route.get("recipients", [])
         inbox_of(state).remember(incoming["forward_id"], Accepted(
-            incoming["digest"], incoming["origin"], result_of(event, recipients)))
+            incoming["digest"], incoming["origin"], event.seq, event.payload.get("msg_id"),
+            tuple(route.get("recipients", ()))))
 
 
 def result_of(event: Event, recipients: list[str]) -> dict:
     """The `result` a receiving hub answers for an accepted forwarded chat."""
+    return _result(event.seq, event.payload.get("msg_id"), recipients)
+
+
+def _result(seq: int, msg_id, recipients) -> dict:
     delivered = bool(recipients)
-    return {"seq": event.seq, "msg_id": event.payload.get("msg_id"), "delivered": delivered,
+    return {"seq": seq, "msg_id": msg_id, "delivered": delivered,
             "recipients": list(recipients), "matched_recipients": list(recipients),
             "stale_recipients": [], "reason": "" if delivered else "no_online_recipient",
             "dead_lettered": not delivered}

@@ -18,6 +18,8 @@ from hubd.wire.targets import Target, is_glob, item_matches, project_of
 PER_KEY_WINDOW = 10_000
 GLOB_WINDOW = 10_000
 INDEXED_KEYS = 50_000
+# All exact-key entries together: the least recently addressed keys go first.
+INDEXED_ENTRIES = 1_000_000
 MAX_REPLAY = 1000
 
 
@@ -26,12 +28,15 @@ class _Entries:
     seqs: list = field(default_factory=list)
     senders: list = field(default_factory=list)
 
-    def add(self, seq: int, sender: str) -> None:
+    def add(self, seq: int, sender: str) -> int:
+        """Add one entry; returns how many the key holds more than before (0 or 1)."""
         self.seqs.append(seq)
         self.senders.append(sender)
         if len(self.seqs) > PER_KEY_WINDOW:
             del self.seqs[: len(self.seqs) - PER_KEY_WINDOW]
             del self.senders[: len(self.senders) - PER_KEY_WINDOW]
+            return 0
+        return 1
 
     def after(self, seq: int, exclude_sender: str):
         start = bisect_right(self.seqs, seq)
@@ -49,6 +54,7 @@ class MailboxState:
     by_key: OrderedDict = field(default_factory=OrderedDict)  # item -> _Entries
     globbed: deque = field(default_factory=lambda: deque(maxlen=GLOB_WINDOW))  # (seq, item, sender)
     watermarks: dict = field(default_factory=dict)  # identity -> seq
+    entries: int = 0  # exact-key entries held, across keys
 
     def index(self, seq: int, sender: str, target: Target) -> None:
         for item in target.items:
@@ -58,11 +64,12 @@ class MailboxState:
             entries = self.by_key.get(item)
             if entries is None:
                 entries = self.by_key[item] = _Entries()
-                if len(self.by_key) > INDEXED_KEYS:
-                    self.by_key.popitem(last=False)
             else:
                 self.by_key.move_to_end(item)
-            entries.add(seq, sender)
+            self.entries += entries.add(seq, sender)
+            while len(self.by_key) > INDEXED_KEYS or self.entries > INDEXED_ENTRIES:
+                _, evicted = self.by_key.popitem(last=False)
+                self.entries -= len(evicted.seqs)
 
     def advance(self, identity: str, seq: int) -> None:
         if seq > self.watermarks.get(identity, 0):
