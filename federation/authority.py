@@ -43,6 +43,12 @@ ROW_KINDS = (MULTIHUB_PARTITION, MULTIHUB_HEAL, MULTIHUB_EQUIVOCATION,
              MULTIHUB_EQUIVOCATION_RECOVERY)
 MAX_ROWS = 10_000
 PAGE = 1000  # events per pull request
+# Every poll re-reads this many already-accepted events: a peer that rewrote
+# its recent history (a restore from another backup, a tampered journal) is
+# caught as equivocation instead of going unnoticed behind the cursor.
+OVERLAP = 64
+# Fingerprints of events the fold does not need are kept only this far back.
+FINGERPRINT_WINDOW = 4 * OVERLAP
 MAX_PAGES = 50  # per poll round; the rest waits for the next round
 PULL_TIMEOUT = 10.0
 
@@ -120,8 +126,12 @@ class WatchFollower:
         status.polls += 1
         result = None
         try:
+            first = True
             for _ in range(MAX_PAGES):
                 after = self.merged.cursor(self.peer)
+                if first:
+                    after = max(0, after - OVERLAP)
+                    first = False
                 answer = await self.link.request(
                     {"sender": hub.hub_id, "target": "all", "type": "multihub_log_request",
                      "payload": "", "after_seq": after, "limit": PAGE},
@@ -148,6 +158,7 @@ class WatchFollower:
             return
         status.cursor = self.merged.cursor(self.peer)
         status.log_end = self.merged.log_end(self.peer)
+        self.merged.compact(self.peer, status.cursor - FINGERPRINT_WINDOW)
         if result is None or result.refused:
             status.last_error = "the peer refused the pull (empty answer, log_end_seq null)"
             hub.router.post_control(

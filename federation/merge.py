@@ -422,6 +422,7 @@ class MergedLog:
         self._log_ends: dict[str, int] = {}
         self._base: dict[str, int] = {}  # the after_seq of a hub's first batch
         self._counts: dict[str, int] = {}  # events held per hub
+        self._floors: dict[str, int] = {}  # compact() dropped content-free events below this
         self._ordered: list[LogEvent] | None = []
 
     # reads
@@ -553,6 +554,23 @@ class MergedLog:
             self._base[hub_id] = base
         return AcceptResult(hub_id, len(staged), duplicates, new_cursor, log_end_seq,
                             held=held)
+
+    def compact(self, hub_id: str, below_seq: int) -> int:
+        """Forget the fingerprints of events below `below_seq` whose content is
+        not retained, so a long-lived follower's memory follows what it folds,
+        not the peer's whole history. Re-pulls must then start at or above
+        below_seq - 1 (a follower re-reads only a recent tail). Returns how many
+        identities were dropped."""
+        floor = self._floors.get(hub_id, 1)
+        dropped = 0
+        for seq in range(floor, below_seq):
+            identity = (hub_id, seq)
+            if identity not in self._events and self._fingerprints.pop(identity, None) is not None:
+                dropped += 1
+        if below_seq > floor:
+            self._floors[hub_id] = below_seq
+            self._counts[hub_id] = self._counts.get(hub_id, 0) - dropped
+        return dropped
 
     def forget(self, hub_id: str) -> int:
         """Drop a hub's history and cursor. Only for the operator recovery
