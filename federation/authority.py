@@ -147,7 +147,9 @@ class WatchFollower:
             log.error("peer equivocated; quarantined until an operator recovers it",
                       peer=self.peer, seq=exc.seq, accepted=exc.accepted_fingerprint,
                       offered=exc.offered_fingerprint)
-            hub.router.post_control(lambda r: self.authority.record_equivocation(r, self.peer, exc))
+            # `exc` is unbound when the except block ends: hand the lambda its own
+            hub.router.post_control(
+                lambda r, error=exc: self.authority.record_equivocation(r, self.peer, error))
             return
         except (LinkError, MergeError) as exc:
             status.last_error = str(exc)

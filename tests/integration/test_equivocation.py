@@ -17,9 +17,6 @@ log; west's journal is changed under an identity east already accepted.
   what works today, from a quarantine row written (hub stopped) in the exact
   shape the watcher would journal: not polled across a restart, recovery
   refused for an unknown peer, accepted for west, then polled from zero.
-
-The first two are xfail(strict) for a bug in the watcher: the equivocation is
-detected but its row is never journaled (see XFAIL_REASON).
 """
 
 from __future__ import annotations
@@ -41,15 +38,6 @@ from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import REPO, free_port, hubd_process
 from tests.support.wsprobe import WsProbe
 
-XFAIL_REASON = (
-    "bug: the equivocation is detected but never journaled. WatchFollower.poll_once "
-    "(federation/authority.py) posts `lambda r: self.authority.record_equivocation(r, "
-    "self.peer, exc)` from inside `except Equivocation as exc:`; Python unbinds `exc` when the "
-    "handler ends, so the Router runs the lambda into `NameError: cannot access free variable "
-    "'exc'` (logged as 'handler failed'). No multihub_equivocation row is written and "
-    "Authority.quarantined stays empty (/health multihub.quarantined == []), so the quarantine "
-    "is in-memory only and a restart polls the peer again from zero, accepting the rewritten "
-    "history")
 
 MARKER = "TAMPERED-5d1e0c-rewritten-history"
 
@@ -196,7 +184,6 @@ def assert_quarantined_and_unchanged(east, east_dir, cursor_before):
     assert watch(east)["polls"] == polls, "east kept polling a quarantined peer"
 
 
-@pytest.mark.xfail(strict=True, reason=XFAIL_REASON)
 def test_rewritten_served_event_quarantines_the_peer(tmp_path, pair):
     make, url = pair
     east_dir, west_dir = tmp_path / "east", tmp_path / "west"
@@ -253,7 +240,6 @@ def test_rewritten_served_event_quarantines_the_peer(tmp_path, pair):
     assert len(rows(east_dir, MULTIHUB_EQUIVOCATION)) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=XFAIL_REASON)
 def test_journal_restored_from_older_backup_quarantines_the_peer(tmp_path, pair):
     make, url = pair
     east_dir, west_dir = tmp_path / "east", tmp_path / "west"
