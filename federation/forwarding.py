@@ -152,7 +152,7 @@ class Forwarding:
     # -- Router side
 
     def forward_chat(self, router: Router, session: Session, frame: dict, remote: RemoteSeat,
-                     digest: str | None) -> None:
+                     retry: bool) -> None:
         outbox = outbox_of(router.state)
         peer = remote.hub
         if self.outbox is not None:
@@ -167,8 +167,8 @@ class Forwarding:
         frame["forward_id"] = forward_id
         route = {"forward": {"peer": peer, "forward_id": forward_id, "seat": remote.seat,
                              "expires_at": router.now + self.config.forward_ttl}}
-        if digest is not None:
-            route["digest"] = digest
+        if retry:
+            route["retry"] = 1
         route_chat(router, frame, session.name, route)
         router.fail_privately(session, "Chat was not journalled; it was not forwarded. Retry "
                                        "with the same client_msg_id.",

@@ -78,6 +78,20 @@ class JournalUnavailable(Exception):
     """Raised by Router.event() while mutations are refused."""
 
 
+class LazyError:
+    """A private error frame, encoded only if it is ever sent (most are not:
+    they answer a failed commit)."""
+
+    __slots__ = ("hub_id", "target", "text", "ts", "fields")
+
+    def __init__(self, hub_id: str, target: str, text: str, ts: float, fields: dict):
+        self.hub_id, self.target, self.text, self.ts, self.fields = hub_id, target, text, ts, fields
+
+    def __call__(self) -> bytes:
+        return text_frame(codec.encode(error_frame(self.hub_id, self.target, self.text, self.ts,
+                                                   **self.fields)))
+
+
 class CloseSocket:
     """A send entry that closes the socket once the frames before it are out."""
 
@@ -332,9 +346,8 @@ class Router:
 
     def fail_privately(self, session: Session, text: str, **fields) -> None:
         """The reply if this command's events cannot be committed (built only then)."""
-        target, now = session.name or BROADCAST, self.now
-        self.out.failure.append((session.conn, lambda: text_frame(codec.encode(
-            error_frame(self.hub_id, target, text, now, **fields))), "error"))
+        self.out.failure.append((session.conn, LazyError(self.hub_id, session.name or BROADCAST,
+                                                         text, self.now, fields), "error"))
 
     def close(self, conn, code: int, reason: str) -> None:
         self.out.sends.append((conn, CloseSocket(code, reason), "close"))

@@ -11,12 +11,12 @@ from fnmatch import fnmatchcase
 
 from hubd.actors.router import Router, handles
 from hubd.state import events as ev
-from hubd.state.chat import content_digest
+from hubd.state.chat import same_content
 from hubd.state.presence import RX_SUFFIX, Presence, Session
 from hubd.wire import codec
 from hubd.wire.envelope import finite_number, valid_client_msg_id
 from hubd.wire.wsframe import text_frame
-from hubd.wire.targets import RemoteTargetError, Target, is_glob, parse_remote, parse_target
+from hubd.wire.targets import RemoteTargetError, Target, parse_remote, parse_target
 
 NO_ONLINE_RECIPIENT = "no_online_recipient"
 
@@ -25,9 +25,16 @@ def resolve_recipients(presence: Presence, target: Target, sender: str) -> list[
     """Online names a directed target reaches (a -rx sidecar stands in for its
     seat), excluding the sender."""
     by_name = presence.by_name
+    items = target.items
+    if len(items) == 1 and not target.globs[0] and "/" in items[0] and not presence.by_role:
+        # the common case: one exact seat
+        item = items[0]
+        if item != sender and (item in by_name or (item + RX_SUFFIX) in by_name):
+            return [item]
+        return []
     found: set[str] = set()
-    for item in target.items:
-        if is_glob(item):
+    for item, glob in zip(items, target.globs):
+        if glob:
             found.update(n for n in by_name if fnmatchcase(n, item))
             continue
         if item in by_name or (item + RX_SUFFIX) in by_name:
@@ -78,28 +85,29 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
             return
 
     client_msg_id = valid_client_msg_id(frame.get("client_msg_id"))
-    digest = None
-    if client_msg_id is not None:
-        digest = content_digest(frame)
-        if _is_retry(router, session, client_msg_id, digest):
-            return
-    if remote is not None:
-        router.hub.forwarding.forward_chat(router, session, frame, remote, digest)
+    if client_msg_id is not None and _is_retry(router, session, client_msg_id, frame):
         return
-    event, recipients, directed = route_chat(
-        router, frame, name, {"digest": digest} if digest is not None else None)
+    retry = client_msg_id is not None
+    if remote is not None:
+        router.hub.forwarding.forward_chat(router, session, frame, remote, retry)
+        return
+    event, recipients, directed = route_chat(router, frame, name, RETRY_ROUTE if retry else None)
     router.fail_privately(session, "Chat was not journalled; it was not routed. Retry with the "
                                    "same client_msg_id.", client_msg_id=frame.get("client_msg_id"))
     if frame.get("receipt_requested") is True:
         send_receipt(router, session, frame, event.seq, recipients, directed)
 
 
-def _is_retry(router: Router, session: Session, client_msg_id: str, digest: str) -> bool:
+# route facts of a chat whose (sender, client_msg_id) is remembered once routed
+RETRY_ROUTE = {"retry": 1}
+
+
+def _is_retry(router: Router, session: Session, client_msg_id: str, frame: dict) -> bool:
     """Answer a retried client_msg_id; True when the chat must not be routed again."""
     first = router.state.chat.retry.lookup(session.name, client_msg_id, router.now)
     if first is None:
         return False
-    if first.digest != digest:
+    if not same_content(first.frame, frame):
         router.error(session, f"client_msg_id '{client_msg_id}' was already used for "
                               "a different message.", client_msg_id=client_msg_id)
         return True
@@ -130,7 +138,7 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
     text = codec.encode(frame)
     route = {"recipients": recipients if directed else []}
     if route_extra:
-        route.update(route_extra)
+        route.update(route_extra)  # copied: RETRY_ROUTE is shared
     event = router.event(ev.CHAT, frame, route, payload_text=text)
     framed = text_frame(text)
     metrics = router.metrics

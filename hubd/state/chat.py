@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-
-import orjson
 
 RETRY_MEMORY_PAIRS = 4096
 RETRY_MEMORY_SECONDS = 24 * 3600
@@ -18,14 +15,17 @@ AGENTS_SEEN = 10_000
 CONTENT_FIELDS = ("target", "type", "payload", "channel", "metadata", "priority", "reply_to")
 
 
-def content_digest(frame: dict) -> str:
-    content = {name: frame[name] for name in CONTENT_FIELDS if name in frame}
-    return hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
+def same_content(a: dict, b: dict) -> bool:
+    return all(a.get(name) == b.get(name) for name in CONTENT_FIELDS)
 
 
 @dataclass(slots=True)
 class Remembered:
-    digest: str
+    """The first accepted copy of a (sender, client_msg_id). Its frame is kept
+    (history holds it anyway), so content is compared only when a retry
+    actually arrives rather than digested for every chat."""
+
+    frame: dict
     msg_id: int
     seq: int
     ts: float

@@ -84,10 +84,9 @@ def _apply_chat(state: HubState, event: Event) -> None:
             if frame.get("receipt_requested") is True:
                 state.receipts.await_deferred(event.seq, PendingReceipt(
                     sender, target.raw, frame.get("client_msg_id"), msg_id))
-    digest = route.get("digest")
-    if digest is not None and (recipients or "forward" in route):
+    if route.get("retry") and (recipients or "forward" in route):
         chat.retry.remember(sender, frame["client_msg_id"], Remembered(
-            digest, msg_id, event.seq, event.ts,
+            frame, msg_id, event.seq, event.ts,
             route["forward"]["forward_id"] if "forward" in route else None))
 
 

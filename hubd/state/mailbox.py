@@ -13,7 +13,7 @@ from bisect import bisect_right
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from hubd.wire.targets import Target, is_glob, item_matches, project_of
+from hubd.wire.targets import Target, item_matches, project_of
 
 PER_KEY_WINDOW = 10_000
 GLOB_WINDOW = 10_000
@@ -57,8 +57,8 @@ class MailboxState:
     entries: int = 0  # exact-key entries held, across keys
 
     def index(self, seq: int, sender: str, target: Target) -> None:
-        for item in target.items:
-            if is_glob(item):
+        for item, glob in zip(target.items, target.globs):
+            if glob:
                 self.globbed.append((seq, item, sender))
                 continue
             entries = self.by_key.get(item)

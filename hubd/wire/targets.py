@@ -35,6 +35,7 @@ class RemoteSeat:
 class Target:
     raw: str
     items: tuple[str, ...]  # empty for a broadcast
+    globs: tuple[bool, ...] = ()  # per item: is it a glob (computed once per target)
 
     @property
     def is_broadcast(self) -> bool:
@@ -70,7 +71,7 @@ def parse_target(raw: str) -> Target:
     target = _PARSED.get(raw)
     if target is None:
         items = tuple(part.strip() for part in raw.split(",") if part.strip())
-        target = Target(raw, items)
+        target = Target(raw, items, tuple(is_glob(item) for item in items))
         if len(_PARSED) >= _PARSED_LIMIT:
             _PARSED.clear()
         _PARSED[raw] = target
