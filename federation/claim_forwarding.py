@@ -29,7 +29,6 @@ from hubd.handlers import claims as claim_handlers
 from hubd.state import claims as cl
 from hubd.state.presence import Session
 from hubd.wire import codec
-from hubd.wire.envelope import strict_int
 from hubd.wire.wsframe import text_frame
 
 log = structlog.get_logger("hubd.federation.claims")
@@ -158,7 +157,6 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
         router.send(session.conn, result(False, "durable journal recovery is required"))
         return
     verb = claim.get("type") or "claim"
-    now = router.now
     if verb == "release":
         task, refusal, lease = claim_handlers.release_refusal(router, claimant, claim)
         if refusal is not None:
@@ -167,14 +165,10 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
         claim_handlers.record_release(router, claimant, lease, claim, {})
         router.send(session.conn, result(True, f"Task '{task}' released by {claimant}."))
     elif verb == "claim":
-        claim_handlers.expire_due(router)
-        existing = cl.claims_of(router.state).live(task_id, now)
-        if existing is not None and existing["owner"] == claimant and \
-                strict_int(claim.get("epoch")) is None:
-            # the claimant's hub retrying: the lease it already holds, unchanged
-            router.send(session.conn, result(True, f"Task '{task_id}' already claimed by "
-                                                   f"{claimant}.", cl.grant_fields(existing)))
-            return
+        # Decided exactly as a local claim: a re-claim of a held task renews it
+        # (new scope, epoch and expiry). The reference answers "already claimed"
+        # with the old lease instead, which leaves a renewing claimant believing
+        # it holds a scope and an expiry it does not.
         request = cl.read_claim(claim, claimant, claim_handlers.limits(router),
                                 f"federation-peer:{sender}")
         outcome, granted, _ = claim_handlers.decide_and_record(router, request)
