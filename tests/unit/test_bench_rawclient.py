@@ -323,9 +323,9 @@ async def test_round_trip_against_an_aiohttp_server():
         await runner.cleanup()
 
 
-async def test_connect_refuses_wss():
+async def test_connect_refuses_other_schemes():
     with pytest.raises(ValueError):
-        await rawclient.connect("wss://127.0.0.1:1/")
+        await rawclient.connect("http://127.0.0.1:1/")
 
 
 async def _nullhub(private: bool):
