@@ -269,21 +269,22 @@ class Forwarding:
             try:
                 answer = await link.request(request, 5.0, key=request["forward_id"])
             except LinkError as exc:
-                reply = lambda r: r.send(conn, r.frame(  # noqa: E731
-                    "error", name, f"Hub '{hub_id}' did not answer the roster request: {exc}"))
+                reply = ("error", f"Hub '{hub_id}' did not answer the roster request: {exc}", {})
             else:
                 result = answer.get("result") if isinstance(answer.get("result"), dict) else {}
                 if answer.get("disposition") != ACCEPTED:
-                    text = (f"Hub '{hub_id}' refused the roster request: "
-                            f"{answer.get('reason_code')} {answer.get('detail', '')}").strip()
-                    reply = lambda r: r.send(conn, r.frame("error", name, text))  # noqa: E731
+                    reply = ("error", (f"Hub '{hub_id}' refused the roster request: "
+                                       f"{answer.get('reason_code')} "
+                                       f"{answer.get('detail', '')}").strip(), {})
                 else:
-                    seats = [f"{s}@{hub_id}" for s in result.get("online_agents", [])
-                             if isinstance(s, str)]
-                    reply = lambda r: r.send(conn, r.frame(  # noqa: E731
-                        "who_snapshot", name, "Who snapshot", remote_hub=hub_id,
-                        online_agents=sorted(seats), connected_clients=len(seats)))
-            self.hub.router.post_control(reply)
+                    seats = sorted(f"{s}@{hub_id}" for s in result.get("online_agents", [])
+                                   if isinstance(s, str))
+                    reply = ("who_snapshot", "Who snapshot",
+                             {"remote_hub": hub_id, "online_agents": seats,
+                              "connected_clients": len(seats)})
+            type_, text, fields = reply
+            self.hub.router.post_control(
+                lambda r: r.send(conn, r.frame(type_, name, text, **fields)))
 
         self.hub.track(asyncio.get_running_loop().create_task(ask()))
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import structlog
 
 from federation.policy import NAMESPACE_NOT_GRANTED
-from federation.state import Accepted, forward_digest, inbox_of, result_of
+from federation.state import forward_digest, inbox_of, result_of
 from hubd.actors.router import PEER_CLAIMS, Router, handles
 from hubd.handlers.chat import route_chat
 from hubd.state.presence import Session

@@ -20,10 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
-import federation.claim_forwarding  # noqa: F401  (registers the hub-to-hub verbs)
-import federation.logpull  # noqa: F401
-import federation.receiver  # noqa: F401
-import hubd.handlers  # noqa: F401  (registers the verb handlers)
+import federation.claim_forwarding as _claim_forwarding  # noqa: F401  (registers verbs)
+import federation.logpull as _logpull  # noqa: F401
+import federation.receiver as _receiver  # noqa: F401
+import hubd.handlers as _handlers  # noqa: F401
 from hubd.actors.connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN, SEND_DEADLINE_SECONDS
 from hubd.actors.journal_writer import JournalWriter
 from hubd.actors.router import PERIODIC, Router
