@@ -156,6 +156,9 @@ def test_peer_down_then_back_drains_at_once(tmp_path, pki):
                 await alice.chat("PROJ/alice", "PROJ/bob@west", f"m{i}", client_msg_id=f"d{i}",
                                  receipt_requested=True)
             pending = await alice.recv_type("delivery_receipt", timeout=10)
+            await alice.send_json({"sender": "PROJ/alice", "type": "who_request", "hub": "west"})
+            roster = await alice.recv_type("error", timeout=10)
+            assert "did not answer the roster request" in roster["payload"]
             await alice.close()
             return pending
         west.stop()
