@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: python tests/bench/bench_forward.py
@@ -132,7 +133,76 @@ def logs_tail(*hubs: HubProcess) -> str:
 
 # ----------------------------------------------------------------------------- a, b: loadgen
 
-def run_load(variant: str, scen: str, args, site: Site, base: Path, tag: str) -> dict:
+def commit_stats(hub: HubProcess) -> dict | None:
+    """hubd's journal commit histogram from /metrics: commits, mean, and slow commits (a commit
+    holds back every chat of its group: commit-before-publish)."""
+    import re
+    try:
+        req = urllib.request.Request(hub.http_url + "/metrics")
+        ctx = lg.ssl_client_context() if hub.scheme == "wss" else None
+        text = urllib.request.urlopen(req, timeout=5, context=ctx).read().decode()
+        buckets = {m.group(1): float(m.group(2)) for m in re.finditer(
+            r'hubd_journal_commit_seconds_bucket\{le="([^"]+)"\} (\S+)', text)}
+        total = buckets["+Inf"]
+        seconds = float(re.search(r"hubd_journal_commit_seconds_sum (\S+)", text).group(1))
+        events = float(re.search(r"hubd_journal_commit_batch_events_sum (\S+)", text).group(1))
+    except (OSError, KeyError, AttributeError, ValueError):
+        return None
+    return {"commits": int(total), "mean_ms": round(seconds / total * 1000, 3) if total else None,
+            "events_per_commit": round(events / total, 1) if total else None,
+            "over_10ms": int(total - buckets.get("0.01", total)),
+            "over_25ms": int(total - buckets.get("0.025", total)),
+            "over_100ms": int(total - buckets.get("0.1", total))}
+
+
+def py_spy_path(arg: str | None) -> str | None:
+    for cand in (arg, shutil.which("py-spy"), "/tmp/refvenv/bin/py-spy"):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+def start_profiles(py_spy: str, hubs: dict[str, HubProcess], seconds: float, outdir: Path) -> list:
+    """py-spy record (raw, --gil: only samples where a thread holds the GIL) on each hub."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for name, hub in hubs.items():
+        out = outdir / f"{name}.txt"
+        procs.append((name, out, subprocess.Popen(
+            [py_spy, "record", "-p", str(hub.pid), "-f", "raw", "-o", str(out), "-d", str(int(seconds)),
+             "-r", "200", "--gil", "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+    return procs
+
+
+def summarise_profile(path: Path, top: int = 15) -> dict:
+    """Top functions by own samples and by inclusive samples from a py-spy raw file."""
+    own: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    total = 0
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {"samples": 0}
+    for line in lines:
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        n = int(n)
+        total += n
+        frames = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for f in set(frames):
+            incl[f] = incl.get(f, 0) + n
+    skip = ("asyncio/runners.py", "asyncio/base_events.py", "asyncio/events.py", "<frozen runpy>",
+            "hubd/__main__.py", "hubd/cli.py", "threading.py", "<string>")
+    pick = lambda d: [(k, round(v / total * 100, 1)) for k, v in sorted(d.items(), key=lambda kv: -kv[1])  # noqa: E731
+                      if not any(x in k for x in skip)][:top]
+    return {"samples": total, "self": pick(own), "inclusive": pick(incl)}
+
+
+def run_load(variant: str, scen: str, args, site: Site, base: Path, tag: str, profile: bool = False) -> dict:
     workdir = base / tag
     k = "quick" if args.quick else ""
     rec: dict = {"variant": variant, "scenario": scen, "loadavg_before": os.getloadavg()[0]}
@@ -154,6 +224,8 @@ def run_load(variant: str, scen: str, args, site: Site, base: Path, tag: str) ->
             count = args.count_ref if variant == "reference" and args.count_ref else \
                 args.count_hubd if variant == "hubd" and args.count_hubd else \
                 COUNTS["a_quick" if k else "a"][variant]
+            if profile:  # long enough to cover py-spy's window at ~8k msg/s
+                count = max(count, int(8000 * (args.profile_delay + args.profile_seconds + 2)))
             cmd += ["--count", str(count)]
             if args.receipts:
                 cmd.append("--receipts")
@@ -165,12 +237,34 @@ def run_load(variant: str, scen: str, args, site: Site, base: Path, tag: str) ->
                 rate = args.rate_hubd
             if args.rate_seconds:
                 seconds = args.rate_seconds
+            if profile:
+                seconds = max(seconds, args.profile_delay + args.profile_seconds + 1.5)
             count = int(rate * seconds)
             cmd += ["--rate", str(rate / 4), "--count", str(count)]
             rec["offered_target"] = rate
         rec["count"] = count
         t0 = time.monotonic()
-        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
+        lg_proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        spies = []
+        if profile:
+            time.sleep(args.profile_delay)  # past the probe and the warm-up
+            spies = start_profiles(args.py_spy, {"east": east, "west": west}, args.profile_seconds,
+                                   workdir.parent / f"{tag}-profile")
+        try:
+            out, err = lg_proc.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            lg_proc.kill()
+            lg_proc.communicate()
+            raise
+        p = subprocess.CompletedProcess(cmd, lg_proc.returncode, out, err)
+        for name, path, spy in spies:
+            try:
+                spy.wait(timeout=args.profile_seconds + 30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+            rec.setdefault("profile", {})[name] = summarise_profile(path)
+            if args.keep:
+                rec["profile"][name]["raw"] = str(path)
         rec["wall_s"] = round(time.monotonic() - t0, 2)
         if p.returncode != 0 or not p.stdout.strip():
             last = (p.stderr.strip().splitlines() or ["(no stderr)"])[-1]
@@ -179,6 +273,8 @@ def run_load(variant: str, scen: str, args, site: Site, base: Path, tag: str) ->
             rec["hub_log_tail"] = logs_tail(east, west)
             return rec
         rec.update(json.loads(p.stdout.strip().splitlines()[-1]))
+        if variant == "hubd":
+            rec["journal_commits"] = {"east": commit_stats(east), "west": commit_stats(west)}
         for hub in (east, west):
             if not hub.alive():
                 rec["error"] = f"a hub exited during the run (code {hub.proc.returncode})"
@@ -433,6 +529,10 @@ def run_line(r: dict) -> str:
         s += f"  offered {r['offered_msg_per_s']:.0f}/s (lag p99 {r['send_lag_ms']['p99']} ms)"
     if r.get("receipts"):
         s += f"  pending-first {r.get('forward_pending', 0)}"
+    jc = r.get("journal_commits") or {}
+    if jc.get("east") and jc.get("west"):
+        s += (f"  commits >25ms e/w {jc['east']['over_25ms']}/{jc['west']['over_25ms']} "
+              f"(max bucket >100ms {jc['east']['over_100ms']}/{jc['west']['over_100ms']})")
     return s + flag + (f"  {bad}" if bad else "")
 
 
@@ -508,7 +608,7 @@ def report(runs: list[dict], variants: list[str], scenarios: list[str], pendings
         if scen == "b":
             hdr[3:3] = ["offered/s"]
             hdr.append("lag p99 ms")
-        hdr.append("problems")
+        hdr += ["commits>25ms e/w", "problems"]
         lines = [tuple(hdr)]
         for var in variants:
             rs = ok(var, scen)
@@ -546,6 +646,12 @@ def report(runs: list[dict], variants: list[str], scenarios: list[str], pendings
             if scen == "b":
                 line[3:3] = [spread([r.get("offered_msg_per_s") for r in rs])]
                 line.append(fmt(row["lag_p99"], 2))
+            jcs = [r.get("journal_commits") or {} for r in rs]
+            if any(j.get("east") and j.get("west") for j in jcs):
+                row["slow_commits"] = [sum((j.get(h) or {}).get("over_25ms", 0) for j in jcs) for h in ("east", "west")]
+                line.append("%d/%d" % tuple(row["slow_commits"]))
+            else:
+                line.append("-")
             line.append(", ".join(f"{k}={v}" for k, v in row["problems"].items()) or "none")
             lines.append(tuple(line))
         table(lines)
@@ -680,8 +786,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the hubs' temporary directories")
     ap.add_argument("--hubd-rev", default=None,
                     help="run hubd as committed at this git revision (e.g. HEAD), not the working tree")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the rounds, one extra (uncounted) hubd run of a and of b with py-spy "
+                         "recording both hubs; prints the top functions")
+    ap.add_argument("--py-spy", default=None, help="py-spy binary (default: on PATH, or /tmp/refvenv/bin/py-spy)")
+    ap.add_argument("--profile-seconds", type=float, default=5.0, help="py-spy duration per hub")
+    ap.add_argument("--profile-delay", type=float, default=1.5,
+                    help="seconds after loadgen starts before py-spy attaches (probe and warm-up)")
     ap.add_argument("--json", dest="json_out", default=None, help="write all runs and the summary here")
     args = ap.parse_args(argv)
+    if args.profile:
+        args.py_spy = py_spy_path(args.py_spy)
+        if args.py_spy is None:
+            ap.error("--profile needs py-spy (--py-spy PATH)")
 
     rounds = args.rounds or (1 if args.quick else 3)
     variants = [args.only] if args.only else list(VARIANTS)
@@ -738,13 +855,28 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 runs.append(rec)
                 break
+        if args.profile and "hubd" in variants:
+            for scen in [s for s in scenarios if s in ("a", "b")]:
+                rec = run_load("hubd", scen, args, site, base, f"profile-{scen}", profile=True)
+                rec["round"] = "profile"
+                rec["profiled"] = True
+                print(run_line(rec) + "  (py-spy attached: not counted)", flush=True)
+                runs.append(rec)
     except KeyboardInterrupt:
         print("interrupted; summarising what ran")
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
-    counted = [r for r in runs if not r.get("superseded")]
+    counted = [r for r in runs if not r.get("superseded") and not r.get("profiled")]
     summary = report(counted, variants, scenarios, pendings)
+    for r in runs:
+        if r.get("profiled") and r.get("profile"):
+            print(f"\nprofile of hubd during scenario {r['scenario']} (py-spy --gil, "
+                  f"{args.profile_seconds:g} s; % of GIL-holding samples):")
+            for hub, prof in r["profile"].items():
+                print(f"  {hub}: {prof.get('samples', 0)} samples")
+                print("    own time:   " + "; ".join(f"{k} {v}%" for k, v in prof.get("self", [])[:12]))
+                print("    inclusive:  " + "; ".join(f"{k} {v}%" for k, v in prof.get("inclusive", [])[:15]))
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"meta": meta, "runs": runs, "summary": summary}, f, indent=1, default=str)
