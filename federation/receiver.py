@@ -49,6 +49,25 @@ def _policy(router: Router):
     return router.hub.serving_policy
 
 
+AUTHORISED_FOR = 1.0  # seconds a decision is reused for forwards on one connection
+
+
+def _authorise(router: Router, session: Session, policy, origin: str, namespace: str):
+    """The serving policy's decision for this connection, reused for a second:
+    the certificate of a live TLS connection cannot change, a reload replaces
+    the policy (so its decisions are not reused), and expiry is re-read within
+    the second."""
+    key = (id(policy), origin, namespace)
+    cached = session.authorised.get(key)
+    if cached is not None and cached[1] > router.now and cached[2] is policy:
+        return cached[0]
+    decision = policy.authorise(origin, session.conn.peer_cert, namespace, router.now)
+    if len(session.authorised) > 256:
+        session.authorised.clear()
+    session.authorised[key] = (decision, router.now + AUTHORISED_FOR, policy)
+    return decision
+
+
 def claim_peer_link(router: Router, session: Session, frame: dict) -> bool:
     """Is this socket's first frame a peer hub registering with its pinned certificate?"""
     policy = _policy(router)
@@ -180,7 +199,7 @@ def admit(router: Router, session: Session, origin, forward: dict, size: int) ->
         return _entry(forward_id, "refused", INVALID_SHAPE,
                       f"body must be a JSON object of at most {MAX_BODY_BYTES} bytes")
     namespace = project_of(target_seat)
-    decision = policy.authorise(origin, session.conn.peer_cert, namespace, router.now)
+    decision = _authorise(router, session, policy, origin, namespace)
     if not decision.allowed:
         code = NAMESPACE_NOT_GRANTED if decision.reason == NAMESPACE_NOT_GRANTED else \
             PEER_NOT_AUTHORISED

@@ -28,6 +28,7 @@ from hubd.actors.connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN, SEND_DEADL
 from hubd.actors.journal_writer import JournalWriter
 from hubd.actors.router import PERIODIC, Router
 from hubd.config import HubConfig
+from hubd.journal.checkpoint import Checkpointer
 from hubd.journal.store import CorruptRow, JournalReader
 from hubd.metrics import HubMetrics
 from hubd.state.hub import HubState, apply
@@ -49,6 +50,7 @@ class Hub:
         self.hub_id: str = config.hub_id or ""
         self.writer = JournalWriter(config.db, self.metrics, self._journal_failed,
                                     self._journal_committed)
+        self.checkpointer = Checkpointer(config.db, self.metrics)
         self.router: Router | None = None
         self.forwarding = None  # federation.forwarding.Forwarding, with message peers
         self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
@@ -211,6 +213,7 @@ class Hub:
             group.create_task(self.writer.run(), name="journal-writer")
             group.create_task(self.router.run(), name="router")
             group.create_task(self._sweep(), name="sweeper")
+            group.create_task(self.checkpointer.run(), name="wal-checkpoint")
             if self.forwarding is not None:
                 self.forwarding.start(self.router, group)
             if self.authority is not None:
@@ -241,6 +244,7 @@ class Hub:
         if self.router is not None:
             for conn in list(self.router.presence.sockets):
                 conn.close(CLOSE_GOING_AWAY, "hub shutting down")
+        await self.checkpointer.close()
         await self.writer.close()
         if self._reader is not None:
             reader, self._reader = self._reader, None

@@ -35,6 +35,8 @@ class HubMetrics:
         self.send_timeouts = 0
         self.handler_crashes = 0
         self.journal_failures = 0
+        self.checkpoints = 0
+        self.checkpoint_seconds = 0.0
         self.reloads = 0
         self.reload_failures = 0
         self.commit_batch = Histogram(
@@ -120,6 +122,10 @@ class _Collector:
                                   value=m.handler_crashes)
         yield CounterMetricFamily("hubd_journal_commit_failures", "Journal commits that failed.",
                                   value=m.journal_failures)
+        yield CounterMetricFamily("hubd_journal_checkpoints", "WAL checkpoints run beside the writer.",
+                                  value=m.checkpoints)
+        yield CounterMetricFamily("hubd_journal_checkpoint_seconds",
+                                  "Time spent in WAL checkpoints.", value=m.checkpoint_seconds)
         yield CounterMetricFamily("hubd_config_reloads", "SIGHUP reloads applied.",
                                   value=m.reloads)
         yield CounterMetricFamily("hubd_config_reload_failures",

@@ -33,6 +33,10 @@ def _connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
         conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
+        # Checkpoints run beside the writer (hubd.journal.checkpoint), never
+        # inside a commit: a checkpoint's page copying and fsync would
+        # otherwise stall every chat waiting on that commit.
+        conn.execute("PRAGMA wal_autocheckpoint=0")
     conn.execute("PRAGMA busy_timeout=5000")
     return conn
 

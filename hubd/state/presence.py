@@ -22,6 +22,9 @@ class Session:
     last_reaction: float = 0.0
     # a peer hub's link: its identity comes from its certificate, not a name
     peer_hub: str | None = None
+    # recent serving-policy decisions for this connection's certificate:
+    # (policy, origin, namespace) -> (decision, valid until)
+    authorised: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -391,3 +391,21 @@ async def test_slow_consumer_is_cut_off_and_others_carry_on(tmp_path):
         await talker.recv_type("chat", payload="still here")
         await talker.close()
         writer.close()
+
+
+async def test_wal_is_checkpointed_beside_the_writer(tmp_path):
+    async with running_hub(tmp_path) as server:
+        a = await joined(server.url, "p/a")
+        big = "y" * 20_000
+        for i in range(400):  # ~8 MB of journal
+            await a.chat("p/a", "p/b", big, client_msg_id=f"w{i}")
+        await a.send_json({"sender": "p/a", "type": "who_request"})
+        await a.recv_type("who_snapshot", timeout=10)
+        deadline = asyncio.get_running_loop().time() + 10
+        while server.hub.metrics.checkpoints == 0:
+            assert asyncio.get_running_loop().time() < deadline, "no checkpoint ran"
+            await asyncio.sleep(0.1)
+        await a.close()
+        state = server.hub.router.state
+    async with running_hub(tmp_path) as server:
+        assert server.hub.router.state == state
