@@ -211,6 +211,7 @@ class Connection:
 
     async def run(self) -> None:
         hub = self.hub
+        inbox = hub.router.inbox
         deadline = asyncio.get_running_loop().call_later(
             hub.config.auth_timeout, self._registration_timeout)
         if self.authenticated:
@@ -241,7 +242,12 @@ class Connection:
                     if not self._registered:
                         self._registered = True
                         deadline.cancel()
-                    await hub.router.inbox.put(Inbound(self, frame, len(data)))
+                    command = Inbound(self, frame, len(data))
+                    try:
+                        inbox.put_nowait(command)
+                    except asyncio.QueueFull:
+                        await inbox.put(command)  # the Router is behind: stop reading
+
                 elif msg.type is WSMsgType.ERROR:
                     log.info("socket error", conn=self.id, error=repr(self.ws.exception()))
                     break
