@@ -24,6 +24,7 @@ import structlog
 
 from federation.link import TIMEOUT, LinkError
 from federation.ownership import namespace_of
+from federation.receiver import authorise_peer
 from hubd.actors.router import Router, handles
 from hubd.handlers import claims as claim_handlers
 from hubd.state import claims as cl
@@ -139,9 +140,7 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
             fields["request_id"] = request_id
         return router.frame("multihub_claim_result", target, "Multi-hub claim result", **fields)
 
-    policy = router.hub.serving_policy
-    decision = policy.authorise(sender, session.conn.peer_cert, namespace, router.now) \
-        if policy is not None and isinstance(sender, str) else None
+    decision = authorise_peer(router, session, sender, namespace)
     if decision is None or not decision.allowed:
         log.info("forwarded claim refused", sender=sender,
                  reason=decision.detail if decision else "no serving policy")

@@ -18,6 +18,7 @@ import asyncio
 import orjson
 import structlog
 
+from federation.receiver import authorise_peer
 from hubd.actors.router import Router, handles
 from hubd.state.presence import Session
 from hubd.wire.envelope import strict_int
@@ -41,9 +42,7 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
     sender = frame.get("sender")
     after = strict_int(frame.get("after_seq"))
     limit = frame.get("limit")
-    policy = router.hub.serving_policy
-    decision = policy.authorise(sender, session.conn.peer_cert, None, router.now) \
-        if policy is not None and isinstance(sender, str) else None
+    decision = authorise_peer(router, session, sender, None)
     if decision is None or not decision.allowed:
         log.info("log pull refused", sender=sender,
                  reason=decision.detail if decision else "no serving policy")

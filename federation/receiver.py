@@ -52,7 +52,17 @@ def _policy(router: Router):
 AUTHORISED_FOR = 1.0  # seconds a decision is reused for forwards on one connection
 
 
-def _authorise(router: Router, session: Session, policy, origin: str, namespace: str):
+def authorise_peer(router: Router, session: Session, sender, namespace: str | None):
+    """The serving policy's decision for a peer speaking on this connection
+    (`namespace` None: may it be served at all), or None without a policy or
+    a usable sender. Every hub-to-hub verb asks this before serving anything."""
+    policy = _policy(router)
+    if policy is None or not isinstance(sender, str):
+        return None
+    return _authorise(router, session, policy, sender, namespace)
+
+
+def _authorise(router: Router, session: Session, policy, origin: str, namespace: str | None):
     """The serving policy's decision for this connection, reused for a second:
     the certificate of a live TLS connection cannot change, a reload replaces
     the policy (so its decisions are not reused), and expiry is re-read within

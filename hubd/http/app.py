@@ -54,28 +54,26 @@ def make_app(hub) -> web.Application:
         expected = f"Bearer {config.metrics_token}"
         return hmac.compare_digest(header.encode(), expected.encode())
 
-    async def health(request: web.Request) -> web.Response:
-        refused = guard(hub, request)
-        if refused is not None:
-            return refused
-        if not authorised(request):
-            return web.Response(status=401, text="Unauthorized\n")
+    def probe(handler, needs_token: bool):
+        """The Host/Origin guard, then the bearer token where it applies."""
+        async def guarded(request: web.Request) -> web.Response:
+            refused = guard(hub, request)
+            if refused is not None:
+                return refused
+            if needs_token and not authorised(request):
+                return web.Response(status=401, text="Unauthorized\n")
+            return handler()
+        return guarded
+
+    def health() -> web.Response:
         return web.json_response(health_document(hub))
 
-    async def readyz(request: web.Request) -> web.Response:
-        refused = guard(hub, request)
-        if refused is not None:
-            return refused
+    def readyz() -> web.Response:
         if hub.ready:
             return web.json_response({"ready": True, "journal_replayed": True})
         return web.json_response({"ready": False, "journal_replayed": False}, status=503)
 
-    async def metrics(request: web.Request) -> web.Response:
-        refused = guard(hub, request)
-        if refused is not None:
-            return refused
-        if not authorised(request):
-            return web.Response(status=401, text="Unauthorized\n")
+    def metrics() -> web.Response:
         body = generate_latest(hub.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -100,9 +98,9 @@ def make_app(hub) -> web.Application:
         return ws
 
     app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", probe(health, needs_token=True))
+    app.router.add_get("/readyz", probe(readyz, needs_token=False))
+    app.router.add_get("/metrics", probe(metrics, needs_token=True))
     app.router.add_get("/{tail:.*}", websocket)
     return app
 
