@@ -9,10 +9,12 @@ from typing import Callable
 class Outcome:
     """The result of handling one command.
 
-    `sends` are (destination, framed bytes, frame type); a destination is one
-    connection or a tuple of connections. If committing `events` fails, the
-    `failure` frames go out instead of `sends` (a private error to whoever
-    asked); they are usually callables, so the frame is built only then. `after_release` runs once the sends are on their sockets' queues.
+    `sends` are (destination, item, frame type): a destination is one
+    connection or a tuple of connections; an item is framed bytes, or a
+    CloseSocket. If committing `events` fails, the `failure` entries go out
+    instead of `sends` (a private error to whoever asked); their items are
+    usually callables, so the frame is built only then. `after_release` runs
+    once the sends are on their sockets' queues.
     """
 
     __slots__ = ("events", "sends", "failure", "after_release")
@@ -23,7 +25,6 @@ class Outcome:
         self.sends = sends if sends is not None else []
         self.failure = failure if failure is not None else []
         self.after_release = after_release
-
 
 
 class Resync:
