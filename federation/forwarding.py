@@ -181,13 +181,16 @@ class Forwarding:
     def settle(self, router: Router, batch: list) -> None:
         """Journal what the peers answered, as one event, and send the receipts."""
         pending = outbox_of(router.state).pending
-        settled, receipts = [], []
+        accepted, settled, receipts = [], [], []
         for item, state, reason, detail, result in batch:
             if item.forward_id not in pending:
                 continue  # settled already (a late duplicate answer)
             self._first_answer_due.pop(item.forward_id, None)
             told_pending = item.forward_id in self._told_pending
             self._told_pending.discard(item.forward_id)
+            if state in (ACCEPTED, DUPLICATE) and not item.receipt_requested:
+                accepted.append(item.forward_id)  # the common case, journaled by id alone
+                continue
             entry = {"forward_id": item.forward_id, "peer": item.peer, "state": state,
                      "reason_code": reason, "detail": detail, "chat_seq": item.seq}
             if item.receipt_requested:
@@ -202,9 +205,9 @@ class Forwarding:
                 log.warning("forward settled without delivery", peer=item.peer,
                             forward_id=item.forward_id, state=state, reason=reason,
                             detail=detail)
-        if not settled:
+        if not settled and not accepted:
             return
-        router.event(fstate.FORWARD_SETTLED, {"settled": settled})
+        router.event(fstate.FORWARD_SETTLED, {"accepted": accepted, "settled": settled})
         queued_for = set()
         for sender, receipt, durable in receipts:
             if sender is None:

@@ -198,7 +198,7 @@ class ForwardOutbox:
                 else:
                     frame = {"sender": self.origin, "target": "System",
                              "type": "multihub_message_forward_batch", "payload": "",
-                             "forwards": [a.item.frame(self.origin) for a in batch]}
+                             "forwards": [a.item.entry() for a in batch]}
                 if not await link.send(frame):
                     for attempt in reversed(batch):
                         queue.in_flight.pop(attempt.item.forward_id, None)

@@ -52,10 +52,15 @@ class PendingForward:
     target: str  # as the sender wrote it: seat@peer
 
     def frame(self, origin_hub: str) -> dict:
-        return {"sender": origin_hub, "target": "System", "type": "multihub_message_forward",
-                "payload": "", "forward_id": self.forward_id, "kind": "chat",
-                "sender_seat": self.sender_seat, "target_seat": self.target_seat,
-                "body": self.body}
+        frame = self.entry()
+        frame.update(sender=origin_hub, target="System", type="multihub_message_forward",
+                     payload="")
+        return frame
+
+    def entry(self) -> dict:
+        """The forward as one entry of a batch (the batch frame carries the envelope)."""
+        return {"forward_id": self.forward_id, "kind": "chat", "sender_seat": self.sender_seat,
+                "target_seat": self.target_seat, "body": self.body}
 
 
 @dataclass
@@ -158,8 +163,11 @@ def _result(seq: int, msg_id, recipients) -> dict:
 
 @applies(FORWARD_SETTLED)
 def _apply_settled(state: HubState, event: Event) -> None:
-    """One event settles every forward answered in one Router round."""
+    """One event settles every forward answered in one Router round: the ones
+    the peer accepted with no receipt owed by id, the rest with their details."""
     pending = outbox_of(state).pending
+    for forward_id in event.payload.get("accepted", ()):
+        pending.pop(forward_id, None)
     for settled in event.payload["settled"]:
         pending.pop(settled["forward_id"], None)
         receipt = settled.get("receipt")
