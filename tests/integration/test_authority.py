@@ -80,9 +80,9 @@ def test_claims_route_to_the_owner_and_a_second_owner_partitions(tmp_path, sites
     # north is misconfigured and believes it owns PROJ too.
     east = start("east", {"west": ["PROJ"], "north": ["PROJ"]}, "--namespace-owner", "PROJ=east",
                  *route("multihub-watch", "north"), "--multihub-watch-interval", "1")
-    west = start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
-                 *route("claim-peer", "east"))
-    north = start("north", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=north")
+    start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
+          *route("claim-peer", "east"))
+    start("north", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=north")
 
     async def scenario():
         amy = await agent(url["west"], "PROJ/amy")
@@ -145,8 +145,8 @@ def test_partition_survives_restart_and_owner_down_fails_closed(tmp_path, sites)
     start, route, url = sites
     east = start("east", {"west": ["PROJ"], "north": ["PROJ"]}, "--namespace-owner", "PROJ=east",
                  *route("multihub-watch", "north"), "--multihub-watch-interval", "1")
-    west = start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
-                 *route("claim-peer", "east"))
+    start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
+          *route("claim-peer", "east"))
     north = start("north", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=north")
 
     async def rogue_claim():
@@ -181,10 +181,9 @@ def test_partition_survives_restart_and_owner_down_fails_closed(tmp_path, sites)
 def test_multihub_follow_prints_a_peers_observed_claims(tmp_path, sites):
     import subprocess
     import sys
-    from tests.support.federation import make_pki  # noqa: F401  (same PKI as the fixture)
 
     start, route, url = sites
-    east = start("east", {"west": ["PROJ"]}, "--namespace-owner", "PROJ=east")
+    start("east", {"west": ["PROJ"]}, "--namespace-owner", "PROJ=east")
 
     async def work():
         bob = await agent(url["east"], "PROJ/bob")

@@ -9,7 +9,7 @@ import pytest
 
 from federation.tls import peer_client_context
 from tests.support.federation import make_pki, site_flags, write_serving_policy
-from tests.support.procs import free_port, hubd_process
+from tests.support.procs import hubd_process
 from tests.support.wsprobe import WsProbe
 
 
@@ -148,7 +148,6 @@ def scrape(hub, name, peer="west"):
 
 def test_peer_down_then_back_drains_at_once(tmp_path, pki):
     east, west = start_pair(tmp_path, pki)
-    west_port = west.port
     try:
         async def send_while_down():
             alice = await joined(east.url, "PROJ/alice")

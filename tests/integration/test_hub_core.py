@@ -1,9 +1,6 @@
 """The single-site hub over real sockets and a real journal (in-process hub)."""
 
 import asyncio
-import time
-
-import pytest
 
 from hubd.state.hub import HubState
 from tests.support.inproc import running_hub

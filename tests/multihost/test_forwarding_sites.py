@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.netns import Topology, require_netns
 
