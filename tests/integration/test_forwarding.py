@@ -322,3 +322,59 @@ def test_log_pull_is_served_only_to_a_pinned_granted_peer(tmp_path, pki):
         asyncio.run(scenario())
     finally:
         west.stop()
+
+
+def test_a_peer_older_than_v5_refuses_once_and_is_not_retried(tmp_path, pki):
+    """No pre-v5 hub can be installed here, so this peer is a small server that
+    answers as one does: the forward verb is an unknown type."""
+    from aiohttp import web
+
+    from federation.tls import server_context
+
+    seen = []
+
+    async def scenario():
+        async def old_hub(request):
+            ws = web.WebSocketResponse()
+            await ws.prepare(request)
+            await ws.send_json({"sender": "SynapseHub", "target": "self", "type": "welcome",
+                                "payload": "Welcome", "hub_id": "west", "protocol_version": 4,
+                                "timestamp": time.time()})
+            async for msg in ws:
+                frame = json.loads(msg.data)
+                if frame.get("type") == "multihub_message_forward":
+                    seen.append(frame["forward_id"])
+                    await ws.send_json({"sender": "SynapseHub", "target": "east",
+                                        "type": "error", "hub_id": "west",
+                                        "payload": "Unknown message type "
+                                                   "'multihub_message_forward'."})
+            return ws
+
+        app = web.Application()
+        app.router.add_get("/", old_hub)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        context = server_context(pki.file("west", "server", "cert"),
+                                 pki.file("west", "server", "key"))
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+        await site.start()
+        port = runner.addresses[0][1]
+        east = hubd_process(tmp_path / "east", "--message-peer", f"west=wss://127.0.0.1:{port}/",
+                            "--message-peer-pin", f"west={pki.server_pin('west')}",
+                            *site_flags(pki, "east", None).connect, hub_id="east")
+        await asyncio.get_running_loop().run_in_executor(None, east.start)
+        try:
+            alice = await joined(east.url, "PROJ/alice")
+            await alice.chat("PROJ/alice", "PROJ/bob@west", "hello old hub",
+                             receipt_requested=True)
+            receipt = await alice.recv_type("delivery_receipt", timeout=10)
+            await asyncio.sleep(3)  # long enough for retries at 1 and 2 s, were there any
+            await alice.close()
+            return receipt
+        finally:
+            east.stop()
+            await runner.cleanup()
+
+    receipt = asyncio.run(scenario())
+    assert receipt["forward_state"] == "refused" and receipt["refusal_code"] == "peer_rejected"
+    assert len(seen) == 1, f"the forward was retried: {seen}"
