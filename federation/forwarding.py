@@ -208,15 +208,15 @@ class Forwarding:
         if not settled and not accepted:
             return
         router.event(fstate.FORWARD_SETTLED, {"accepted": accepted, "settled": settled})
-        queued_for = set()
+        queued_for: dict[str, Session] = {}  # by name: sessions are not hashable
         for sender, receipt, durable in receipts:
             if sender is None:
                 continue
             if durable:
-                queued_for.add(sender)
+                queued_for[sender.name] = sender
             else:
                 router.send(sender.conn, receipt)
-        for sender in queued_for:
+        for sender in queued_for.values():
             deliver_notifications(router, sender)
 
     def pending(self, router: Router, item: PendingForward, why: str) -> None:

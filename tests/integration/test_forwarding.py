@@ -187,6 +187,21 @@ def test_peer_down_then_back_drains_at_once(tmp_path, pki):
         assert drained < 2.0, f"backlog took {drained:.2f}s to drain after west came back"
         assert sorted(g["client_msg_id"] for g in got) == sorted(f"d{i}" for i in range(20))
         assert scrape(east, "hubd_peer_link_up") == 1
+
+        async def settled_receipts():
+            # alice left while they were pending: the settled receipts wait for her
+            alice = await WsProbe.open(east.url)
+            await alice.recv_type("welcome")
+            await alice.register("PROJ/alice")
+            await alice.recv_type("presence_update", agent="PROJ/alice")
+            await alice.drain(1.0)
+            await alice.close()
+            return alice.seen("delivery_receipt")  # they come before presence_update
+        receipts = asyncio.run(settled_receipts())
+        assert sorted(r["client_msg_id"] for r in receipts) == sorted(f"d{i}" for i in range(20))
+        assert all(r["forward_state"] == "accepted" and r["deferred"] is True
+                   and r["delivered"] is True for r in receipts)
+        assert "handler failed" not in east.log() and "Traceback" not in east.log()
     finally:
         east.stop()
         west.stop()
@@ -378,3 +393,30 @@ def test_a_peer_older_than_v5_refuses_once_and_is_not_retried(tmp_path, pki):
     receipt = asyncio.run(scenario())
     assert receipt["forward_state"] == "refused" and receipt["refusal_code"] == "peer_rejected"
     assert len(seen) == 1, f"the forward was retried: {seen}"
+
+
+def test_forward_expires_after_its_ttl_and_the_sender_is_told(tmp_path, pki):
+    east, west = start_pair(tmp_path, pki, east_extra=("--message-forward-ttl", "2"))
+    try:
+        west.stop()
+        wait_for(lambda: east.get_json("/health")["message_forward"]["west"]["link"] == "down")
+
+        async def scenario():
+            alice = await joined(east.url, "PROJ/alice")
+            await alice.chat("PROJ/alice", "PROJ/bob@west", "too late", client_msg_id="ttl-1",
+                             receipt_requested=True)
+            pending = await alice.recv_type("delivery_receipt", forward_state="pending",
+                                            timeout=10)
+            expired = await alice.recv_type("delivery_receipt", forward_state="expired",
+                                            timeout=15)
+            await alice.close()
+            return pending, expired
+        pending, expired = asyncio.run(scenario())
+        assert expired["reason"] == "forward_expired" and expired["deferred"] is True
+        assert expired["client_msg_id"] == "ttl-1" and expired["delivered"] is False
+        assert expired["forward_id"] == pending["forward_id"]
+        assert scrape(east, "synapse_message_forward_pending") == 0
+        assert "handler failed" not in east.log()
+    finally:
+        east.stop()
+        west.stop()
