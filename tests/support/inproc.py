@@ -18,7 +18,9 @@ def test_config(tmp_path: Path, **overrides) -> HubConfig:
 
 
 @contextlib.asynccontextmanager
-async def running_hub(tmp_path: Path, **overrides):
+async def running_hub(tmp_path: Path, allow_crashes: bool = False, **overrides):
+    """allow_crashes: the test makes a handler raise on purpose; otherwise any
+    handler that raised fails the test (a crash is a bug even if the hub coped)."""
     server = HubServer(test_config(tmp_path, **overrides))
     await server.start()
     try:
@@ -26,3 +28,5 @@ async def running_hub(tmp_path: Path, **overrides):
     finally:
         if server.hub.ready or (server._run is not None and not server._run.done()):
             await server.stop()
+    if not allow_crashes:
+        assert server.hub.metrics.handler_crashes == 0, "a handler raised (see the log)"

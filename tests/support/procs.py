@@ -100,7 +100,14 @@ class HubProcess:
             os.kill(self.pid, sig)
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM, then SIGKILL if it does not exit in time."""
+        """SIGTERM, then SIGKILL if it does not exit in time. A hubd whose log
+        shows a handler that raised fails the test: the hub copes, but it is a bug."""
+        code = self._stop(timeout)
+        if self.ready_path == "/readyz" and "handler failed" in self.log():
+            raise AssertionError(f"a handler raised in hub {self.url}:\n{self.log()[-3000:]}")
+        return code
+
+    def _stop(self, timeout: float) -> int | None:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
