@@ -123,3 +123,6 @@ def test_cut_and_restore_east_west_link(tmp_path):
             assert time.monotonic() < deadline, "east's backlog did not drain"
             time.sleep(0.2)
         assert metric(topo, "east", "hubd_peer_link_up", "west") == 1
+    for hub in ("east", "west", "north"):
+        log = (tmp_path / f"{hub}.err").read_text()
+        assert "handler failed" not in log and "Traceback" not in log, log[-3000:]
