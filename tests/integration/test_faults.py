@@ -28,7 +28,7 @@ async def test_unexpected_handler_exception_closes_only_that_connection(tmp_path
         raise RuntimeError("bug in a handler")
 
     monkeypatch.setitem(router_module.HANDLERS, "test_explode", explode)
-    async with running_hub(tmp_path) as server:
+    async with running_hub(tmp_path, allow_crashes=True) as server:
         bystander = await joined(server.url, "p/bystander")
         victim = await joined(server.url, "p/victim")
         await victim.chat("p/victim", "all", "before")
