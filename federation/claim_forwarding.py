@@ -30,7 +30,6 @@ from hubd.handlers import claims as claim_handlers
 from hubd.state import claims as cl
 from hubd.state.presence import Session
 from hubd.wire import codec
-from hubd.wire.wsframe import text_frame
 
 log = structlog.get_logger("hubd.federation.claims")
 
@@ -67,7 +66,7 @@ def _forward(router: Router, session: Session, frame: dict, verb: str, namespace
              owner: str, task_id: str) -> None:
     authority = router.hub.authority
     link = authority.claim_links[owner]
-    conn, claimant = session.conn, session.name
+    endpoint, claimant = session.endpoint, session.name
     claim = {k: v for k, v in frame.items() if k != "token"}
     request_id = authority.new_request_id()
     request = {"sender": router.hub_id, "target": "all", "type": "multihub_claim_request",
@@ -103,7 +102,7 @@ def _forward(router: Router, session: Session, frame: dict, verb: str, namespace
         type_, text, fields = reply
         fields = {**common, **fields}
         router.hub.router.post_control(
-            lambda r: r.send(conn, r.frame(type_, claimant, text, **fields)))
+            lambda r: r.send(endpoint, r.frame(type_, claimant, text, **fields)))
 
     router.hub.track(asyncio.get_running_loop().create_task(ask()))
 
@@ -144,25 +143,25 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
     if decision is None or not decision.allowed:
         log.info("forwarded claim refused", sender=sender,
                  reason=decision.detail if decision else "no serving policy")
-        router.send(session.conn, result(False, "peer not authorised to forward claims"))
+        router.send(session.endpoint, result(False, "peer not authorised to forward claims"))
         return
     authority = router.hub.authority
     resolution = authority.resolve(claimant) if authority is not None and authority.configured \
         else None
     if resolution is None or resolution.kind != "local" or namespace_of(claimant) != namespace:
-        router.send(session.conn, result(False, f"this hub does not own namespace '{namespace}'"))
+        router.send(session.endpoint, result(False, f"this hub does not own namespace '{namespace}'"))
         return
     if router.mutations_refused():
-        router.send(session.conn, result(False, "durable journal recovery is required"))
+        router.send(session.endpoint, result(False, "durable journal recovery is required"))
         return
     verb = claim.get("type") or "claim"
     if verb == "release":
         task, refusal, lease = claim_handlers.release_refusal(router, claimant, claim)
         if refusal is not None:
-            router.send(session.conn, result(False, refusal))
+            router.send(session.endpoint, result(False, refusal))
             return
         claim_handlers.record_release(router, claimant, lease, claim, {})
-        router.send(session.conn, result(True, f"Task '{task}' released by {claimant}."))
+        router.send(session.endpoint, result(True, f"Task '{task}' released by {claimant}."))
     elif verb == "claim":
         # Decided exactly as a local claim: a re-claim of a held task renews it
         # (new scope, epoch and expiry). The reference answers "already claimed"
@@ -172,19 +171,15 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
                                 f"federation-peer:{sender}")
         outcome, granted, _ = claim_handlers.decide_and_record(router, request)
         if isinstance(outcome, cl.Deny):
-            router.send(session.conn, result(False, outcome.text))
+            router.send(session.endpoint, result(False, outcome.text))
         else:
-            router.send(session.conn, result(True, granted["payload"],
+            router.send(session.endpoint, result(True, granted["payload"],
                                              cl.grant_fields(outcome.lease)))
     else:
-        router.send(session.conn, result(False, f"verb {verb!r} is not forwarded"))
+        router.send(session.endpoint, result(False, f"verb {verb!r} is not forwarded"))
         return
     failed = result(False, "the owning hub could not journal the decision; nothing changed")
-    router.out.failure.append((session.conn, lambda: _framed(failed), "multihub_claim_result"))
-
-
-def _framed(frame: dict) -> bytes:
-    return text_frame(codec.encode(frame))
+    router.send_on_failure(session.endpoint, "multihub_claim_result", lambda: failed)
 
 
 claim_handlers.OWNERSHIP_GATE.append(gate)

@@ -215,7 +215,7 @@ class Forwarding:
             if durable:
                 queued_for[sender.name] = sender
             else:
-                router.send(sender.conn, receipt)
+                router.send(sender.endpoint, receipt)
         for sender in queued_for.values():
             deliver_notifications(router, sender)
 
@@ -227,7 +227,7 @@ class Forwarding:
         self._first_answer_due.pop(item.forward_id, None)
         sender = router.presence.session_of(item.sender)
         if sender is not None:
-            router.send(sender.conn, self.receipt(router, item, "pending", "forward_pending", why,
+            router.send(sender.endpoint, self.receipt(router, item, "pending", "forward_pending", why,
                                                   {}, deferred=True))
 
     def receipt(self, router: Router, item: PendingForward, state: str, reason: str,
@@ -263,7 +263,7 @@ class Forwarding:
         if link is None:
             router.error(session, f"Hub '{hub_id}' is not a configured message peer of this hub.")
             return
-        conn, name = session.conn, session.name
+        endpoint, name = session.endpoint, session.name
         request = {"sender": self.hub.hub_id, "target": "System", "type": "multihub_message_forward",
                    "payload": "", "forward_id": secrets.token_hex(16), "kind": "who",
                    "sender_seat": name}
@@ -287,7 +287,7 @@ class Forwarding:
                               "connected_clients": len(seats)})
             type_, text, fields = reply
             self.hub.router.post_control(
-                lambda r: r.send(conn, r.frame(type_, name, text, **fields)))
+                lambda r: r.send(endpoint, r.frame(type_, name, text, **fields)))
 
         self.hub.track(asyncio.get_running_loop().create_task(ask()))
 

@@ -20,9 +20,9 @@ import structlog
 
 from federation.receiver import authorise_peer
 from hubd.actors.router import Router, handles
+from hubd.core.message import Message
 from hubd.state.presence import Session
 from hubd.wire.envelope import strict_int
-from hubd.wire.wsframe import text_frame
 
 log = structlog.get_logger("hubd.federation.logpull")
 
@@ -30,10 +30,12 @@ MAX_EVENTS = 2000  # per snapshot; a follower pages by asking again from next_cu
 MAX_BYTES = 4 * 1024 * 1024
 
 
-def _snapshot(router: Router, target: str, events: list, next_cursor: int, log_end_seq) -> bytes:
+def _snapshot(router: Router, target: str, events: list, next_cursor: int,
+              log_end_seq) -> Message:
     frame = router.frame("multihub_log_snapshot", target, "Multi-hub log snapshot",
                          events=events, next_cursor=next_cursor, log_end_seq=log_end_seq)
-    return text_frame(orjson.dumps(frame))
+    # the events are orjson fragments (their stored text): encoded now, once
+    return Message(frame, orjson.dumps(frame))
 
 
 @handles("multihub_log_request", peers=True, reads_only=True)
@@ -47,16 +49,14 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
         log.info("log pull refused", sender=sender,
                  reason=decision.detail if decision else "no serving policy")
         cursor = after if after is not None and after >= 0 else 0
-        router.out.sends.append((session.conn, _snapshot(router, target, [], cursor, None),
-                                 "multihub_log_snapshot"))
+        router.send_message(session.endpoint, _snapshot(router, target, [], cursor, None))
         return
     if after is None or after < 0 or (limit is not None and (strict_int(limit) is None
                                                              or limit <= 0)):
-        router.out.sends.append((session.conn, _snapshot(router, target, [], 0, None),
-                                 "multihub_log_snapshot"))
+        router.send_message(session.endpoint, _snapshot(router, target, [], 0, None))
         return
     count = min(limit or MAX_EVENTS, MAX_EVENTS)
-    conn, hub = session.conn, router.hub
+    endpoint, hub = session.endpoint, router.hub
 
     async def serve() -> None:
         rows = await hub.read_journal("since", after, count)
@@ -69,6 +69,6 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
             events.append({"seq": seq, "ts": ts, "kind": kind,
                            "payload": orjson.Fragment(payload)})
             cursor = seq
-        conn.send(_snapshot(router, target, events, cursor, end))
+        hub.endpoints.deliver(endpoint, _snapshot(router, target, events, cursor, end))
 
     hub.track(asyncio.get_running_loop().create_task(serve()))

@@ -1,6 +1,6 @@
 """Receiving forwards: who may hand this hub a chat for one of its seats.
 
-A socket becomes a peer link at its first frame when it presented a client
+An endpoint becomes a peer link at its first frame when it presented a client
 certificate on this TLS connection and the serving policy grants the name it
 registers under with that certificate's pin. Its identity then comes from the
 certificate, not from the name space local agents register in: a local agent
@@ -24,7 +24,6 @@ from hubd.state.presence import Session
 from hubd.wire import codec
 from hubd.wire.envelope import HUB_ID_RE
 from hubd.wire.targets import is_glob, project_of
-from hubd.wire.wsframe import text_frame
 
 log = structlog.get_logger("hubd.federation.receiver")
 
@@ -71,7 +70,7 @@ def _authorise(router: Router, session: Session, policy, origin: str, namespace:
     cached = session.authorised.get(key)
     if cached is not None and cached[1] > router.now and cached[2] is policy:
         return cached[0]
-    decision = policy.authorise(origin, session.conn.peer_cert, namespace, router.now)
+    decision = policy.authorise(origin, session.peer_cert, namespace, router.now)
     if len(session.authorised) > 256:
         session.authorised.clear()
     session.authorised[key] = (decision, router.now + AUTHORISED_FOR, policy)
@@ -81,7 +80,7 @@ def _authorise(router: Router, session: Session, policy, origin: str, namespace:
 def claim_peer_link(router: Router, session: Session, frame: dict) -> bool:
     """Is this socket's first frame a peer hub registering with its pinned certificate?"""
     policy = _policy(router)
-    cert = session.conn.peer_cert
+    cert = session.peer_cert
     sender = frame.get("sender")
     if policy is None or not cert or not isinstance(sender, str) or not sender:
         return False
@@ -121,7 +120,7 @@ def _result_frame(router: Router, session: Session, entry: dict) -> dict:
 
 
 def _refuse(router: Router, session: Session, forward_id: str, code: str, detail: str) -> None:
-    router.send(session.conn, _result_frame(router, session,
+    router.send(session.endpoint, _result_frame(router, session,
                                             _entry(forward_id, "refused", code, detail)))
 
 
@@ -151,10 +150,10 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
         _roster(router, session, forward_id, origin, policy)
         return
     entry = admit(router, session, origin, frame, size)
-    router.send(session.conn, _result_frame(router, session, entry))
+    router.send(session.endpoint, _result_frame(router, session, entry))
     if entry["disposition"] == "accepted":
-        router.out.failure.append((session.conn, lambda: text_frame(codec.encode(_result_frame(
-            router, session, _transient_on_failure([entry])[0]))), "multihub_message_result"))
+        router.send_on_failure(session.endpoint, "multihub_message_result", lambda: _result_frame(
+            router, session, _transient_on_failure([entry])[0]))
 
 
 @handles("multihub_message_forward_batch", peers=True)
@@ -173,14 +172,15 @@ def forward_batch_in(router: Router, session: Session, frame: dict, size: int) -
         if not isinstance(forward, dict) or not _valid_forward_id(forward.get("forward_id")):
             continue  # nothing to answer by; the origin times it out and retries
         entries.append(admit(router, session, origin, forward, share))
-    router.send(session.conn, router.frame(
+    router.send(session.endpoint, router.frame(
         "multihub_message_result_batch", session.peer_hub or session.name or "all",
         "Multi-hub message results", answering_hub=router.hub_id, results=entries))
     if any(e["disposition"] == "accepted" for e in entries):
-        router.out.failure.append((session.conn, lambda: text_frame(codec.encode(router.frame(
-            "multihub_message_result_batch", session.peer_hub or "all",
-            "Multi-hub message results", answering_hub=router.hub_id,
-            results=_transient_on_failure(entries)))), "multihub_message_result_batch"))
+        router.send_on_failure(session.endpoint, "multihub_message_result_batch",
+                               lambda: router.frame(
+                                   "multihub_message_result_batch", session.peer_hub or "all",
+                                   "Multi-hub message results", answering_hub=router.hub_id,
+                                   results=_transient_on_failure(entries)))
 
 
 def admit(router: Router, session: Session, origin, forward: dict, size: int) -> dict:
@@ -245,12 +245,12 @@ def admit(router: Router, session: Session, origin, forward: dict, size: int) ->
 
 def _roster(router: Router, session: Session, forward_id: str, origin: str, policy) -> None:
     """A peer asks who is online: only seats in namespaces it may address."""
-    granted = policy.granted_namespaces(origin, session.conn.peer_cert, router.now)
+    granted = policy.granted_namespaces(origin, session.peer_cert, router.now)
     if not granted:
-        decision = policy.authorise(origin, session.conn.peer_cert, None, router.now)
+        decision = policy.authorise(origin, session.peer_cert, None, router.now)
         _refuse(router, session, forward_id, PEER_NOT_AUTHORISED, decision.detail)
         return
     seats = [n for n in router.presence.online() if project_of(n) in granted]
-    router.send(session.conn, _result_frame(router, session, _entry(
+    router.send(session.endpoint, _result_frame(router, session, _entry(
         forward_id, "accepted", result={"online_agents": seats, "hub_id": router.hub_id})))
 

@@ -24,10 +24,12 @@ import federation.claim_forwarding as _claim_forwarding  # noqa: F401  (register
 import federation.logpull as _logpull  # noqa: F401
 import federation.receiver as _receiver  # noqa: F401
 import hubd.handlers as _handlers  # noqa: F401
-from hubd.actors.connection import CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN, SEND_DEADLINE_SECONDS
 from hubd.actors.journal_writer import JournalWriter
 from hubd.actors.router import PERIODIC, Router
 from hubd.config import HubConfig
+from hubd.core.endpoints import Endpoints
+from hubd.core.message import CLOSE_AUTH, CLOSE_GOING_AWAY
+from hubd.doors.websocket import SEND_DEADLINE_SECONDS
 from hubd.journal.checkpoint import Checkpointer
 from hubd.journal.store import CorruptRow, JournalReader
 from hubd.metrics import HubMetrics
@@ -48,8 +50,10 @@ class Hub:
         self.config = config
         self.metrics = HubMetrics()
         self.hub_id: str = config.hub_id or ""
-        self.writer = JournalWriter(config.db, self.metrics, self._journal_failed,
-                                    self._journal_committed)
+        # every open endpoint of every door, by id: where released messages go
+        self.endpoints = Endpoints()
+        self.writer = JournalWriter(config.db, self.metrics, self.endpoints,
+                                    self._journal_failed, self._journal_committed)
         self.checkpointer = Checkpointer(config.db, self.metrics)
         self.router: Router | None = None
         self.forwarding = None  # federation.forwarding.Forwarding, with message peers
@@ -199,7 +203,7 @@ class Hub:
         self.metrics.gauge("hubd_journal_seq", "Last committed journal sequence.",
                            lambda: self.writer.committed_seq)
         self.metrics.gauge("hubd_connections", "Open WebSocket connections.",
-                           lambda: len(self.router.presence.sockets))
+                           lambda: len(self.router.presence.endpoints))
         self.metrics.gauge("hubd_online_agents", "Registered agent names online.",
                            lambda: len(self.router.presence.by_name))
         self.metrics.gauge("hubd_up", "1 while the hub serves.", lambda: 1)
@@ -242,8 +246,8 @@ class Hub:
         """Close sockets, commit what is queued, close the journal."""
         self.ready = False
         if self.router is not None:
-            for conn in list(self.router.presence.sockets):
-                conn.close(CLOSE_GOING_AWAY, "hub shutting down")
+            for endpoint in self.router.presence.endpoints:
+                self.endpoints.close(endpoint, CLOSE_GOING_AWAY, "hub shutting down")
         await self.checkpointer.close()
         await self.writer.close()
         if self._reader is not None:
@@ -252,36 +256,35 @@ class Hub:
         self._reader_thread.shutdown(wait=True)
 
     async def _sweep(self) -> None:
-        """Once a second: close sockets whose writes cannot drain, and run the
+        """Once a second: close endpoints whose writes cannot drain, and run the
         Router's timers (lease expiry and the like) as ordinary commands."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(SWEEP_SECONDS)
             now = loop.time()
-            for conn in list(self.router.presence.sockets):
-                if conn.write_stalled_for(now) > SEND_DEADLINE_SECONDS:
+            for endpoint_id in self.router.presence.endpoints:
+                endpoint = self.endpoints.get(endpoint_id)
+                if endpoint is not None and \
+                        endpoint.write_stalled_for(now) > SEND_DEADLINE_SECONDS:
                     self.metrics.send_timeouts += 1
-                    log.warning("write stalled; closing slow consumer", conn=conn.id)
-                    conn.close_code = CLOSE_TRY_AGAIN
-                    conn.abort()
+                    log.warning("write stalled; closing slow consumer", conn=endpoint_id)
+                    endpoint.abort()
             for timer in PERIODIC:
                 await self.router.inbox.put(timer)
 
 
 def _recheck_peer_sessions(router) -> None:
     """After a reload: a peer hub whose grant or pin no longer holds is cut off."""
-    from hubd.actors.connection import CLOSE_AUTH
-
     policy = router.hub.serving_policy
     for session in list(router.presence.sessions.values()):
         if session.peer_hub is None:
             continue
-        decision = policy.authorise(session.peer_hub, session.conn.peer_cert, None,
+        decision = policy.authorise(session.peer_hub, session.peer_cert, None,
                                     router.now) if policy is not None else None
         if decision is None or not decision.allowed:
             log.warning("peer link closed after reload", peer=session.peer_hub,
                         reason=decision.detail if decision else "no serving policy")
-            session.conn.close(CLOSE_AUTH, "peer no longer authorised")
+            router.endpoints.close(session.endpoint, CLOSE_AUTH, "peer no longer authorised")
 
 
 class _Stop(Exception):

@@ -3,7 +3,7 @@
 Batches of outcomes arrive from the Router in seq order. Whatever has queued up
 while the previous commit ran is committed together in one transaction on the
 writer's own thread (sqlite3 releases the GIL while it waits on the disk), and
-only then are the outcomes' frames handed to the sockets, in seq order. That is
+only then are the outcomes' messages handed to their endpoints, in seq order. That is
 commit-before-publish, with one fsync shared by every event in the group.
 
 A failed commit fails every outcome in the group and every later one until the
@@ -20,6 +20,7 @@ from typing import Callable
 
 import structlog
 
+from hubd.core.endpoints import Endpoints, release_sends
 from hubd.journal.store import JournalStore
 from hubd.journal.thread import DbThread
 
@@ -38,30 +39,21 @@ class JournalFailed:
         self.error = error
 
 
-def release(outcomes: list[Outcome], use_failure: bool, frames_out: dict) -> None:
+def release(outcomes: list[Outcome], use_failure: bool, endpoints: Endpoints,
+            frames_out: dict) -> None:
     for outcome in outcomes:
-        sends = outcome.failure if use_failure and outcome.events else outcome.sends
-        for dest, item, type_ in sends:
-            if type(dest) is tuple:
-                for conn in dest:
-                    conn.send(item)
-                frames_out[type_] = frames_out.get(type_, 0) + len(dest)
-            elif type(item) is bytes:
-                dest.send(item)
-                frames_out[type_] = frames_out.get(type_, 0) + 1
-            elif callable(item):  # a failure frame built only when it is needed
-                dest.send(item())
-                frames_out[type_] = frames_out.get(type_, 0) + 1
-            else:  # CloseSocket, after the frames queued before it
-                dest.close(item.code, item.reason)
-        if outcome.after_release is not None and not (use_failure and outcome.events):
+        failed = use_failure and outcome.events
+        release_sends(outcome.failure if failed else outcome.sends, endpoints, frames_out)
+        if outcome.after_release is not None and not failed:
             outcome.after_release()
 
 
 class JournalWriter:
-    def __init__(self, path: str | Path, metrics, on_failure: Callable[[JournalFailed], None],
+    def __init__(self, path: str | Path, metrics, endpoints: Endpoints,
+                 on_failure: Callable[[JournalFailed], None],
                  on_commit: Callable[[], None] | None = None):
         self.path = Path(path)
+        self.endpoints = endpoints
         self.inbox: asyncio.Queue = asyncio.Queue(QUEUE_BATCHES)
         self.metrics = metrics
         self._on_failure = on_failure
@@ -137,4 +129,4 @@ class JournalWriter:
                 self.metrics.observe_commit(len(events), time.perf_counter() - started)
                 if self._on_commit is not None:
                     self._on_commit()
-        release(group, failed, self.metrics.frames_out)
+        release(group, failed, self.endpoints, self.metrics.frames_out)

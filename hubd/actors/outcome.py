@@ -1,4 +1,4 @@
-"""What the Router hands the JournalWriter: events to commit and the frames
+"""What the Router hands the JournalWriter: events to commit and the messages
 that may leave the hub only once those events are durable."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ class Outcome:
     """The result of handling one command.
 
     `sends` are (destination, item, frame type): a destination is one
-    connection or a tuple of connections; an item is framed bytes, or a
-    CloseSocket. If committing `events` fails, the `failure` entries go out
+    endpoint id or a tuple of them; an item is a core Message, or a
+    CloseEndpoint. If committing `events` fails, the `failure` entries go out
     instead of `sends` (a private error to whoever asked); their items are
-    usually callables, so the frame is built only then. `after_release` runs
-    once the sends are on their sockets' queues.
+    usually callables, so the message is built only then. `after_release`
+    runs once the sends are on their endpoints' queues.
     """
 
     __slots__ = ("events", "sends", "failure", "after_release")

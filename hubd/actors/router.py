@@ -1,13 +1,15 @@
 """Router: owns the coordination state and decides what every command means.
 
-The Router reads commands from one bounded queue, hands each to the handler
-for its verb (hubd/handlers/), and collects the resulting events and frames.
+The Router reads commands (hubd/core/commands.py) from one bounded queue,
+hands each to the handler for its verb (hubd/handlers/), and collects the
+resulting events and messages. It knows endpoints by id only: which door an
+agent came through is the door's business (hubd/doors/).
 Everything it drained in one go becomes one batch for the JournalWriter, which
 commits it and only then releases the frames. Events are applied to the state
 as they are made, with the same `apply` that replays the journal at start.
 
 Recovery keeps the invariant "state is a projection of the journal":
-- a handler that raises leaves no trace: its connection is closed 1011 and the
+- a handler that raises leaves no trace: its endpoint is closed 1011 and the
   state is rebuilt from the journal once everything queued is committed;
 - a failed commit is answered by the writer with private errors, and the
   Router rebuilds from the journal before new events are accepted again.
@@ -22,15 +24,15 @@ from typing import Callable
 
 import structlog
 
+from hubd.core.commands import WAKE, Call, Closed, Inbound, Opened, Wake
+from hubd.core.message import CLOSE_INTERNAL, CloseEndpoint, Message
 from hubd.state.events import Event
 from hubd.state.hub import HubState, apply
 from hubd.state.presence import Presence, Session
 from hubd.state.quota import IngressQuota
 from hubd.wire import codec
 from hubd.wire.envelope import BROADCAST, error_frame, frame_type, hub_frame
-from hubd.wire.wsframe import text_frame
 
-from .connection import CLOSE_INTERNAL, Closed, Inbound, Opened
 from .journal_writer import JournalFailed
 from .outcome import Flush, Outcome, Resync
 
@@ -46,9 +48,9 @@ REFUSAL_BACKOFF_MAX = 30.0
 
 Handler = Callable[["Router", Session, dict, int], None]
 HANDLERS: dict[str, Handler] = {}
-# Called when a socket registers a name (after the presence broadcast).
+# Called when an endpoint registers a name (after the presence broadcast).
 ON_REGISTER: list[Callable[["Router", Session, dict], None]] = []
-# Called when a registered socket goes away.
+# Called when a registered endpoint goes away.
 ON_UNREGISTER: list[Callable[["Router", Session], None]] = []
 # Run as ordinary commands once a second (lease expiry and the like).
 PERIODIC: list[Callable[["Router"], None]] = []
@@ -58,7 +60,7 @@ PERIODIC: list[Callable[["Router"], None]] = []
 READ_ONLY: set[str] = set()
 # Hub-to-hub verbs: the only ones a peer hub's link may use.
 PEER_VERBS: set[str] = set()
-# Asked at a socket's first frame: is this a peer hub's link? (federation)
+# Asked at an endpoint's first frame: is this a peer hub's link? (federation)
 PEER_CLAIMS: list[Callable[["Router", Session, dict], bool]] = []
 
 
@@ -79,7 +81,7 @@ class JournalUnavailable(Exception):
 
 
 class LazyError:
-    """A private error frame, encoded only if it is ever sent (most are not:
+    """A private error message, built only if it is ever sent (most are not:
     they answer a failed commit)."""
 
     __slots__ = ("hub_id", "target", "text", "ts", "fields")
@@ -87,31 +89,14 @@ class LazyError:
     def __init__(self, hub_id: str, target: str, text: str, ts: float, fields: dict):
         self.hub_id, self.target, self.text, self.ts, self.fields = hub_id, target, text, ts, fields
 
-    def __call__(self) -> bytes:
-        return text_frame(codec.encode(error_frame(self.hub_id, self.target, self.text, self.ts,
-                                                   **self.fields)))
-
-
-class CloseSocket:
-    """A send entry that closes the socket once the frames before it are out."""
-
-    __slots__ = ("code", "reason")
-
-    def __init__(self, code: int, reason: str):
-        self.code = code
-        self.reason = reason
-
-
-class Wake:
-    __slots__ = ()
-
-
-WAKE = Wake()
+    def __call__(self) -> Message:
+        return Message(error_frame(self.hub_id, self.target, self.text, self.ts, **self.fields))
 
 
 class Router:
     def __init__(self, hub, state: HubState):
         self.hub = hub
+        self.endpoints = hub.endpoints
         self.config = hub.config
         self.hub_id: str = hub.hub_id
         self.metrics = hub.metrics
@@ -191,18 +176,20 @@ class Router:
         self.now = time.time()
         self.out = Outcome()
         if kind is Inbound:
-            conn = command.conn
-            session = self.presence.sessions.get(conn)
+            endpoint = command.endpoint
+            session = self.presence.sessions.get(endpoint)
             if session is not None:
-                self._safely(conn, self._inbound, session, command.frame, command.size)
+                self._safely(endpoint, self._inbound, session, command.frame, command.size)
         elif kind is Opened:
-            self._safely(command.conn, self._opened, command.conn)
+            self._safely(command.endpoint, self._opened, command)
         elif kind is Closed:
-            self._safely(command.conn, self._closed, command.conn)
+            self._safely(command.endpoint, self._closed, command.endpoint)
         elif kind is JournalFailed:
             self._journal_failed = True
         elif kind is Wake:
             pass
+        elif kind is Call:
+            self._call(command)
         elif callable(command):
             self._safely(None, command, self)
         else:
@@ -211,11 +198,22 @@ class Router:
         if out.events or out.sends or out.after_release is not None:
             self._batch.append(out)
 
-    def _safely(self, conn, fn, *args) -> None:
-        """Run one handler; an exception it did not expect closes only its
-        connection (1011) and leaves no partial state behind."""
+    def _call(self, command: Call) -> None:
+        reply = command.reply
         try:
-            fn(*args)
+            result = self._safely(None, command.fn, self, reraise=reply is not None)
+        except Exception as exc:  # logged and counted by _safely; the caller hears it
+            if not reply.done():
+                reply.set_exception(exc)
+            return
+        if reply is not None and not reply.done():
+            reply.set_result(result)
+
+    def _safely(self, endpoint: int | None, fn, *args, reraise: bool = False):
+        """Run one handler; an exception it did not expect closes only its
+        endpoint (1011) and leaves no partial state behind."""
+        try:
+            return fn(*args)
         except JournalUnavailable:
             if self.out.events:
                 self._needs_rebuild = True
@@ -229,15 +227,17 @@ class Router:
                 self.out = Outcome()
         except Exception:
             out = self.out
-            log.exception("handler failed; closing its connection", conn=getattr(conn, "id", None))
+            log.exception("handler failed; closing its endpoint", endpoint=endpoint)
             self.metrics.handler_crashes += 1
             if out.events:
                 # The state may hold part of this command: drop its events
                 # and rebuild from the journal once the queue is committed.
                 self._needs_rebuild = True
             self.out = Outcome()
-            if conn is not None:
-                conn.close(CLOSE_INTERNAL, "internal error")
+            if endpoint is not None:
+                self.endpoints.close(endpoint, CLOSE_INTERNAL, "internal error")
+            if reraise:
+                raise
 
     def _inbound(self, session: Session, frame: dict, size: int) -> None:
         if session.peer_hub is not None:
@@ -282,17 +282,17 @@ class Router:
         if type_ in PEER_VERBS:
             HANDLERS[type_](self, session, frame, size)
         elif type_ != "heartbeat":
-            self.send(session.conn, self.frame(
+            self.send(session.endpoint, self.frame(
                 "error", session.peer_hub,
                 f"A peer hub link speaks hub-to-hub verbs only, not '{type_}'."))
 
-    def _opened(self, conn) -> None:
+    def _opened(self, command: Opened) -> None:
         from hubd.handlers.session import opened
 
-        opened(self, conn)
+        opened(self, command)
 
-    def _closed(self, conn) -> None:
-        session = self.presence.close(conn)
+    def _closed(self, endpoint: int) -> None:
+        session = self.presence.close(endpoint)
         if session is None or session.name is None:
             return
         for hook in ON_UNREGISTER:
@@ -330,27 +330,42 @@ class Router:
         return hub_frame(self.hub_id, type_, target, payload, self.now, **fields)
 
     def send(self, dest, frame: dict) -> None:
-        """Queue a frame to one connection (or a tuple of them) for release."""
-        self.out.sends.append((dest, text_frame(codec.encode(frame)), frame["type"]))
+        """Queue a frame to one endpoint id (or a tuple of them) for release.
+        It is encoded now: the frame may be changed after this call."""
+        self.out.sends.append((dest, Message(frame, codec.encode(frame)), frame["type"]))
+
+    def send_message(self, dest, message: Message) -> None:
+        """Queue a message that is already built (a chat, encoded once for the
+        journal and every recipient)."""
+        self.out.sends.append((dest, message, message.type))
+
+    def send_on_failure(self, dest, type_: str, build: Callable[[], dict]) -> None:
+        """The frame `build` makes goes to dest instead of this command's
+        sends if its events cannot be committed (built only then)."""
+        def message() -> Message:
+            frame = build()
+            return Message(frame, codec.encode(frame))
+        self.out.failure.append((dest, message, type_))
 
     def reply(self, session: Session, type_: str, payload, **fields) -> None:
-        self.send(session.conn, self.frame(type_, session.name or BROADCAST, payload, **fields))
+        self.send(session.endpoint, self.frame(type_, session.name or BROADCAST, payload,
+                                               **fields))
 
     def broadcast(self, frame: dict) -> None:
-        if self.presence.sockets:
-            self.send(self.presence.sockets, frame)
+        if self.presence.endpoints:
+            self.send(self.presence.endpoints, frame)
 
     def error(self, session: Session, text: str, **fields) -> None:
-        self.send(session.conn, error_frame(self.hub_id, session.name or BROADCAST, text,
-                                            self.now, **fields))
+        self.send(session.endpoint, error_frame(self.hub_id, session.name or BROADCAST, text,
+                                                self.now, **fields))
 
     def fail_privately(self, session: Session, text: str, **fields) -> None:
         """The reply if this command's events cannot be committed (built only then)."""
-        self.out.failure.append((session.conn, LazyError(self.hub_id, session.name or BROADCAST,
-                                                         text, self.now, fields), "error"))
+        self.out.failure.append((session.endpoint, LazyError(
+            self.hub_id, session.name or BROADCAST, text, self.now, fields), "error"))
 
-    def close(self, conn, code: int, reason: str) -> None:
-        self.out.sends.append((conn, CloseSocket(code, reason), "close"))
+    def close(self, endpoint: int, code: int, reason: str) -> None:
+        self.out.sends.append((endpoint, CloseEndpoint(code, reason), "close"))
 
     def after_release(self, fn: Callable[[], None]) -> None:
         previous = self.out.after_release

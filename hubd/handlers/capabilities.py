@@ -11,7 +11,7 @@ from hubd.actors.router import ON_UNREGISTER, Router, handles
 from hubd.state import capabilities as cap
 from hubd.state.presence import Session
 
-LIVE = "capabilities.live"  # agent -> (card, connection that advertised it)
+LIVE = "capabilities.live"  # agent -> (card, endpoint that advertised it)
 
 
 def _live(router: Router) -> dict:
@@ -38,7 +38,7 @@ def advertise(router: Router, session: Session, frame: dict, size: int) -> None:
         router.fail_privately(session, "Capability registration was not journalled; it was "
                                        "not registered. Retry.")
     else:
-        _live(router)[advert.agent] = (card, session.conn)
+        _live(router)[advert.agent] = (card, session.endpoint)
     router.broadcast(router.frame("capability_advertised", "all",
                                   f"Capability advertised by {advert.agent}",
                                   agent=advert.agent, card=shown))
@@ -61,7 +61,7 @@ def _on_unregister(router: Router, session: Session) -> None:
     live = router.live.get(LIVE)
     if not live:
         return
-    for agent in [a for a, (_, conn) in live.items() if conn is session.conn]:
+    for agent in [a for a, (_, endpoint) in live.items() if endpoint == session.endpoint]:
         del live[agent]
 
 

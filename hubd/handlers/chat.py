@@ -2,7 +2,8 @@
 
 The hot path. A chat frame is stamped in place (it was freshly decoded for
 this command and nothing else holds it), encoded once, and that one string is
-both the journal payload and the frame every recipient socket gets.
+both the journal payload and the text every recipient gets (each door frames
+it once for all its endpoints).
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 
 from hubd.actors.router import Router, handles
+from hubd.core.message import Message
 from hubd.state import events as ev
 from hubd.state.chat import same_content
 from hubd.state.presence import RX_SUFFIX, Presence, Session
 from hubd.wire import codec
 from hubd.wire.envelope import finite_number, valid_client_msg_id
-from hubd.wire.wsframe import text_frame
 from hubd.wire.targets import RemoteTargetError, Target, parse_remote, parse_target
 
 NO_ONLINE_RECIPIENT = "no_online_recipient"
@@ -49,24 +50,24 @@ def resolve_recipients(presence: Presence, target: Target, sender: str) -> list[
     return sorted(found)
 
 
-def recipient_sockets(presence: Presence, recipients: list[str]) -> tuple:
-    """Private routing: each recipient's socket and its -rx sidecar's."""
+def recipient_endpoints(presence: Presence, recipients: list[str]) -> tuple:
+    """Private routing: each recipient's endpoint and its -rx sidecar's."""
     by_name = presence.by_name
-    conns = []
+    endpoints = []
     for name in recipients:
         session = by_name.get(name)
         if session is not None:
-            conns.append(session.conn)
+            endpoints.append(session.endpoint)
         sidecar = by_name.get(name + RX_SUFFIX)
         if sidecar is not None:
-            conns.append(sidecar.conn)
-    return tuple(conns)
+            endpoints.append(sidecar.endpoint)
+    return tuple(endpoints)
 
 
 @handles("chat")
 def chat(router: Router, session: Session, frame: dict, size: int) -> None:
     name = session.name
-    refused = router.quota.admit(session.conn.principal, size, router.now)
+    refused = router.quota.admit(session.principal, size, router.now)
     if refused is not None:
         router.metrics.refuse_quota(refused)
         router.error(session, f"Durable ingress quota exceeded ({refused}).")
@@ -140,15 +141,15 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
     if route_extra:
         route.update(route_extra)  # copied: RETRY_ROUTE is shared
     event = router.event(ev.CHAT, frame, route, payload_text=text)
-    framed = text_frame(text)
+    message = Message(frame, text)
     metrics = router.metrics
     metrics.chats_routed += 1
     if (directed or outgoing) and router.config.private_directed:
-        dests = recipient_sockets(presence, recipients)
+        dests = recipient_endpoints(presence, recipients)
         if dests:
-            router.out.sends.append((dests, framed, "chat"))
-    elif presence.sockets:
-        router.out.sends.append((presence.sockets, framed, "chat"))
+            router.out.sends.append((dests, message, "chat"))
+    elif presence.endpoints:
+        router.out.sends.append((presence.endpoints, message, "chat"))
     if directed and not recipients:
         metrics.dead_letters += 1
     return event, recipients, directed

@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 
 from hubd.actors.router import ON_REGISTER, ON_UNREGISTER, PERIODIC, Router, handles
-from hubd.http.app import HEALTH_SECTIONS
+from hubd.http.probes import HEALTH_SECTIONS
 from hubd.state import board as bd
 from hubd.state import capabilities as cap
 from hubd.state import claims as cl
@@ -59,7 +59,7 @@ def claim(router: Router, session: Session, frame: dict, size: int) -> None:
     keyed = idempotency.begin(router, session, "claim", frame)
     if keyed is idempotency.HANDLED:
         return
-    request = cl.read_claim(frame, session.name, limits(router), session.conn.principal)
+    request = cl.read_claim(frame, session.name, limits(router), session.principal)
     grant_or_deny(router, session, request, keyed)
 
 
@@ -237,7 +237,7 @@ def checkpoint(router: Router, session: Session, frame: dict, size: int) -> None
     router.event(cl.CHECKPOINT, updated)
     reply = router.frame("checkpoint_saved", name, f"Checkpoint saved for '{task_id}' by {name}.",
                          task_id=task_id, version=updated["version"])
-    router.send(session.conn, reply)
+    router.send(session.endpoint, reply)
     idempotency.remember(router, session, keyed, reply, first)
     router.fail_privately(session, f"Checkpoint of '{task_id}' was not journalled; nothing "
                                    "changed. Retry.", task_id=task_id)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from hubd.actors.router import Router
 from hubd.state import idem
 from hubd.state.presence import Session
+from hubd.core.message import Message
 from hubd.wire import codec
 from hubd.wire.envelope import error_frame
-from hubd.wire.wsframe import text_frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +51,15 @@ def begin(router: Router, session: Session, verb: str, frame: dict) -> Keyed | N
     if remembered is None:
         return Keyed(verb, key, digest)
     if remembered.digest != digest:
-        router.send(session.conn, error_frame(
+        router.send(session.endpoint, error_frame(
             router.hub_id, session.name, idem.CONFLICT_TEXT,
             remembered.response.get("timestamp", router.now), error_code=idem.CONFLICT_CODE))
         return HANDLED
     # the original verdict, as it was sent (target and timestamp included), to
     # the requester only
-    router.out.sends.append((session.conn, text_frame(codec.encode(remembered.response)),
-                             remembered.response.get("type", "replay")))
+    response = remembered.response
+    router.out.sends.append((session.endpoint, Message(response, codec.encode(response)),
+                             response.get("type", "replay")))
     return HANDLED
 
 

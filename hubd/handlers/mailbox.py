@@ -3,9 +3,13 @@ receipts and the sender-notification outbox."""
 
 from __future__ import annotations
 
+import asyncio
+
 from hubd.actors.router import ON_REGISTER, Router, handles
+from hubd.core.message import Message
 from hubd.state import events as ev
 from hubd.state.presence import RX_SUFFIX, Session
+from hubd.wire import codec
 from hubd.wire.envelope import strict_int
 from hubd.wire.targets import parse_target
 
@@ -35,9 +39,24 @@ def serve_mailbox(router: Router, session: Session, frame: dict) -> None:
         router.event(ev.MAILBOX_WATERMARK, {"identity": identity, "seq": since})
     seqs = state.mailbox.replay_seqs(identity, _roles(router, session, identity), since)
     if seqs:
-        conn = session.conn
+        endpoint, hub = session.endpoint, router.hub
         # After release, every seq in the list is committed: safe to read back.
-        router.after_release(lambda: conn.replay(seqs))
+        router.after_release(lambda: hub.track(asyncio.get_running_loop().create_task(
+            replay(hub, endpoint, seqs))))
+
+
+async def replay(hub, endpoint: int, seqs: list[int]) -> None:
+    """Send the stored directed chats with these (committed) seqs, marked
+    replayed. Runs as its own task so the journal read blocks nobody."""
+    rows = await hub.read_journal("payloads", seqs)
+    for seq, payload in rows:
+        frame = codec.loads_stored(payload)
+        frame.pop("receipt_requested", None)
+        frame["replayed"] = True
+        frame["seq"] = seq
+        hub.endpoints.deliver(endpoint, Message(frame))
+    frames_out = hub.metrics.frames_out
+    frames_out["chat"] = frames_out.get("chat", 0) + len(rows)
 
 
 @handles("ack")
@@ -75,7 +94,7 @@ def deliver_notifications(router: Router, session: Session) -> None:
     if not waiting:
         return
     for _, frame in waiting:
-        router.send(session.conn, frame)
+        router.send(session.endpoint, frame)
     ids = [notification_id for notification_id, _ in waiting]
     router.after_release(lambda: router.post_control(lambda r: _settle(r, name, ids)))
 

@@ -52,7 +52,7 @@ def who(router: Router, session: Session, frame: dict, size: int) -> None:
         session, "who_snapshot", "Who snapshot",
         online_agents=presence.online(),
         agent_roles={n: list(s.roles) for n, s in by_name.items() if s.roles},
-        connected_clients=len(presence.sockets),
+        connected_clients=len(presence.endpoints),
         hub_version=f"hubd {__version__}",
         mailbox_pending=mailbox_pending(router),
         wake_capabilities={n: s.wake_capability for n, s in by_name.items() if s.wake_capability},

@@ -3,8 +3,9 @@ the name), name conflicts, presence announcements, keepalive heartbeats."""
 
 from __future__ import annotations
 
-from hubd.actors.connection import CLOSE_AUTH, CLOSE_CAPACITY, CLOSE_NAME_CONFLICT
 from hubd.actors.router import ON_REGISTER, Router, handles
+from hubd.core.commands import Opened
+from hubd.core.message import CLOSE_AUTH, CLOSE_CAPACITY, CLOSE_NAME_CONFLICT, CLOSE_PER_HOST
 from hubd.state.presence import Session
 from hubd.wire.envelope import PROTOCOL_VERSION, reserved_name_reason, strict_int
 
@@ -14,22 +15,26 @@ WELCOME_TEXT = "Welcome to hubd"
 HUB_FEATURES = ["forward_batch"]
 
 
-def opened(router: Router, conn) -> None:
+def opened(router: Router, command: Opened) -> None:
     presence = router.presence
     config = router.config
-    session = presence.open(conn)
-    if len(presence.sockets) > config.max_clients:
-        router.send(conn, router.frame("error", "self", "Hub at capacity."))
-        router.close(conn, CLOSE_CAPACITY, "hub at capacity")
+    endpoint, host = command.endpoint, command.peer_host
+    session = presence.open(endpoint, command.principal, host, command.peer_cert)
+    if len(presence.endpoints) > config.max_clients:
+        router.send(endpoint, router.frame("error", "self", "Hub at capacity."))
+        router.close(endpoint, CLOSE_CAPACITY, "hub at capacity")
         return
     per_host = config.max_connections_per_host
-    if per_host and sum(1 for c in presence.sockets if c.peer_host == conn.peer_host) > per_host:
-        router.send(conn, router.frame("error", "self", "Too many connections from this host."))
-        router.close(conn, 4015, "too many connections from host")
+    sessions = presence.sessions
+    if per_host and sum(1 for e in presence.endpoints
+                        if sessions[e].peer_host == host) > per_host:
+        router.send(endpoint, router.frame("error", "self",
+                                           "Too many connections from this host."))
+        router.close(endpoint, CLOSE_PER_HOST, "too many connections from host")
         return
     # online_agents lists registered names; the newcomer is not one yet.
-    router.send(conn, router.frame(
-        "welcome", "self", WELCOME_TEXT, connected_clients=len(presence.sockets),
+    router.send(endpoint, router.frame(
+        "welcome", "self", WELCOME_TEXT, connected_clients=len(presence.endpoints),
         online_agents=presence.online(), protocol_version=PROTOCOL_VERSION,
         hubd_features=HUB_FEATURES))
     del session  # registered by the first frame that names a sender
@@ -37,14 +42,13 @@ def opened(router: Router, conn) -> None:
 
 def _name_conflict(router: Router, session: Session, name: str, text: str, reason: str) -> None:
     router.metrics.name_conflicts += 1
-    router.send(session.conn, router.frame("name_conflict", name, text))
-    router.close(session.conn, CLOSE_NAME_CONFLICT, reason)
+    router.send(session.endpoint, router.frame("name_conflict", name, text))
+    router.close(session.endpoint, CLOSE_NAME_CONFLICT, reason)
 
 
 def register(router: Router, session: Session, frame: dict) -> bool:
-    """Bind the frame's sender to this socket, or refuse and close it."""
-    conn = session.conn
-    name = frame.get("sender") or f"anon-{conn.id}"
+    """Bind the frame's sender to this endpoint, or refuse and close it."""
+    name = frame.get("sender") or f"anon-{session.endpoint}"
     reserved = reserved_name_reason(name)
     if reserved is not None:
         _name_conflict(router, session, name, reserved, "reserved identity")
@@ -58,7 +62,7 @@ def register(router: Router, session: Session, frame: dict) -> bool:
                            "Use a unique --name.", "name conflict")
             return False
         presence.unbind(holder)
-        router.close(holder.conn, CLOSE_AUTH, "superseded")
+        router.close(holder.endpoint, CLOSE_AUTH, "superseded")
     roles = frame.get("roles")
     roles = tuple(r for r in roles if isinstance(r, str) and r) if isinstance(roles, list) else ()
     presence.bind(session, name, roles, router.now)

@@ -28,7 +28,7 @@ class Event:
     payload: dict
     route: dict | None = None
     # The payload already encoded, when the hub had to encode it anyway (a
-    # chat frame is encoded once for the sockets and reused for the journal).
+    # chat frame is encoded once for its recipients and reused for the journal).
     payload_text: bytes | str | None = None
 
     def row(self) -> tuple:

@@ -1,7 +1,8 @@
-"""Presence: which sockets are open and which names they are bound to.
+"""Presence: which endpoints are open and which names they are bound to.
 
 Presence is live state, not journaled: it is rebuilt by clients reconnecting.
-Connections are opaque handles here (anything hashable with an `id`).
+Endpoints are ids here; which door serves one is the door's business, so
+presence, mailboxes and receipts work alike for every door.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ RX_SUFFIX = "-rx"
 
 @dataclass(slots=True)
 class Session:
-    conn: object
+    # the endpoint serving this session (its id in the hub's Endpoints)
+    endpoint: int
+    # what the ingress quota charges (token fingerprint or open-host:<address>)
+    principal: str = ""
+    peer_host: str = ""
+    # the DER client certificate presented over TLS, if any
+    peer_cert: bytes | None = None
     name: str | None = None
     roles: tuple[str, ...] = ()
     wake_capability: str | None = None
@@ -29,23 +36,25 @@ class Session:
 
 @dataclass
 class Presence:
-    sessions: dict = field(default_factory=dict)  # conn -> Session
+    sessions: dict = field(default_factory=dict)  # endpoint id -> Session
     by_name: dict = field(default_factory=dict)  # name -> Session
     by_role: dict = field(default_factory=dict)  # role -> set of names
-    # every open, authenticated socket, as a tuple for broadcast fan-out;
-    # rebuilt when sockets come and go, shared by every frame in between
-    sockets: tuple = ()
+    # every open, admitted endpoint of a local agent (not a peer hub), as a
+    # tuple of ids for broadcast fan-out; rebuilt when endpoints come and go,
+    # shared by every message in between
+    endpoints: tuple = ()
 
-    def open(self, conn) -> Session:
-        session = self.sessions[conn] = Session(conn)
-        self.sockets = self.sockets + (conn,)
+    def open(self, endpoint: int, principal: str, peer_host: str,
+             peer_cert: bytes | None) -> Session:
+        session = self.sessions[endpoint] = Session(endpoint, principal, peer_host, peer_cert)
+        self.endpoints = self.endpoints + (endpoint,)
         return session
 
-    def close(self, conn) -> Session | None:
-        session = self.sessions.pop(conn, None)
+    def close(self, endpoint: int) -> Session | None:
+        session = self.sessions.pop(endpoint, None)
         if session is None:
             return None
-        self.sockets = tuple(c for c in self.sockets if c is not conn)
+        self.endpoints = tuple(e for e in self.endpoints if e != endpoint)
         self.unbind(session)
         return session
 
@@ -72,10 +81,10 @@ class Presence:
                     del self.by_role[role]
 
     def mark_peer(self, session: Session, hub_id: str) -> None:
-        """This socket is a peer hub's link: it speaks only hub-to-hub verbs
+        """This endpoint is a peer hub's link: it speaks only hub-to-hub verbs
         and gets none of the local agents' traffic."""
         session.peer_hub = hub_id
-        self.sockets = tuple(c for c in self.sockets if c is not session.conn)
+        self.endpoints = tuple(e for e in self.endpoints if e != session.endpoint)
 
     def online(self) -> list[str]:
         return sorted(self.by_name)

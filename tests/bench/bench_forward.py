@@ -28,6 +28,10 @@ Scenarios (run interleaved per round: reference, hubd, reference, hubd ...):
     .venv/bin/python -m tests.bench.bench_forward --quick          # 1 round, small counts
     .venv/bin/python -m tests.bench.bench_forward --only hubd --scenarios a,b --rounds 5
     .venv/bin/python -m tests.bench.bench_forward --hubd-rev HEAD --json /tmp/fwd.json
+    .venv/bin/python -m tests.bench.bench_forward --base-rev 39aaa41 --scenarios a,c   # before/after
+
+With --base-rev the variants are hubd-base (hubd as committed at that revision) and hubd
+(the working tree, or --hubd-rev), interleaved per round; ratios are hubd / hubd-base.
 
 Measures; never asserts. Goals for hubd are printed next to the figures.
 """
@@ -58,7 +62,7 @@ from tests.bench.bench_local import _git_head, fmt, med, run_from_snapshot, snap
 from tests.support.federation import Pki, make_pki, site_flags, write_serving_policy  # noqa: E402
 from tests.support.procs import REPO, HubProcess, free_port, hubd_process, reference_hub_process  # noqa: E402
 
-VARIANTS = ("reference", "hubd")
+VARIANTS = ("reference", "hubd", "hubd-base")
 SCENARIOS = ("a", "b", "c")
 PROBE = 1_000_000  # (c) probe chats are numbered from here up
 BUSY = 0.3  # other cores above this: the box was busy (figures compete for the 2 cores)
@@ -89,9 +93,19 @@ class Site:
         self.east = site_flags(self.pki, "east", None)
 
 
+def kind(variant: str) -> str:
+    return "reference" if variant == "reference" else "hubd"
+
+
 def make_pair(variant: str, workdir: Path, site: Site, hubd_src: Path | None,
-              west_port: int | None = None) -> tuple[HubProcess, HubProcess]:
-    """(east, west), not started. West's port is fixed now, so east can be told its URL."""
+              west_port: int | None = None, base_src: Path | None = None
+              ) -> tuple[HubProcess, HubProcess]:
+    """(east, west), not started. West's port is fixed now, so east can be told its URL.
+    hubd-base runs the snapshot of --base-rev."""
+    if variant == "hubd-base":
+        if base_src is None:
+            raise ValueError("hubd-base needs --base-rev")
+        hubd_src = base_src
     west_port = west_port or free_port()
     west_url = f"wss://127.0.0.1:{west_port}/"
     west_args = [*site.west.serve, "--no-durable-ingress-quota"]
@@ -206,7 +220,7 @@ def run_load(variant: str, scen: str, args, site: Site, base: Path, tag: str, pr
     workdir = base / tag
     k = "quick" if args.quick else ""
     rec: dict = {"variant": variant, "scenario": scen, "loadavg_before": os.getloadavg()[0]}
-    east, west = make_pair(variant, workdir, site, args.hubd_src)
+    east, west = make_pair(variant, workdir, site, args.hubd_src, base_src=args.base_src)
     try:
         try:
             start_pair(east, west)
@@ -222,18 +236,18 @@ def run_load(variant: str, scen: str, args, site: Site, base: Path, tag: str, pr
                "--max-missing", "1000", "--json"]
         if scen == "a":
             count = args.count_ref if variant == "reference" and args.count_ref else \
-                args.count_hubd if variant == "hubd" and args.count_hubd else \
-                COUNTS["a_quick" if k else "a"][variant]
+                args.count_hubd if kind(variant) == "hubd" and args.count_hubd else \
+                COUNTS["a_quick" if k else "a"][kind(variant)]
             if profile:  # long enough to cover py-spy's window at ~8k msg/s
                 count = max(count, int(8000 * (args.profile_delay + args.profile_seconds + 2)))
             cmd += ["--count", str(count)]
             if args.receipts:
                 cmd.append("--receipts")
         else:
-            rate, seconds = COUNTS["b_quick" if k else "b"][variant]
+            rate, seconds = COUNTS["b_quick" if k else "b"][kind(variant)]
             if variant == "reference" and args.rate_ref:
                 rate = args.rate_ref
-            if variant == "hubd" and args.rate_hubd:
+            if kind(variant) == "hubd" and args.rate_hubd:
                 rate = args.rate_hubd
             if args.rate_seconds:
                 seconds = args.rate_seconds
@@ -273,7 +287,7 @@ def run_load(variant: str, scen: str, args, site: Site, base: Path, tag: str, pr
             rec["hub_log_tail"] = logs_tail(east, west)
             return rec
         rec.update(json.loads(p.stdout.strip().splitlines()[-1]))
-        if variant == "hubd":
+        if kind(variant) == "hubd":
             rec["journal_commits"] = {"east": commit_stats(east), "west": commit_stats(west)}
         for hub in (east, west):
             if not hub.alive():
@@ -468,7 +482,7 @@ async def recovery(east: HubProcess, west: HubProcess, pending: int, down: float
 def run_recovery(variant: str, pending: int, args, site: Site, base: Path, tag: str) -> dict:
     workdir = base / tag
     rec: dict = {"variant": variant, "scenario": "c", "pending": pending, "loadavg_before": os.getloadavg()[0]}
-    east, west = make_pair(variant, workdir, site, args.hubd_src)
+    east, west = make_pair(variant, workdir, site, args.hubd_src, base_src=args.base_src)
     try:
         try:
             start_pair(east, west)
@@ -565,17 +579,21 @@ def table(lines: list[tuple]) -> None:
 
 
 def paired(runs: list[dict], scen: str, get, pending: int | None = None) -> list[float]:
-    """Per-round ratios hubd / reference of get(run)."""
+    """Per-round ratios hubd / its baseline (hubd-base when it ran, else the reference)."""
     def pick(var):
         return {r["round"]: r for r in runs if r["variant"] == var and r["scenario"] == scen
                 and "error" not in r and (pending is None or r.get("pending") == pending)}
-    ref, hub = pick("reference"), pick("hubd")
+    ref, hub = pick(baseline(runs)), pick("hubd")
     out = []
     for k in sorted(set(ref) & set(hub)):
         a, b = get(hub[k]), get(ref[k])
         if a is not None and b:
             out.append(a / b)
     return out
+
+
+def baseline(runs: list[dict]) -> str:
+    return "hubd-base" if any(r["variant"] == "hubd-base" for r in runs) else "reference"
 
 
 def report(runs: list[dict], variants: list[str], scenarios: list[str], pendings: list[int]) -> dict:
@@ -670,7 +688,7 @@ def report(runs: list[dict], variants: list[str], scenarios: list[str], pendings
                 rat[name] = (round(statistics.median(vals), 4), round(min(vals), 4), round(max(vals), 4))
         summary[scen]["ratios"] = rat
         if rat:
-            print("  hubd / reference, paired per round, median [min..max]: " + ";  ".join(
+            print(f"  hubd / {baseline(runs)}, paired per round, median [min..max]: " + ";  ".join(
                 f"{k} {num(v[0])}x [{num(v[1])}..{num(v[2])}]" for k, v in rat.items()))
             if scen == "b":
                 print("  (the reference is offered a rate it sustains, hubd the goal's 5,000 msg/s: the latency "
@@ -718,9 +736,9 @@ def report(runs: list[dict], variants: list[str], scenarios: list[str], pendings
             vals = paired(runs, "c", lambda r: r.get("recovery_s"), pending=n)
             if vals:
                 summary["c"].setdefault(str(n), {})["ratio"] = round(statistics.median(vals), 4)
-                print(f"  pending {n}: hubd / reference recovery time {num(statistics.median(vals))}x "
-                      f"[{num(min(vals))}..{num(max(vals))}] (the reference takes {num(1 / statistics.median(vals))}x "
-                      "as long)")
+                print(f"  pending {n}: hubd / {baseline(runs)} recovery time {num(statistics.median(vals))}x "
+                      f"[{num(min(vals))}..{num(max(vals))}] ({baseline(runs)} takes "
+                      f"{num(1 / statistics.median(vals))}x as long)")
 
     # goals
     goals = []
@@ -760,7 +778,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
     ap.add_argument("--quick", action="store_true",
                     help="1 round (unless --rounds), smaller counts, recovery with 20 pending and 10 s down")
-    ap.add_argument("--only", choices=VARIANTS, default=None, help="run one hub kind only")
+    ap.add_argument("--only", default=None, help="one hub kind, or a comma list of variants "
+                    f"({', '.join(VARIANTS)})")
+    ap.add_argument("--base-rev", default=None,
+                    help="git revision hubd-base runs (the commit before a change); with it the "
+                         "variants default to hubd-base,hubd")
     ap.add_argument("--scenarios", default="a,b,c", help="comma list of a (throughput), b (fixed rate), "
                     "c (recovery); default a,b,c")
     ap.add_argument("--receipts", action="store_true",
@@ -801,7 +823,15 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--profile needs py-spy (--py-spy PATH)")
 
     rounds = args.rounds or (1 if args.quick else 3)
-    variants = [args.only] if args.only else list(VARIANTS)
+    if args.only:
+        variants = [v.strip() for v in args.only.split(",") if v.strip()]
+    elif args.base_rev:
+        variants = ["hubd-base", "hubd"]
+    else:
+        variants = ["reference", "hubd"]
+    for v in variants:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     for s in scenarios:
         if s not in SCENARIOS:
@@ -812,6 +842,11 @@ def main(argv: list[str] | None = None) -> int:
 
     base = Path(tempfile.mkdtemp(prefix="hubd-bench-fwd-"))
     args.hubd_src = None
+    args.base_src = None
+    base_version = None
+    if args.base_rev:
+        args.base_src = base / "hubd-base-src"
+        base_version = "git " + snapshot_hubd(args.base_rev, args.base_src)
     hubd_version = "working tree"
     if args.hubd_rev and "hubd" in variants:
         args.hubd_src = base / "hubd-src"
@@ -820,8 +855,10 @@ def main(argv: list[str] | None = None) -> int:
             "python": sys.version.split()[0], "rounds": rounds, "variants": variants, "scenarios": scenarios,
             "recovery_pending": pendings,
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "loadavg_start": os.getloadavg(), "git": _git_head(), "hubd": hubd_version}
+            "loadavg_start": os.getloadavg(), "git": _git_head(), "hubd": hubd_version,
+            "hubd_base": base_version}
     print(f"bench_forward: {rounds} round(s), hubs {variants}, scenarios {scenarios}, hubd from {hubd_version}, "
+          f"hubd-base from {base_version or '-'}, "
           f"{os.cpu_count()} cpus, loadavg {os.getloadavg()[0]:.2f}, temp {base}", flush=True)
     if os.getloadavg()[0] > 0.5:
         print("  warning: the box is not idle (loadavg > 0.5); figures will be noisier")

@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as a script: python tests/bench/bench_local
 
 from tests.support.procs import REPO, HubProcess, hubd_process, reference_hub_process  # noqa: E402
 
-VARIANTS = ("reference", "hubd", "hubd-private")
+VARIANTS = ("reference", "hubd", "hubd-private", "hubd-base", "hubd-base-private")
 
 # name -> (label, senders, window, receipts, {variant kind: count})
 SCENARIOS: dict[str, dict] = {
@@ -65,12 +65,19 @@ def kind(variant: str) -> str:
     return "reference" if variant == "reference" else "hubd"
 
 
-def make_hub(variant: str, workdir: Path, hubd_extra: list[str], hubd_src: Path | None) -> HubProcess:
+def make_hub(variant: str, workdir: Path, hubd_extra: list[str], hubd_src: Path | None,
+             base_src: Path | None = None) -> HubProcess:
+    """hubd-base* run hubd as committed at --base-rev, so one run compares a change with the
+    commit before it, interleaved round by round."""
     if variant == "reference":
         return reference_hub_process(workdir, "--no-durable-ingress-quota", hub_id="bench-ref")
-    if variant == "hubd":
+    if variant.startswith("hubd-base"):
+        if base_src is None:
+            raise ValueError(f"{variant} needs --base-rev")
+        hubd_src = base_src
+    if variant in ("hubd", "hubd-base"):
         hub = hubd_process(workdir, *hubd_extra, hub_id="bench-hubd")
-    elif variant == "hubd-private":
+    elif variant in ("hubd-private", "hubd-base-private"):
         hub = hubd_process(workdir, *hubd_extra, "--private-directed-messages", hub_id="bench-hubd")
     else:
         raise ValueError(variant)
@@ -120,7 +127,7 @@ def run_one(variant: str, scen: str, count: int, args, base: Path, tag: str) -> 
     rec: dict = {"variant": variant, "scenario": scen, "label": sc["label"], "count": count,
                  "loadavg_before": os.getloadavg()[0]}
     hub = make_hub(variant, workdir, [] if args.hubd_default_quota else ["--no-durable-ingress-quota"],
-                   args.hubd_src)
+                   args.hubd_src, args.base_src)
     base_bytes = 0
     try:
         try:
@@ -219,23 +226,34 @@ def summarise(runs: list[dict], variants: list[str], scenarios: list[str]) -> li
     return rows
 
 
+def baseline_of(variant: str) -> str:
+    """What a variant's ratios compare it with: the reference hub, or for a hubd variant run
+    beside hubd-base* (--base-rev), the same variant at the base revision."""
+    return {"hubd": "hubd-base", "hubd-private": "hubd-base-private"}.get(variant, "reference")
+
+
 def ratios(runs: list[dict], variants: list[str], scenarios: list[str]) -> list[dict]:
-    """Per-round paired ratios hubd-variant / reference, median over rounds."""
+    """Per-round paired ratios variant / its baseline (the reference, or hubd-base* when it
+    ran), median over rounds."""
     out = []
     metrics = {"msg/s": lambda r: r["msg_per_s"], "p50": lambda r: r["lat_ms"]["p50"],
                "p99": lambda r: r["lat_ms"]["p99"], "cpu/msg": lambda r: r.get("hub_cpu_ms_per_msg")}
     for scen in scenarios:
-        refs = {r["round"]: r for r in runs if r["variant"] == "reference" and r["scenario"] == scen
-                and "error" not in r}
         for var in variants:
-            if var == "reference":
+            against = baseline_of(var)
+            if against not in variants:
+                against = "reference"
+            if var == against or var == "reference":
                 continue
+            refs = {r["round"]: r for r in runs if r["variant"] == against and r["scenario"] == scen
+                    and "error" not in r}
             mine = {r["round"]: r for r in runs if r["variant"] == var and r["scenario"] == scen
                     and "error" not in r}
             paired = sorted(set(refs) & set(mine))
             if not paired:
                 continue
-            row = {"scenario": scen, "label": SCENARIOS[scen]["label"], "variant": var, "rounds": len(paired)}
+            row = {"scenario": scen, "label": SCENARIOS[scen]["label"], "variant": var, "against": against,
+                   "rounds": len(paired)}
             for name, get in metrics.items():
                 vals = []
                 for k in paired:
@@ -280,14 +298,15 @@ def print_table(rows: list[dict], rat: list[dict]) -> None:
             print(f"  ! {r['scenario']} {r['variant']}: {r['errors'][0][:300]}")
     if rat:
         print()
-        print("hubd / reference, median of per-round ratios [min..max]  "
+        print("variant / baseline, median of per-round ratios [min..max]  "
               "(msg/s: higher is better; p50, p99, cpu/msg: lower is better; |ratio-1| < 0.25 is noise):")
         for r in rat:
             parts = []
             for name in ("msg/s", "p50", "p99", "cpu/msg"):
                 v = r.get(name)
                 parts.append(f"{name} {v[0]:.2f}x [{v[1]:.2f}..{v[2]:.2f}]" if v else f"{name} -")
-            print(f"  {r['scenario']} {r['label']:<9} {r['variant']:<13} rounds {r['rounds']}:  " + ";  ".join(parts))
+            print(f"  {r['scenario']} {r['label']:<9} {r['variant'] + ' / ' + r['against']:<30} "
+                  f"rounds {r['rounds']}:  " + ";  ".join(parts))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,13 +332,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hubd-rev", default=None,
                     help="run hubd as committed at this git revision (e.g. HEAD) instead of the working "
                          "tree, which may be mid-edit")
+    ap.add_argument("--base-rev", default=None,
+                    help="git revision the hubd-base* variants run (e.g. the commit before a change); "
+                         "with it, --only defaults to hubd,hubd-base and ratios compare with the base")
     ap.add_argument("--hubd-default-quota", action="store_true",
                     help="leave hubd's ingress quota on (default: off, like the reference's)")
     ap.add_argument("--json", dest="json_out", default=None, help="write all runs and the summary here")
     args = ap.parse_args(argv)
 
     rounds = args.rounds or (1 if args.quick else 3)
-    if args.only is None:
+    if args.only is None and args.base_rev:
+        variants = ["hubd-base", "hubd"]
+    elif args.only is None:
         variants = list(VARIANTS)
     elif args.only == "hubd":
         variants = ["hubd", "hubd-private"]
@@ -346,6 +370,10 @@ def main(argv: list[str] | None = None) -> int:
 
     base = Path(tempfile.mkdtemp(prefix="hubd-bench-"))
     args.hubd_src = None
+    args.base_src = None
+    if args.base_rev:
+        args.base_src = base / "hubd-base-src"
+        base_version = snapshot_hubd(args.base_rev, args.base_src)
     hubd_version = "working tree"
     if args.hubd_rev and any(kind(v) == "hubd" for v in variants):
         args.hubd_src = base / "hubd-src"
@@ -353,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpus": os.cpu_count(),
             "python": sys.version.split()[0], "rounds": rounds, "variants": variants, "scenarios": scenarios,
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "loadavg_start": os.getloadavg(), "git": _git_head(), "hubd": hubd_version}
+            "loadavg_start": os.getloadavg(), "git": _git_head(), "hubd": hubd_version,
+            "hubd_base": ("git " + base_version) if args.base_rev else None}
     print(f"bench_local: {rounds} round(s), variants {variants}, scenarios {scenarios}, "
           f"hubd from {hubd_version}, {args.client} client, {os.cpu_count()} cpus, "
           f"loadavg {os.getloadavg()[0]:.2f}, temp {base}")

@@ -1,24 +1,31 @@
-"""Connection: one per WebSocket. Owns the socket, its send queue and its
-place in the session (authentication, the registration deadline).
+"""The WebSocket door: one Connection per socket, and the aiohttp handler
+that upgrades a request into one.
 
-Inbound frames are decoded here (sans-IO wire layer) and handed to the Router
-as commands; a frame that cannot be decoded is answered here with a typed
-error and the socket stays open. Outbound frames arrive on the send queue,
-already encoded; a queue that overflows or a write that cannot drain within
-the deadline closes the socket with 1013.
+A Connection owns the socket, its send queue and its place before the
+session (authentication, the registration deadline). Inbound frames are
+decoded here (sans-IO wire layer) and handed to the Router as commands naming
+this endpoint by id; a frame that cannot be decoded is answered here with a
+typed error and the socket stays open. Outbound messages arrive door-neutral;
+each is framed once for every socket that gets it (`ws_text`, cached on the
+message). A queue that overflows or a write that cannot drain within the
+deadline closes the socket with 1013.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 import time
 from collections import deque
 
 import structlog
 from aiohttp import WSMsgType, web
 
+from hubd.core.commands import Closed, Inbound, Opened
+from hubd.core.endpoints import next_endpoint_id
+from hubd.core.message import (CLOSE_AUTH, CLOSE_REGISTRATION_TIMEOUT, CLOSE_TRY_AGAIN,
+                               Message)
+from hubd.http.guard import guard
 from hubd.wire import codec
 from hubd.wire.envelope import check_routing_fields, error_frame, hub_frame
 from hubd.wire.wsframe import text_frame
@@ -29,42 +36,12 @@ SEND_QUEUE_FRAMES = 8192
 SEND_DEADLINE_SECONDS = 5.0
 WRITE_HIGH_WATER = 1024 * 1024
 
-# close codes
-CLOSE_NAME_CONFLICT = 4009
-CLOSE_AUTH = 4010
-CLOSE_REGISTRATION_TIMEOUT = 4012
-CLOSE_CAPACITY = 4013
-CLOSE_TRY_AGAIN = 1013
-CLOSE_INTERNAL = 1011
-CLOSE_GOING_AWAY = 1001
-
-_ids = itertools.count(1)
 _CLOSE = object()
 
 
-class Inbound:
-    """A decoded frame from a connection, for the Router."""
-
-    __slots__ = ("conn", "frame", "size")
-
-    def __init__(self, conn: "Connection", frame: dict, size: int):
-        self.conn = conn
-        self.frame = frame
-        self.size = size
-
-
-class Opened:
-    __slots__ = ("conn",)
-
-    def __init__(self, conn):
-        self.conn = conn
-
-
-class Closed:
-    __slots__ = ("conn",)
-
-    def __init__(self, conn):
-        self.conn = conn
+def ws_text(message: Message) -> bytes:
+    """A message as one unmasked text frame (made once per message, see Message.encoded)."""
+    return text_frame(message.json)
 
 
 def token_principal(token: str) -> str:
@@ -73,7 +50,7 @@ def token_principal(token: str) -> str:
 
 class Connection:
     def __init__(self, ws: web.WebSocketResponse, stream, peer_host: str, hub):
-        self.id = next(_ids)
+        self.id = next_endpoint_id()
         self.ws = ws
         self.peer_host = peer_host
         self.hub = hub
@@ -95,7 +72,10 @@ class Connection:
     def __repr__(self) -> str:
         return f"<Connection {self.id} {self.peer_host}>"
 
-    # -- send side (called on the event loop by the Router and the JournalWriter)
+    # -- send side (called on the event loop by the JournalWriter and the Router)
+
+    def deliver(self, message: Message) -> None:
+        self.send(message.encoded(ws_text))
 
     def send(self, framed: bytes) -> None:
         """Queue one WebSocket frame (already framed, see wire.wsframe)."""
@@ -183,26 +163,11 @@ class Connection:
     def abort(self) -> None:
         """Drop the transport without a close handshake (a stalled writer)."""
         self.closed = True
+        self.close_code = CLOSE_TRY_AGAIN
         self._queue.clear()
         transport = self._stream.transport
         if transport is not None:
             transport.abort()
-
-    def replay(self, seqs: list[int]) -> None:
-        """Send the stored directed chats with these (committed) seqs, marked
-        replayed. Runs as its own task so the journal read blocks nobody."""
-        task = asyncio.get_running_loop().create_task(self._replay(seqs))
-        self.hub.track(task)
-
-    async def _replay(self, seqs: list[int]) -> None:
-        rows = await self.hub.read_journal("payloads", seqs)
-        for seq, payload in rows:
-            frame = codec.loads_stored(payload)
-            frame.pop("receipt_requested", None)
-            frame["replayed"] = True
-            frame["seq"] = seq
-            self.send(text_frame(codec.encode(frame)))
-        self.hub.metrics.frames_out["chat"] = self.hub.metrics.frames_out.get("chat", 0) + len(rows)
 
     # -- receive side
 
@@ -212,10 +177,12 @@ class Connection:
     async def run(self) -> None:
         hub = self.hub
         inbox = hub.router.inbox
+        endpoint = self.id
         deadline = asyncio.get_running_loop().call_later(
             hub.config.auth_timeout, self._registration_timeout)
+        hub.endpoints.add(self)
         if self.authenticated:
-            await hub.router.inbox.put(Opened(self))
+            await inbox.put(self._opened())
         try:
             async for msg in self.ws:
                 if msg.type is WSMsgType.TEXT or msg.type is WSMsgType.BINARY:
@@ -238,11 +205,11 @@ class Connection:
                         if not self._authenticate(frame):
                             continue
                         # On a secured hub the welcome comes only now.
-                        await hub.router.inbox.put(Opened(self))
+                        await inbox.put(self._opened())
                     if not self._registered:
                         self._registered = True
                         deadline.cancel()
-                    command = Inbound(self, frame, len(data))
+                    command = Inbound(endpoint, frame, len(data))
                     try:
                         inbox.put_nowait(command)
                     except asyncio.QueueFull:
@@ -254,10 +221,17 @@ class Connection:
         finally:
             deadline.cancel()
             self.closed = True
-            if self.authenticated and hub.ready:
-                # The name is freed as soon as the socket's close is read: a
-                # client that reconnects under the same name must find it free.
-                await hub.router.inbox.put(Closed(self))
+            try:
+                if self.authenticated and hub.ready:
+                    # The name is freed as soon as the socket's close is read:
+                    # a client that reconnects under the same name must find
+                    # it free.
+                    await inbox.put(Closed(endpoint))
+            finally:
+                hub.endpoints.remove(self)
+
+    def _opened(self) -> Opened:
+        return Opened(self.id, self.principal, self.peer_host, self.peer_cert)
 
     def _authenticate(self, frame: dict) -> bool:
         """The first frame on a secured hub must carry the token; nothing is
@@ -284,3 +258,31 @@ class Connection:
             log.info("no first frame before the deadline", conn=self.id)
             self.close(CLOSE_REGISTRATION_TIMEOUT,
                        "auth timeout" if not self.authenticated else "registration timeout")
+
+
+def make_handler(hub):
+    """The aiohttp handler for every path that is not a probe: upgrade, then
+    serve the socket as one Connection until it closes."""
+    config = hub.config
+
+    async def websocket(request: web.Request) -> web.StreamResponse:
+        refused = guard(hub, request)
+        if refused is not None:
+            return refused
+        ws = web.WebSocketResponse(max_msg_size=config.max_msg_bytes, compress=False,
+                                   autoping=True)
+        if not ws.can_prepare(request).ok:
+            return web.Response(status=426, text="This port speaks WebSocket (and serves "
+                                                 "/health, /readyz, /metrics).\n")
+        if not hub.ready:
+            return web.Response(status=503, text="Hub is starting (journal replay).\n")
+        stream = await ws.prepare(request)
+        peer = request.remote or "unknown"
+        conn = Connection(ws, stream, peer, hub)
+        ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+        if ssl_object is not None:
+            conn.peer_cert = ssl_object.getpeercert(binary_form=True)
+        await conn.run()
+        return ws
+
+    return websocket

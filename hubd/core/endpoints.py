@@ -1,0 +1,94 @@
+"""The open endpoints of every door, by id.
+
+An endpoint is one place a door delivers messages to (a WebSocket today). The
+Router and its outcomes name endpoints by id only; the journal writer, after a
+commit, looks each id up here and hands the endpoint its messages. An id whose
+endpoint has gone is skipped: it closed while its messages were being
+committed, exactly as a closed socket drops what it is sent.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator, Protocol
+
+from .message import CloseEndpoint, Message
+
+_ids = itertools.count(1)
+
+
+def next_endpoint_id() -> int:
+    """Endpoint ids are unique within the process, whichever door asks."""
+    return next(_ids)
+
+
+class Endpoint(Protocol):
+    id: int
+
+    def deliver(self, message: Message) -> None:
+        """Queue one message; never blocks (a full queue closes the endpoint)."""
+
+    def close(self, code: int, reason: str) -> None:
+        """Close after what is already queued."""
+
+    def write_stalled_for(self, now: float) -> float:
+        """Seconds the endpoint's current write has waited to drain (0: none)."""
+
+    def abort(self) -> None:
+        """Drop the endpoint at once (a writer that cannot drain)."""
+
+
+class Endpoints:
+    def __init__(self) -> None:
+        self._by_id: dict[int, Endpoint] = {}
+        self.get = self._by_id.get
+
+    def add(self, endpoint: Endpoint) -> None:
+        self._by_id[endpoint.id] = endpoint
+
+    def remove(self, endpoint: Endpoint) -> None:
+        if self._by_id.get(endpoint.id) is endpoint:
+            del self._by_id[endpoint.id]
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[Endpoint]:
+        return iter(list(self._by_id.values()))
+
+    def deliver(self, endpoint_id: int, message: Message) -> None:
+        endpoint = self._by_id.get(endpoint_id)
+        if endpoint is not None:
+            endpoint.deliver(message)
+
+    def close(self, endpoint_id: int, code: int, reason: str) -> None:
+        endpoint = self._by_id.get(endpoint_id)
+        if endpoint is not None:
+            endpoint.close(code, reason)
+
+
+def release_sends(sends: list, endpoints: Endpoints, frames_out: dict) -> None:
+    """Hand each (destination, item, type) entry to its endpoints: a destination
+    is one endpoint id or a tuple of them; an item is a Message, a callable
+    that builds one (a failure reply, made only when needed) or CloseEndpoint."""
+    get = endpoints.get
+    for dest, item, type_ in sends:
+        if type(item) is not Message:
+            if type(item) is CloseEndpoint:
+                for endpoint_id in (dest if type(dest) is tuple else (dest,)):
+                    endpoint = get(endpoint_id)
+                    if endpoint is not None:
+                        endpoint.close(item.code, item.reason)
+                continue
+            item = item()
+        if type(dest) is tuple:
+            for endpoint_id in dest:
+                endpoint = get(endpoint_id)
+                if endpoint is not None:
+                    endpoint.deliver(item)
+            frames_out[type_] = frames_out.get(type_, 0) + len(dest)
+        else:
+            endpoint = get(dest)
+            if endpoint is not None:
+                endpoint.deliver(item)
+            frames_out[type_] = frames_out.get(type_, 0) + 1
