@@ -218,6 +218,10 @@ class Connection:
                 elif msg.type is WSMsgType.ERROR:
                     log.info("socket error", conn=self.id, error=repr(self.ws.exception()))
                     break
+        except ConnectionResetError as exc:
+            # aiohttp answers a ping inside receive(); when the transport is
+            # already closing, that pong raises. The socket is gone either way.
+            log.info("socket reset while answering a ping", conn=self.id, error=repr(exc))
         finally:
             deadline.cancel()
             self.closed = True

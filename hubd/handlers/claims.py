@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 
 from hubd.actors.router import ON_REGISTER, ON_UNREGISTER, PERIODIC, Router, handles
-from hubd.http.probes import HEALTH_SECTIONS
+from hubd.doors.probes import HEALTH_SECTIONS
 from hubd.state import board as bd
 from hubd.state import capabilities as cap
 from hubd.state import claims as cl

@@ -6,8 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from hubd.doors import websocket
-
-from .probes import add_probes
+from hubd.doors.probes import add_probes
 
 
 def make_app(hub) -> web.Application:

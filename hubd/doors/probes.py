@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from hubd.wire.envelope import PROTOCOL_VERSION
 
-from .guard import guard
+from hubd.http.guard import guard
 
 
 def add_probes(app: web.Application, hub) -> None:
