@@ -26,6 +26,7 @@ from hubd.state.quota import QuotaLimits
 
 SUBCOMMANDS = {
     "certs": ("federation.certs_cli", "make a private CA, hub certificates, and print pins"),
+    "redsyn": ("hubd.doors.redsyn.nodes", "REDSYN nodes: make or revoke an HTTP agent's bearer token"),
     "multihub": ("federation.multihub_cli",
                  "observe a peer hub's journal, show multi-hub authority state, recover a "
                  "quarantined peer"),
