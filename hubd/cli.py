@@ -23,6 +23,7 @@ from hubd.config import (DEFAULT_DB, DEFAULT_PORT, DEFAULT_QUOTA_BYTES, DEFAULT_
 from federation.config import FederationConfigError, build_federation_config
 from hubd.state.claims import LeaseLimits
 from hubd.state.quota import QuotaLimits
+from hubd.state.redsyn import Limits as RedsynLimits
 
 SUBCOMMANDS = {
     "certs": ("federation.certs_cli", "make a private CA, hub certificates, and print pins"),
@@ -136,6 +137,27 @@ def build_parser() -> argparse.ArgumentParser:
     auth_.add_argument("--claim-peer-pin", action="append", default=[],
                        metavar="HUB_ID=sha256:HEX", help="pin of a claim peer (or HUB_ID=@FILE)")
     auth_.add_argument("--claim-peer-token", help="connect token sent to claim peers")
+    redsyn = parser.add_argument_group(
+        "REDSYN", "The HTTP door for agents without a WebSocket (seed 003), under /redsyn/v1 on "
+        "this listener; see docs/redsyn.md. Nodes: hubd redsyn login --help.")
+    redsyn.add_argument("--no-redsyn", action="store_true", help="do not serve /redsyn/v1")
+    redsyn.add_argument("--redsyn-allow-loopback-webhooks", action="store_true",
+                        help="admit http://127.0.0.1 webhook URLs (for tests; off by default)")
+    redsyn.add_argument("--redsyn-webhook-first-retry", type=float, default=10.0,
+                        metavar="SECONDS", help="first webhook retry delay, doubling up to an "
+                        "hour (default 10, as the seed says; shorter for tests)")
+    redsyn.add_argument("--redsyn-messages-per-day", type=int,
+                        default=RedsynLimits.messages_per_day, metavar="N",
+                        help="messages one person may send per UTC day (429 with quota; "
+                             f"default {RedsynLimits.messages_per_day})")
+    redsyn.add_argument("--redsyn-max-pending-messages", type=int,
+                        default=RedsynLimits.pending_messages, metavar="N",
+                        help="undelivered messages one person may have waiting (403 with "
+                             f"quota; default {RedsynLimits.pending_messages})")
+    redsyn.add_argument("--redsyn-max-pending-bytes", type=int,
+                        default=RedsynLimits.pending_bytes, metavar="BYTES",
+                        help="bytes of undelivered messages one person may have waiting "
+                             "(403 with quota; default 512 MiB)")
     logging_ = parser.add_argument_group("logging")
     logging_.add_argument("--log-format", choices=("text", "json"), default="text")
     logging_.add_argument("--log-level", default="INFO",
@@ -163,6 +185,8 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     for name in ("durable_ingress_events", "durable_ingress_bytes", "max_msg_kb", "max_clients"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.redsyn_webhook_first_retry <= 0:
+        parser.error("--redsyn-webhook-first-retry must be positive")
     if args.durable_ingress_window <= 0:
         parser.error("--durable-ingress-window must be positive")
     peer_token = args.message_peer_token
@@ -192,6 +216,12 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
                          max_claims_per_agent=args.max_claims_per_agent,
                          max_paths_per_claim=args.max_paths_per_claim,
                          offline_ttl=args.lease_offline_ttl)
+    for name in ("redsyn_messages_per_day", "redsyn_max_pending_messages",
+                 "redsyn_max_pending_bytes"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    redsyn_limits = RedsynLimits(args.redsyn_messages_per_day, args.redsyn_max_pending_messages,
+                                 args.redsyn_max_pending_bytes)
     quota = None if args.no_durable_ingress_quota else QuotaLimits(
         args.durable_ingress_events, args.durable_ingress_bytes, args.durable_ingress_window)
     return HubConfig(
@@ -201,7 +231,11 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         quota=quota, max_clients=args.max_clients,
         max_connections_per_host=args.max_connections_per_host, max_history=args.max_history,
         allow_origins=frozenset(args.allow_origin), log_format=args.log_format,
-        log_level=args.log_level, federation=federation, claims=claims)
+        log_level=args.log_level, federation=federation, claims=claims,
+        redsyn=not args.no_redsyn,
+        redsyn_allow_loopback_webhooks=args.redsyn_allow_loopback_webhooks,
+        redsyn_webhook_first_retry=args.redsyn_webhook_first_retry,
+        redsyn_limits=redsyn_limits)
 
 
 async def serve(config: HubConfig) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from federation.config import FederationConfig
 from hubd.state.claims import LeaseLimits
+from hubd.state.redsyn import Limits as RedsynLimits
 from hubd.state.quota import QuotaLimits
 
 DEFAULT_PORT = 8876
@@ -42,6 +43,10 @@ class HubConfig:
     log_level: str = "INFO"
     federation: FederationConfig = field(default_factory=FederationConfig)
     claims: LeaseLimits = field(default_factory=LeaseLimits)
+    redsyn: bool = True
+    redsyn_allow_loopback_webhooks: bool = False
+    redsyn_webhook_first_retry: float = 10.0
+    redsyn_limits: RedsynLimits = field(default_factory=RedsynLimits)
 
     def token_matches(self, presented: str) -> bool:
         if self.token is None:

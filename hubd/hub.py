@@ -23,6 +23,7 @@ import structlog
 import federation.claim_forwarding as _claim_forwarding  # noqa: F401  (registers verbs)
 import federation.logpull as _logpull  # noqa: F401
 import federation.receiver as _receiver  # noqa: F401
+import hubd.doors.redsyn.install as _redsyn  # noqa: F401  (journal appliers, timer)
 import hubd.handlers as _handlers  # noqa: F401
 from hubd.actors.journal_writer import JournalWriter
 from hubd.actors.router import PERIODIC, Router
@@ -60,6 +61,11 @@ class Hub:
         self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
         self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
         self.authority = None  # federation.authority.Authority, with a namespace-owner map
+        self.redsyn = None  # hubd.doors.redsyn.door.RedsynDoor, unless --no-redsyn
+        if config.redsyn:
+            from hubd.doors.redsyn.door import RedsynDoor
+
+            self.redsyn = RedsynDoor(self)
         self.ready = False
         self.started = time.time()
         self.corrupt_rows: list[CorruptRow] = []
@@ -147,6 +153,8 @@ class Hub:
     def _journal_committed(self) -> None:
         if self.router is not None:
             self.router.journal_committed()
+        if self.redsyn is not None:
+            self.redsyn.committed()
 
     def _journal_failed(self, failure) -> None:
         if self.router is not None:
@@ -193,6 +201,7 @@ class Hub:
     async def replay(self) -> None:
         started = time.perf_counter()
         state = await self.load_state()
+        state.extensions["redsyn"].woken.clear()  # nobody waits yet
         self.router = Router(self, state)
         if self.authority is not None:
             self.authority.restore(state)
@@ -222,6 +231,8 @@ class Hub:
                 self.forwarding.start(self.router, group)
             if self.authority is not None:
                 self.authority.start(self.router, group)
+            if self.redsyn is not None:
+                await self.redsyn.start(group)
             self.ready = True
             await self._stopping.wait()
             self.ready = False
@@ -248,6 +259,8 @@ class Hub:
         if self.router is not None:
             for endpoint in self.router.presence.endpoints:
                 self.endpoints.close(endpoint, CLOSE_GOING_AWAY, "hub shutting down")
+        if self.redsyn is not None:
+            await self.redsyn.close()
         await self.checkpointer.close()
         await self.writer.close()
         if self._reader is not None:

@@ -1,2 +1,1 @@
-"""The REDSYN HTTP door (seed 003): node tokens (nodes.py); the /redsyn/v1
-endpoints follow (docs/redsyn.md, "Status")."""
+"""The REDSYN HTTP door (seed 003): node tokens, the /redsyn/v1 endpoints."""

@@ -1,0 +1,438 @@
+"""The REDSYN HTTP door: /redsyn/v1 on the hub's own listener.
+
+This module translates HTTP to commands and answers back, and nothing else:
+what a call means is decided by hubd/state/redsyn.py inside the Router (the
+only owner of the state), and what an envelope may look like by
+hubd/wire/redsyn/. Each call becomes one command on the Router's bounded
+inbox carrying a future; the Router journals the decision's events, and the
+future is resolved only after the commit (an accepted message is durable
+before its 2xx), or with a 503 if the commit failed.
+
+Live, door-local bookkeeping (not journaled, rebuilt by agents coming back):
+presence (each take is a heartbeat), the long polls waiting per agent, and
+how many polls each node holds open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import defaultdict
+
+import structlog
+from aiohttp import ClientSession, ClientTimeout, web
+
+from hubd.core.endpoints import next_endpoint_id
+from hubd.handlers.chat import route_chat
+from hubd.state import redsyn as mb
+from hubd.wire.redsyn import envelope as wire
+from hubd.wire.redsyn.envelope import API_VERSION, KNOWN_VERSIONS, RedsynError
+from hubd.wire.redsyn.webhook import signature_header
+
+from .nodes import TokenTable
+
+log = structlog.get_logger("hubd.redsyn")
+
+PREFIX = "/redsyn/v1"
+VERSION_HEADER = "Redsyn-Version"
+MAX_WAIT = 60.0
+MAX_POLLS_PER_NODE = 16
+# A waiting poll looks again this often even without a new message, so a
+# lease that lapsed meanwhile is handed out again.
+RECHECK_SECONDS = 5.0
+TOKEN_REFRESH_SECONDS = 0.5
+WEBHOOK_NODE = "hub:webhook"
+WEBHOOK_TIMEOUT = 10.0
+WEBHOOK_LEASE = 60.0
+WEBHOOK_PARALLEL = 32
+
+
+class _Replies:
+    """The door's one endpoint. A call whose events fail to commit gets the
+    JournalWriter's failure delivery here (its future), and answers 503."""
+
+    def __init__(self):
+        self.id = next_endpoint_id()
+
+    def deliver(self, future) -> None:
+        if not future.done():
+            future.set_exception(_journal_failed())
+
+    def close(self, code: int, reason: str) -> None:
+        pass
+
+    def write_stalled_for(self, now: float) -> float:
+        return 0.0
+
+    def abort(self) -> None:
+        pass
+
+
+def _journal_failed() -> RedsynError:
+    return RedsynError(503, "the hub could not journal this; nothing was changed, retry "
+                            "with the same id")
+
+
+class RedsynDoor:
+    def __init__(self, hub):
+        self.hub = hub
+        config = hub.config
+        self.limits: mb.Limits = config.redsyn_limits
+        self.allow_loopback_webhooks: bool = config.redsyn_allow_loopback_webhooks
+        self.webhook_first_retry: float = config.redsyn_webhook_first_retry
+        self.tokens = TokenTable(config.db)
+        self.presence: dict[str, tuple[float, str]] = {}  # agent -> (last seen, node)
+        self.webhook_seen: dict[str, float] = {}
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._polls: dict[str, int] = defaultdict(int)
+        self._webhook_wake = asyncio.Event()
+        self._replies = _Replies()
+        self.metrics = {"requests": defaultdict(int), "polls_refused": 0,
+                        "webhook_deliveries": defaultdict(int)}
+
+    # -- lifetime
+
+    async def start(self, group: asyncio.TaskGroup) -> None:
+        await asyncio.to_thread(self.tokens.refresh)
+        self.hub.endpoints.add(self._replies)
+        group.create_task(self._refresh_tokens(), name="redsyn-tokens")
+        group.create_task(self._webhooks(), name="redsyn-webhooks")
+
+    async def close(self) -> None:
+        """At shutdown: let go of the database (a held connection would keep
+        operator commands that need the journal to themselves waiting)."""
+        await asyncio.to_thread(self.tokens.close)
+
+    async def _refresh_tokens(self) -> None:
+        while True:
+            await asyncio.sleep(TOKEN_REFRESH_SECONDS)
+            if await asyncio.to_thread(self.tokens.refresh):
+                log.info("node tokens reloaded", nodes=len(self.tokens.by_digest))
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_route("*", PREFIX + "/{tail:.*}", self.handle)
+
+    # -- the Router side
+
+    @property
+    def state(self) -> mb.RedsynState:
+        return self.hub.router.state.extensions["redsyn"]
+
+    async def call(self, decide) -> object:
+        """Run decide(state, now) -> Decision inside the Router; the answer
+        once its events are committed."""
+        router = self.hub.router
+        future = asyncio.get_running_loop().create_future()
+
+        def command(router):
+            if router.mutations_refused():
+                future.set_exception(RedsynError(503, f"the hub cannot write its journal now "
+                                                      f"({router.refusing_mutations})"))
+                return
+            try:
+                decision = decide(router.state.extensions["redsyn"], router.now)
+            except RedsynError as exc:
+                future.set_exception(exc)
+                return
+            except BaseException as exc:
+                future.set_exception(RedsynError(500, "internal error"))
+                raise exc
+            if not decision.events:
+                future.set_result(decision.answer)
+                return
+            woken = set()
+            for kind, payload in decision.events:
+                router.event(kind, payload)
+                if kind == mb.MESSAGE:
+                    woken.update(d["agent"] for d in payload["deliveries"])
+            for chat in decision.chats:
+                # the WebSocket side: journaled and sent like any chat from this seat
+                route_chat(router, chat["frame"], chat["sender"], {"redsyn": 1})
+            router.out.failure.append((self._replies.id, lambda: future, "redsyn"))
+
+            def released():
+                if not future.done():
+                    future.set_result(decision.answer)
+                self.wake(woken)
+            router.after_release(released)
+
+        await router.inbox.put(command)
+        return await future
+
+    def wake(self, agents) -> None:
+        webhook = False
+        for agent in agents:
+            waiter = self._waiters.pop(agent, None)
+            if waiter is not None:
+                waiter.set()
+            if not webhook:
+                record = self.state.agents.get(agent)
+                webhook = record is not None and record.webhook is not None
+        if webhook:
+            self._webhook_wake.set()
+
+    def _seat_of(self, address: str, state: mb.RedsynState) -> str | None:
+        """The seat a WebSocket agent holds for an address (inside the Router):
+        a WebSocket agent online under that name; else one seen on this hub
+        before, unless the address is a REDSYN agent (then its inbox)."""
+        router = self.hub.router
+        if address in router.presence.by_name:
+            return address
+        if address in router.state.agents.last_seen and not mb.known_here(state, address):
+            return address
+        return None
+
+    def committed(self) -> None:
+        """After each journal commit: wake the polls of agents a chat reached."""
+        state = self.hub.router.state.extensions["redsyn"] if self.hub.router else None
+        if state is not None and state.woken:
+            woken, state.woken = state.woken, []
+            self.wake(woken)
+
+    # -- HTTP
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        version = request.headers.get(VERSION_HEADER, API_VERSION)
+        try:
+            if version not in KNOWN_VERSIONS:
+                raise RedsynError(400, f"unknown {VERSION_HEADER} {version!r}; known: "
+                                       f"{', '.join(KNOWN_VERSIONS)}", known=list(KNOWN_VERSIONS))
+            if not self.hub.ready:
+                raise RedsynError(503, "the hub is starting (journal replay)")
+            node = self._authenticate(request)
+            response = await self._route(request, node)
+        except RedsynError as exc:
+            response = web.json_response(exc.document(), status=exc.status)
+        response.headers[VERSION_HEADER] = version if version in KNOWN_VERSIONS else API_VERSION
+        self.metrics["requests"][response.status] += 1
+        return response
+
+    def _authenticate(self, request: web.Request) -> mb.Node:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise RedsynError(401, "Authorization: Bearer <token> is required "
+                                   "(hubd redsyn login makes one)")
+        node = self.tokens.node_for(token.strip())
+        if node is None:
+            raise RedsynError(401, "unknown or revoked token")
+        return node
+
+    async def _json(self, request: web.Request):
+        if request.content_length is not None and \
+                request.content_length > wire.MAX_REQUEST_BYTES:
+            raise RedsynError(413, f"the request is larger than {wire.MAX_REQUEST_BYTES} bytes")
+        chunks, size = [], 0
+        while True:
+            chunk = await request.content.read(65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > wire.MAX_REQUEST_BYTES:
+                raise RedsynError(413, f"the request is larger than "
+                                       f"{wire.MAX_REQUEST_BYTES} bytes")
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        try:
+            return json.loads(data) if data else {}, len(data)
+        except (ValueError, RecursionError):
+            raise RedsynError(400, "the request body is not JSON") from None
+
+    async def _route(self, request: web.Request, node: mb.Node) -> web.Response:
+        path = request.match_info["tail"]
+        method = request.method
+        parts = path.split("/")
+        if parts[0] == "agents" and len(parts) >= 5:
+            if len(parts) == 6 and parts[5] == "key" and method == "GET":
+                return self._key(node, "/".join(parts[1:5]))
+            if len(parts) == 5 and method == "PUT":
+                return await self._announce(request, node, "/".join(parts[1:5]))
+            if len(parts) == 5 and method == "GET":
+                return self._agent(node, "/".join(parts[1:5]))
+        elif path == "nodes/key" and method == "PUT":
+            doc, _ = await self._json(request)
+            answer = await self.call(lambda state, now: mb.decide_key(state, node, doc))
+            return web.json_response(answer)
+        elif path == "messages" and method == "POST":
+            return await self._post(request, node)
+        elif parts[0] == "messages" and len(parts) == 3 and parts[2] == "files" \
+                and method == "GET":
+            data = mb.files_of(self.state, node, parts[1])
+            return web.Response(body=data, content_type="application/zip")
+        elif parts[0] == "messages" and len(parts) == 2 and method == "DELETE":
+            answer = await self.call(lambda state, now: mb.decide_cancel(state, node, parts[1]))
+            return web.json_response(answer)
+        elif parts[0] == "inbox" and len(parts) == 5 and method == "GET":
+            return await self._take(request, node, "/".join(parts[1:5]))
+        elif parts[0] == "inbox" and len(parts) == 6 and parts[5] == "ack" and method == "POST":
+            doc, _ = await self._json(request)
+            agent = "/".join(parts[1:5])
+            answer = await self.call(lambda state, now: mb.decide_ack(state, node, agent, doc))
+            return web.json_response(answer)
+        elif parts[0] == "topics" and len(parts) == 5 and \
+                parts[4] in ("subscribe", "unsubscribe") and method == "POST":
+            doc, _ = await self._json(request)
+            if isinstance(doc, dict):
+                doc = {**doc, "subscribe": parts[4] == "subscribe"}
+            topic = "topic:" + "/".join(parts[1:4])
+            answer = await self.call(
+                lambda state, now: mb.decide_subscribe(state, node, topic, doc))
+            return web.json_response(answer)
+        raise RedsynError(404, f"no endpoint {method} {PREFIX}/{path}")
+
+    async def _announce(self, request, node, address) -> web.Response:
+        doc, _ = await self._json(request)
+        answer = await self.call(lambda state, now: mb.decide_announce(
+            state, node, address, doc, self.allow_loopback_webhooks))
+        if answer["listening"]:
+            self.presence[answer["agent"]] = (time.time(), node.id)
+        return web.json_response(answer)
+
+    def _agent(self, node, address) -> web.Response:
+        agent = wire.parse_address(address, what="agent address")
+        key = agent.agent_address
+        if agent.org != node.person.split("/")[0]:
+            raise RedsynError(403, f"{key} is not visible outside {agent.org}")
+        record = self.state.agents.get(key)
+        seen = max(self.presence.get(key, (0.0, ""))[0], self.webhook_seen.get(key, 0.0))
+        if record is None and not seen:
+            raise RedsynError(404, f"no agent {key}")
+        record = record or mb.Agent()
+        return web.json_response({
+            "agent": key, "online": time.time() - seen < mb.PRESENCE_SECONDS,
+            "last_seen": int(seen) if seen else None, "listening": record.listening,
+            "description": record.description, "policy": record.policy,
+            "webhook": record.webhook is not None, "node": record.node,
+            "waiting": len(self.state.boxes.get(key, ()))})
+
+    def _key(self, node, address) -> web.Response:
+        return web.json_response(mb.key_of(self.state, node, address))
+
+    async def _post(self, request, node) -> web.Response:
+        doc, size = await self._json(request)
+        incoming = wire.validate(doc, node.person, size)
+        answer = await self.call(lambda state, now: mb.decide_post(
+            state, node, incoming, now, self.limits, new_id=lambda: "m" + uuid.uuid4().hex,
+            seat_of=self._seat_of))
+        return web.json_response(answer, status=200 if answer["duplicate"] else 201)
+
+    async def _take(self, request, node, address) -> web.Response:
+        query = request.query
+        agent = mb.own_agent(node, address).agent_address
+        try:
+            wait = float(query.get("wait", "0"))
+            limit = int(query.get("limit", str(mb.MAX_ITEMS_PER_TAKE)))
+        except ValueError:
+            raise RedsynError(400, "wait is seconds and limit a whole number") from None
+        if not 0 <= wait <= MAX_WAIT:
+            raise RedsynError(400, f"wait must be 0 to {MAX_WAIT:g} seconds")
+        if not 1 <= limit <= mb.MAX_ITEMS_PER_TAKE:
+            raise RedsynError(400, f"limit must be 1 to {mb.MAX_ITEMS_PER_TAKE}")
+        lease = mb.check_lease(query.get("lease"))
+        if self._polls[node.id] >= MAX_POLLS_PER_NODE:
+            self.metrics["polls_refused"] += 1
+            raise RedsynError(429, f"this node already holds {MAX_POLLS_PER_NODE} open polls")
+        self._polls[node.id] += 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        try:
+            while True:
+                self.presence[agent] = (time.time(), node.id)
+                waiter = self._waiters.get(agent)
+                if waiter is None:
+                    waiter = self._waiters[agent] = asyncio.Event()
+                items = await self.call(lambda state, now: mb.decide_take(
+                    state, node, agent, lease, limit, now, agent_checked=True))
+                remaining = deadline - loop.time()
+                if items or remaining <= 0:
+                    return web.json_response({"items": items})
+                try:
+                    await asyncio.wait_for(waiter.wait(), min(remaining, RECHECK_SECONDS))
+                except TimeoutError:
+                    pass
+        finally:
+            self._polls[node.id] -= 1
+            if not self._polls[node.id]:
+                del self._polls[node.id]
+
+    # -- webhooks
+
+    async def _webhooks(self) -> None:
+        """Push to agents that announced a webhook: one delivery in flight per
+        agent, at most WEBHOOK_PARALLEL agents at once."""
+        busy: set[str] = set()
+        slots = asyncio.Semaphore(WEBHOOK_PARALLEL)
+        async with ClientSession(timeout=ClientTimeout(total=WEBHOOK_TIMEOUT)) as http:
+            while True:
+                try:
+                    await asyncio.wait_for(self._webhook_wake.wait(), 1.0)
+                except TimeoutError:
+                    pass
+                self._webhook_wake.clear()
+                if self.hub.router is None:
+                    continue
+                for agent, record in list(self.state.agents.items()):
+                    if record.webhook is None or agent in busy or agent not in self.state.boxes:
+                        continue
+                    busy.add(agent)
+                    task = asyncio.get_running_loop().create_task(
+                        self._push(http, slots, agent, record.webhook, busy))
+                    self.hub.track(task)
+
+    async def _push(self, http, slots, agent, hook, busy) -> None:
+        person = agent.rsplit("/", 1)[0]
+        node = mb.Node(WEBHOOK_NODE, person)
+        try:
+            async with slots:
+                items = await self.call(lambda state, now: mb.decide_take(
+                    state, node, agent, WEBHOOK_LEASE, 16, now, agent_checked=True))
+                for item in items:
+                    body = json.dumps(item).encode()
+                    t = int(time.time())
+                    headers = {"Content-Type": "application/json",
+                               "Redsyn-Signature": signature_header(hook["secret"], t, body),
+                               VERSION_HEADER: API_VERSION, "Redsyn-Delivery": item["id"]}
+                    try:
+                        async with http.post(hook["url"], data=body, headers=headers) as answer:
+                            ok = 200 <= answer.status < 300
+                            outcome = str(answer.status)
+                    except (OSError, asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001
+                        # Any failure to get a 2xx is a failed attempt (the seed:
+                        # "any other answer, or none"); it is logged and retried.
+                        ok, outcome = False, type(exc).__name__
+                    self.metrics["webhook_deliveries"][ok] += 1
+                    if ok:
+                        self.webhook_seen[agent] = time.time()
+                        await self.call(lambda state, now, i=item["id"]: mb.decide_ack(
+                            state, node, agent, {"ids": [i]}))
+                    else:
+                        log.info("webhook delivery failed", agent=agent, id=item["id"],
+                                 outcome=outcome)
+                        await self.call(lambda state, now, i=item["id"]: mb.Decision(
+                            mb.webhook_failed(state, agent, i, now, self.webhook_first_retry)
+                            if i in state.boxes.get(agent, {}) else []))
+        except RedsynError as exc:
+            log.warning("webhook round refused", agent=agent, error=exc.error)
+        finally:
+            busy.discard(agent)
+        if agent in self.state.boxes:
+            self._webhook_wake.set()
+
+
+def sweep(router) -> None:
+    """Once a second (a Router timer): give up what expired or was taken ten
+    times untouched, and tell the senders."""
+    door = getattr(router.hub, "redsyn", None)
+    state = router.state.extensions.get("redsyn")
+    if door is None or state is None or router.mutations_refused():
+        return
+    events = mb.sweep(state, router.now)
+    woken = set()
+    for kind, payload in events:
+        router.event(kind, payload)
+        if kind == mb.MESSAGE:
+            woken.update(d["agent"] for d in payload["deliveries"])
+    if woken:
+        router.after_release(lambda: door.wake(woken))
