@@ -1,7 +1,13 @@
 """`hubd certs ...`: make a private CA and the certificates hubs need to peer, and print pins.
 
 Every subcommand prints what the operator needs next (paths, pins, flags) and
-accepts --json for scripts. Errors are one line on stderr with exit status 2.
+accepts --json for scripts. Errors are one line on stderr with exit status 2;
+`fetch --json` also prints {"url", "error": {"cause", "detail"}} on stdout, so
+a script can tell a timeout from a refused connection.
+
+Files go to --dir, by default certs/out/ under the working directory: the
+development PKI's place in the repository's layout (certs/README.md), ignored
+by git.
 """
 
 from __future__ import annotations
@@ -14,13 +20,15 @@ from typing import Any, Callable, Sequence
 
 from cryptography import x509
 
-from federation import pki
+from federation import chain_fetch, pki
+from federation.chain_fetch import ChainFetchError
 from federation.pins import PinError, pins_for_certificate, pins_for_file
 from federation.pki import PkiError
 
 EXIT_OK = 0
 EXIT_ERROR = 2
 PROG = "hubd certs"
+DEFAULT_DIR = Path("certs") / "out"
 
 
 class _Usage(Exception):
@@ -53,6 +61,12 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_ERROR
     try:
         result = args.handler(args)
+    except ChainFetchError as exc:
+        if args.json:
+            print(json.dumps({"url": args.url, "error": {"cause": exc.cause, "detail": exc.detail}},
+                             indent=2, sort_keys=True))
+        print(f"{PROG}: error: {exc.cause}: {exc.detail}", file=sys.stderr)
+        return EXIT_ERROR
     except (PkiError, PinError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -77,14 +91,16 @@ def _build_parser() -> argparse.ArgumentParser:
         return sub
 
     ca = add("ca", _cmd_ca, "create a private CA (ca.pem, ca.key) in DIR")
-    ca.add_argument("--dir", required=True, type=Path, help="directory for the PKI files")
+    ca.add_argument("--dir", default=DEFAULT_DIR, type=Path,
+                    help=f"directory for the PKI files (default: {DEFAULT_DIR})")
     ca.add_argument("--name", default=pki.DEFAULT_CA_NAME, help="CA common name")
     ca.add_argument("--days", type=int, default=pki.DEFAULT_CA_DAYS, help="validity in days")
     ca.add_argument("--force", action="store_true", help="replace an existing CA")
 
     for name, purpose in (("server", "a hub's wss:// listener"), ("client", "a hub's peer links")):
         sub = add(name, _cmd_leaf, f"issue a certificate for {purpose}, signed by the CA in DIR")
-        sub.add_argument("--dir", required=True, type=Path, help="directory holding ca.pem and ca.key")
+        sub.add_argument("--dir", default=DEFAULT_DIR, type=Path,
+                         help=f"directory holding ca.pem and ca.key (default: {DEFAULT_DIR})")
         sub.add_argument("--hub-id", required=True, help="the hub's id (certificate CN, file names)")
         if name == "server":
             sub.add_argument(
@@ -115,7 +131,8 @@ def _build_parser() -> argparse.ArgumentParser:
         _cmd_peer_setup,
         "CA (reused if DIR has one) plus server and client certificates for each hub",
     )
-    setup.add_argument("--dir", required=True, type=Path, help="directory for the PKI files")
+    setup.add_argument("--dir", default=DEFAULT_DIR, type=Path,
+                       help=f"directory for the PKI files (default: {DEFAULT_DIR})")
     setup.add_argument(
         "--hub-id", required=True, action="append", dest="hub_ids", metavar="ID",
         help="a hub to set up, repeatable",
@@ -128,6 +145,18 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     setup.add_argument("--days", type=int, default=pki.DEFAULT_LEAF_DAYS, help="leaf validity in days")
     setup.add_argument("--force", action="store_true", help="replace existing hub certificates")
+
+    fetch = add(
+        "fetch",
+        _cmd_fetch,
+        "connect to a hub's wss:// listener and print every certificate it presents, with pins",
+    )
+    fetch.add_argument("url", metavar="URL", help="wss://HOST:PORT/ (or https://), as in --message-peer")
+    fetch.add_argument(
+        "--timeout", type=float, default=chain_fetch.DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS",
+        help="give up after this long: resolving, connecting and the TLS handshake together "
+             f"(default: {chain_fetch.DEFAULT_TIMEOUT_SECONDS:g})",
+    )
     return parser
 
 
@@ -259,6 +288,29 @@ def _cmd_peer_setup(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _cmd_fetch(args: argparse.Namespace) -> dict[str, Any]:
+    chain = chain_fetch.fetch_chain(args.url, timeout=args.timeout)
+    return {
+        "url": chain.target.url,
+        "host": chain.target.host,
+        "port": chain.target.port,
+        "address": chain.address,
+        "tls_version": chain.tls_version,
+        "certificates": [
+            {
+                "position": position,
+                "subject": certificate.subject,
+                "issuer": certificate.issuer,
+                "not_before": certificate.not_before,
+                "not_after": certificate.not_after,
+                "is_ca": certificate.is_ca,
+                **certificate.pins.as_dict(),
+            }
+            for position, certificate in enumerate(chain.certificates)
+        ],
+    }
+
+
 def _hub_flags(hub: dict[str, Any], hubs: list[dict[str, Any]], ca_cert: Path) -> dict[str, Any]:
     """What hub `hub` needs to serve and to reach/accept each other hub.
 
@@ -347,6 +399,8 @@ def _render_text(command: str, result: dict[str, Any]) -> str:
         return f"sha256:      {result['sha256']}\nspki-sha256: {result['spki_sha256']}"
     if command == "peer-setup":
         return _render_peer_setup(result)
+    if command == "fetch":
+        return _render_fetch(result)
     return json.dumps(result, indent=2)
 
 
@@ -361,6 +415,35 @@ def _render_leaf(result: dict[str, Any]) -> str:
     lines += [
         f"sha256 pin:      {result['pins']['sha256']}",
         f"spki-sha256 pin: {result['pins']['spki_sha256']}",
+    ]
+    return "\n".join(lines)
+
+
+def _render_fetch(result: dict[str, Any]) -> str:
+    certificates = result["certificates"]
+    count = len(certificates)
+    lines = [
+        f"{result['url']} ({result['address']}, {result['tls_version']}) presented "
+        f"{count} certificate{'s' if count != 1 else ''}:",
+    ]
+    for certificate in certificates:
+        role = "leaf" if certificate["position"] == 0 else ("CA" if certificate["is_ca"] else "chain")
+        lines += [
+            "",
+            f"[{certificate['position']}] {role}: {certificate['subject']}",
+            f"    issuer:          {certificate['issuer']}",
+            f"    valid:           {certificate['not_before']} .. {certificate['not_after']}",
+            f"    sha256 pin:      {certificate['sha256']}",
+            f"    spki-sha256 pin: {certificate['spki_sha256']}",
+        ]
+    leaf = certificates[0]
+    lines += [
+        "",
+        "Peer links check the leaf [0]: pin one of its pins, e.g.",
+        f"    --message-peer-pin PEER={leaf['sha256']}",
+        "  (spki-sha256 survives a re-issue on the same key). Before trusting it, compare it",
+        "  with the pin the peer's operator printed (`hubd certs pin`): whoever answered this",
+        "  connection chose what it presented.",
     ]
     return "\n".join(lines)
 

@@ -26,7 +26,8 @@ from hubd.state.quota import QuotaLimits
 from hubd.state.redsyn import Limits as RedsynLimits
 
 SUBCOMMANDS = {
-    "certs": ("federation.certs_cli", "make a private CA, hub certificates, and print pins"),
+    "certs": ("federation.certs_cli",
+              "make a private CA and hub certificates, print pins, fetch a hub's presented chain"),
     "redsyn": ("hubd.doors.redsyn.nodes", "REDSYN nodes: make or revoke an HTTP agent's bearer token"),
     "multihub": ("federation.multihub_cli",
                  "observe a peer hub's journal, show multi-hub authority state, recover a "

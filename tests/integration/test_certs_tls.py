@@ -511,3 +511,27 @@ def test_usage_errors_exit_2_and_help_exits_0(capsys):
     assert run_cli(capsys)[0] == 2
     status, out, _ = run_cli(capsys, "--help")
     assert status == 0 and "peer-setup" in out
+
+
+def test_default_directory_is_certs_out_and_git_ignores_it(tmp_path):
+    """Without --dir every command that writes uses certs/out/ under the working directory."""
+    def hubd_certs(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hubd", "certs", *argv],
+                              cwd=tmp_path, capture_output=True, text=True)
+
+    done = hubd_certs("peer-setup", "--hub-id", "east", "--hub-id", "west", "--json")
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "certs" / "out"
+    assert json.loads(done.stdout)["dir"] == "certs/out"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["ca.pem", "ca.key"] + [f"{hub}-{role}.{ext}" for hub in ("east", "west")
+                                for role in ("server", "client") for ext in ("pem", "key")])
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    # server/client find the CA there too; ca refuses to replace it
+    assert hubd_certs("client", "--hub-id", "north").returncode == 0
+    assert (out / "north-client.pem").is_file()
+    refused = hubd_certs("ca")
+    assert refused.returncode == 2 and "certs/out/ca.pem" in refused.stderr
+
+    ignored = subprocess.run(["git", "check-ignore", "-q", "certs/out/ca.key"], cwd=REPO_ROOT)
+    assert ignored.returncode == 0, "certs/out/ must be git-ignored"
