@@ -194,9 +194,11 @@ def _resolve(target: Target, deadline: float, timeout: float) -> list[tuple]:
 def _connect(target: Target, deadline: float, timeout: float) -> tuple[socket.socket, str]:
     """TCP connect to the first address that answers, each attempt bounded by the deadline."""
     failures: list[tuple[str, OSError]] = []
+    out_of_time = False
     for family, kind, proto, _name, sockaddr in _resolve(target, deadline, timeout):
         remaining = _remaining(deadline)
         if remaining <= 0:
+            out_of_time = True
             break
         sock = socket.socket(family, kind, proto)
         sock.settimeout(remaining)
@@ -207,7 +209,7 @@ def _connect(target: Target, deadline: float, timeout: float) -> tuple[socket.so
             failures.append((sockaddr[0], exc))
             continue
         return sock, sockaddr[0]
-    if not failures or isinstance(failures[-1][1], TimeoutError):
+    if out_of_time or not failures or isinstance(failures[-1][1], TimeoutError):
         raise ChainFetchError(
             CAUSE_TIMEOUT, f"connecting to {_where(target)} took longer than {timeout:g}s"
         )
