@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from federation import tls
+from tests.support.prereq import need_tool
 from federation.certs_cli import main as certs_main
 from federation.pins import (
     PinError,
@@ -351,9 +352,9 @@ def test_reissue_with_key_from_elsewhere_copies_it_owner_only(tmp_path):
 # --- openssl agrees ---------------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 @pytest.mark.parametrize("name", ["west-server.pem", "east-client.pem", "ca.pem"])
 def test_openssl_computes_the_same_pins(pki_dir, name):
+    need_tool("openssl")
     path = str(pki_dir / name)
     der = subprocess.run(["openssl", "x509", "-in", path, "-outform", "DER"],
                          check=True, capture_output=True).stdout
@@ -366,10 +367,10 @@ def test_openssl_computes_the_same_pins(pki_dir, name):
     assert pins.spki_sha256 == "spki-sha256:" + hashlib.sha256(spki).hexdigest()
 
 
-@pytest.mark.skipif(shutil.which("sha256sum") is None or shutil.which("openssl") is None,
-                    reason="openssl or sha256sum not installed")
 def test_reference_recipe_pipeline_matches(pki_dir):
     """`openssl x509 -outform DER | sha256sum`, exactly as the reference documents it."""
+    need_tool("openssl")
+    need_tool("sha256sum", "coreutils")
     path = pki_dir / "east-client.pem"
     shell = f"openssl x509 -in '{path}' -outform DER | sha256sum"
     digest = subprocess.run(shell, shell=True, check=True, capture_output=True, text=True).stdout.split()[0]

@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from tests.support.prereq import missing
 from tests.support.procs import REPO
 
 
@@ -39,7 +40,7 @@ def _health(timeout=20.0):
 
 def test_hubd_with_no_options(tmp_path):
     if not _port_free(8876):
-        pytest.skip("port 8876 is taken on this machine")
+        missing("port 8876 is taken on this machine")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     ids = []
     for _ in range(2):

@@ -2,7 +2,6 @@
 
 import asyncio
 import errno
-import os
 import subprocess
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from hubd.actors import router as router_module
 from hubd.state import events as ev
 from tests.support.inproc import running_hub
+from tests.support.prereq import missing, need_root
 from tests.support.wsprobe import WsProbe
 
 
@@ -48,13 +48,12 @@ async def test_unexpected_handler_exception_closes_only_that_connection(tmp_path
 
 
 def _mount_tmpfs(path, size="4m"):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a size-limited tmpfs")
+    need_root("mount a size-limited tmpfs")
     path.mkdir()
     result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
                             capture_output=True, text=True)
     if result.returncode != 0:
-        pytest.skip(f"cannot mount tmpfs: {result.stderr.strip()}")
+        missing(f"cannot mount tmpfs: {result.stderr.strip()}")
 
 
 def _fill(path):

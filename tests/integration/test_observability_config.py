@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import urllib.request
@@ -26,6 +25,7 @@ import pytest
 import yaml
 
 from tests.support.compose import COMPOSE_DIR
+from tests.support.prereq import need_tool
 from tests.support.procs import hubd_process
 from tests.support.promql import grouping_labels, metric_names
 from tests.support.wsprobe import WsProbe
@@ -38,11 +38,7 @@ TARGET_LABELS = {"job", "instance", "site"}
 
 
 def tool(name: str, package: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"`{name}` is not installed (Debian package {package}; .ci/run installs "
-                    "it when the package registry has it)")
-    return path
+    return need_tool(name, package)
 
 
 def run(argv, **kw) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ open hub is a reference policy, not part of the wire contract under test).
 If the reference virtual environment cannot be built (no route to PyPI), the
 ``reference`` parameter is skipped, and so is every test that needs the
 reference *client* (fixture ``ref``); ``hubd`` tests that only use raw probes
-do not depend on it.
+do not depend on it. On CI (tests/support/prereq.py) that is a failure instead.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ if _REPO not in sys.path:  # tests.support.* are imported as a package from the 
 
 from tests.support.procs import (  # noqa: E402
     HubProcess, hubd_process, reference_hub_process, reference_venv)
+from tests.support.prereq import missing  # noqa: E402
 from tests.support.refclient import RefClient  # noqa: E402
 
 HUB_ID = "iop-east"
@@ -69,7 +70,7 @@ def reference_venv_status() -> tuple[Path | None, str]:
 def _need_reference(status: tuple[Path | None, str]) -> Path:
     venv, why = status
     if venv is None:
-        pytest.skip(why)
+        missing(why)
     return venv
 
 

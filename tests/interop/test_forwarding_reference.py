@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.prereq import missing
 from tests.support.procs import hubd_process, reference_hub_process
 from tests.support.wsprobe import WsProbe
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.interop
 @pytest.fixture
 def pki(tmp_path, reference_venv_status):
     if reference_venv_status[0] is None:
-        pytest.skip(reference_venv_status[1])
+        missing(reference_venv_status[1])
     return make_pki(tmp_path / "pki", ["east", "west"])
 
 

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from federation import pki
 from federation.pins import certificate_pin
 from federation.policy import PolicyError, load_serving_policy
+from tests.support.prereq import missing
 from tests.support.procs import HubProcess, reference_hub_process
 
 pytestmark = pytest.mark.interop
@@ -119,7 +120,7 @@ def reference_west(workdir: Path, certs: Pki, policy: Path) -> HubProcess:
 def need_reference(reference_venv_status):
     venv, why = reference_venv_status
     if venv is None:
-        pytest.skip(why)
+        missing(why)
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ Example::
         topo.restore("a", "lan")
 
 Pytest: call :func:`require_netns` (skips only when not root or when network
-namespaces cannot be created; set ``HUBD_REQUIRE_NETNS=1`` to fail instead)
+namespaces cannot be created; with ``HUBD_REQUIRE_NETNS=1`` or on CI it fails instead)
 and :func:`require_nft` before ``block``.
 """
 
@@ -218,25 +218,27 @@ def _probe_nft() -> tuple[bool, str]:
 def require_netns() -> None:
     """pytest: skip unless root and network namespaces can be created.
 
-    With HUBD_REQUIRE_NETNS=1 in the environment, fail instead of skipping.
+    With HUBD_REQUIRE_NETNS=1 in the environment, or on CI (tests/support/prereq.py),
+    fail instead of skipping.
     """
-    import pytest
+    from tests.support.prereq import missing
 
     ok, why = netns_available()
     if not ok:
         if os.environ.get("HUBD_REQUIRE_NETNS") == "1":
+            import pytest
             pytest.fail(f"network namespaces required but unavailable: {why}")
-        pytest.skip(why)
+        missing(why)
 
 
 def require_nft() -> None:
     """pytest: require_netns(), then skip unless nftables works in a namespace."""
-    import pytest
+    from tests.support.prereq import missing
 
     require_netns()
     ok, why = nft_available()
     if not ok:
-        pytest.skip(why)
+        missing(why)
 
 
 # --------------------------------------------------------------------------- setns

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
 import ssl
 import subprocess
 
@@ -13,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from federation import pki
+from tests.support.prereq import need_tool
 from federation.pins import (
     Pin,
     PinError,
@@ -139,9 +139,9 @@ def test_pins_for_missing_file_names_it(tmp_path):
         pins_for_file(tmp_path / "absent.pem")
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_openssl_der_sha256sum_agrees(tmp_path, server):
     """The pin operators compute by hand for the reference hub is ours."""
+    need_tool("openssl")
     path = tmp_path / "server.pem"
     path.write_bytes(pem_of(server))
     der = subprocess.run(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-import shutil
 import stat
 import subprocess
 
@@ -16,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from federation import pki
+from tests.support.prereq import need_tool
 from federation.pki import PkiError
 
 
@@ -272,8 +272,8 @@ def test_load_errors_are_pki_errors(tmp_path, ca):
 # --- an independent verifier --------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_openssl_accepts_each_certificate_for_its_purpose_only(tmp_path, ca):
+    need_tool("openssl")
     pki.write_certificate(tmp_path / "ca.pem", ca.certificate)
     pki.write_certificate(tmp_path / "server.pem", pki.make_server_certificate(ca, "west").certificate)
     pki.write_certificate(tmp_path / "client.pem", pki.make_client_certificate(ca, "east").certificate)

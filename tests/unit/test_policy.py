@@ -18,6 +18,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from federation import pki
+from tests.support.prereq import need_module, need_root
 from federation.pins import certificate_pin, spki_pin
 from federation.policy import (
     EXPIRED,
@@ -291,8 +292,8 @@ def test_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
         load_serving_policy(tmp_path / "fifo")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file away")
 def test_file_owned_by_another_user_is_refused(site):
+    need_root("give a file away")
     path = site.write()
     os.chown(path, 4242, 4242)
     with pytest.raises(PolicyError, match=r"owned by uid 4242.*run: chown"):
@@ -665,7 +666,7 @@ def test_every_schema_field_is_described():
 
 
 def test_examples_validate_against_the_schemas():
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = need_module("jsonschema")
     for example, schema in (("serving-policy.example.json", "serving-policy.schema.json"),
                             ("federation-store.example.json", "federation-store.schema.json")):
         jsonschema.Draft202012Validator(_schema(schema)).validate(
