@@ -20,6 +20,7 @@ from typing import Callable
 
 import structlog
 
+from hubd import faults
 from hubd.core.endpoints import Endpoints, release_sends
 from hubd.journal.store import JournalStore
 from hubd.journal.thread import DbThread
@@ -62,6 +63,7 @@ class JournalWriter:
         self.store: JournalStore | None = None
         self.failed = False
         self.committed_seq = 0
+        self._fault = faults.from_env()  # None unless a crash test armed HUBD_FAULT
 
     async def call(self, fn, *args):
         """Run fn on the writer thread (the write connection lives there)."""
@@ -115,6 +117,8 @@ class JournalWriter:
         events = [event for outcome in group for event in outcome.events]
         failed = self.failed
         if events and not failed:
+            if self._fault is not None:
+                self._fault.reached("before", events)
             started = time.perf_counter()
             try:
                 await self.call(self._append, events)
@@ -126,6 +130,8 @@ class JournalWriter:
                 self._on_failure(JournalFailed(exc))
             else:
                 self.committed_seq = events[-1].seq
+                if self._fault is not None:
+                    self._fault.reached("after", events)
                 self.metrics.observe_commit(len(events), time.perf_counter() - started)
                 if self._on_commit is not None:
                     self._on_commit()
