@@ -1,5 +1,7 @@
 """Commit before publish, proven by SIGKILL: every chat the hub sent a receipt
-for is in the journal and replayable after a restart, and none is there twice."""
+for is in the journal and replayable after a restart, and none is there twice;
+the live recipient saw only journaled chats, each once, including every one
+its sender got a receipt for."""
 
 import asyncio
 import json
@@ -13,7 +15,7 @@ KILL_AFTER_RECEIPTS = 1500
 IN_FLIGHT = 256  # chats sent ahead of their receipts, so the kill lands mid-burst
 
 
-async def burst_until_killed(hub) -> list[dict]:
+async def burst_until_killed(hub) -> tuple[list[dict], list[dict]]:
     sender = await WsProbe.open(hub.url)
     await sender.recv_type("welcome")
     await sender.register("p/alice")
@@ -45,10 +47,14 @@ async def burst_until_killed(hub) -> list[dict]:
                 if len(receipts) == KILL_AFTER_RECEIPTS:
                     hub.kill()
 
-    await asyncio.gather(send_all(), read_receipts())
+    async def read_live():
+        while await receiver._pull(10.0):
+            pass  # until the kill closes the socket
+
+    await asyncio.gather(send_all(), read_receipts(), read_live())
     await sender.close()
     await receiver.close()
-    return receipts
+    return receipts, receiver.seen("chat")
 
 
 async def replay_everything(url, name) -> list[dict]:
@@ -70,7 +76,7 @@ async def replay_everything(url, name) -> list[dict]:
 def test_sigkill_during_receipt_burst(tmp_path):
     hub = hubd_process(tmp_path, "--no-durable-ingress-quota")
     hub.start()
-    receipts = asyncio.run(burst_until_killed(hub))
+    receipts, live = asyncio.run(burst_until_killed(hub))
     assert hub.proc.returncode == -9
     assert len(receipts) >= KILL_AFTER_RECEIPTS
 
@@ -85,6 +91,16 @@ def test_sigkill_during_receipt_burst(tmp_path):
         chat = journal.get(receipt["message_seq"])
         assert chat is not None, f"receipt for seq {receipt['message_seq']} but no journal row"
         assert chat["client_msg_id"] == receipt["client_msg_id"]
+    # the live recipient: nothing it saw is missing from the journal, nothing
+    # came twice, and every chat its sender had a receipt for reached it
+    # (a chat and its receipt are released together, after the commit)
+    live_seqs = [c["seq"] for c in live]
+    assert len(live_seqs) == len(set(live_seqs)), "bob got a chat twice"
+    for chat in live:
+        stored = journal.get(chat["seq"])
+        assert stored is not None, f"bob saw seq {chat['seq']}, which is not in the journal"
+        assert stored["client_msg_id"] == chat["client_msg_id"]
+    assert {r["message_seq"] for r in receipts} <= set(live_seqs)
 
     hub.start()
     try:

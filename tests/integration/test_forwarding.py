@@ -114,9 +114,13 @@ def test_refusals_deliver_nothing(tmp_path, pki, problem):
             await alice.chat("PROJ/alice", "PROJ/bob@west", "must not arrive",
                              receipt_requested=True)
             receipt = await alice.recv_type("delivery_receipt", timeout=10)
-            await asyncio.sleep(0.3)
-            await bob.drain(0.2)
-            assert bob.seen("chat") == []
+            # a sentinel from a seat on west: had west taken the forward, its
+            # chat would have reached bob before west answered, so before this
+            carol = await joined(west.url, "PROJ/carol")
+            await carol.chat("PROJ/carol", "PROJ/bob", "sentinel")
+            await bob.recv_type("chat", payload="sentinel", timeout=10)
+            assert [c["payload"] for c in bob.seen("chat")] == ["sentinel"]
+            await carol.close()
             await alice.close()
             await bob.close()
             return receipt
@@ -146,7 +150,9 @@ def scrape(hub, name, peer="west"):
     return None
 
 
-def test_peer_down_then_back_drains_at_once(tmp_path, pki):
+def test_peer_down_then_back_delivers_the_backlog_once(tmp_path, pki):
+    """How fast the backlog drains is measured, not asserted: scenario (c) of
+    tests/bench/bench_forward.py (N = 20 pending, west restarted)."""
     east, west = start_pair(tmp_path, pki)
     try:
         async def send_while_down():
@@ -170,7 +176,6 @@ def test_peer_down_then_back_drains_at_once(tmp_path, pki):
         assert scrape(east, "synapse_message_forward_oldest_pending_seconds") >= 2
 
         west.start()  # same port, same journal
-        up_at = time.monotonic()
 
         async def collect():
             bob = await WsProbe.open(west.url)
@@ -183,9 +188,7 @@ def test_peer_down_then_back_drains_at_once(tmp_path, pki):
             await bob.close()
             return got
         got = asyncio.run(collect())
-        wait_for(lambda: scrape(east, "synapse_message_forward_pending") == 0, timeout=5)
-        drained = time.monotonic() - up_at
-        assert drained < 2.0, f"backlog took {drained:.2f}s to drain after west came back"
+        wait_for(lambda: scrape(east, "synapse_message_forward_pending") == 0, timeout=30)
         assert sorted(got) == sorted(f"d{i}" for i in range(20))
         assert all(len(s) == 1 for s in got.values()), got
         assert scrape(east, "hubd_peer_link_up") == 1
@@ -196,7 +199,6 @@ def test_peer_down_then_back_drains_at_once(tmp_path, pki):
             await alice.recv_type("welcome")
             await alice.register("PROJ/alice")
             await alice.recv_type("presence_update", agent="PROJ/alice")
-            await alice.drain(1.0)
             await alice.close()
             return alice.seen("delivery_receipt")  # they come before presence_update
         receipts = asyncio.run(settled_receipts())
@@ -238,8 +240,17 @@ def test_sigkill_origin_with_pending_forwards(tmp_path, pki):
             while len(seqs) < 30 and time.monotonic() < deadline:
                 chat = await bob.recv_type("chat", timeout=15)
                 seqs.setdefault(chat["client_msg_id"], set()).add(chat["seq"])
-            await bob.drain(1.0)
+            # a sentinel from a seat on west, then a round trip: whatever west
+            # routed to bob, live or replayed, was on his socket before it
+            carol = await joined(west.url, "PROJ/carol")
+            await carol.chat("PROJ/carol", "PROJ/bob", "sentinel")
+            await bob.recv_type("chat", payload="sentinel", timeout=15)
+            await bob.send_json({"sender": "PROJ/bob", "type": "who_request", "target": "System"})
+            await bob.recv_type("who_snapshot")
+            await carol.close()
             for chat in bob.seen("chat"):
+                if chat["payload"] == "sentinel":
+                    continue
                 seqs.setdefault(chat["client_msg_id"], set()).add(chat["seq"])
             await bob.close()
             return seqs
@@ -287,7 +298,9 @@ def test_duplicate_and_conflicting_forward_ids(tmp_path, pki):
             await peer.send_json(glob)
             assert (await peer.recv_type("multihub_message_result"))["reason_code"] == \
                 "invalid_target"
-            await bob.drain(0.3)
+            # a sentinel: any chat a resent forward made reached bob before its answer
+            await bob.send_json({"sender": "PROJ/bob", "type": "who_request", "target": "System"})
+            await bob.recv_type("who_snapshot")
             assert [c["payload"] for c in bob.seen("chat")] == ["once"]
             # a local client claiming to be east, without the certificate, is refused
             squatter = await WsProbe.open(west.url)
@@ -392,7 +405,9 @@ def test_a_peer_older_than_v5_refuses_once_and_is_not_retried(tmp_path, pki):
             await alice.chat("PROJ/alice", "PROJ/bob@west", "hello old hub",
                              receipt_requested=True)
             receipt = await alice.recv_type("delivery_receipt", timeout=10)
-            await asyncio.sleep(3)  # long enough for retries at 1 and 2 s, were there any
+            # the refusal settled the row: nothing is left that could be retried
+            health = await asyncio.to_thread(east.get_json, "/health")
+            assert health["message_forward"]["west"]["pending"] == 0
             await alice.close()
             return receipt
         finally:

@@ -167,10 +167,12 @@ async def test_routing_targets_and_private_mode(tmp_path):
         await a.chat("p/a", "all", "everyone")
         await b.recv_type("chat", payload="everyone")
         await c.recv_type("chat", payload="everyone")
-        await asyncio.sleep(0.2)
-        await c.drain(0.1)
+        # a sentinel, not a pause: once it is on c's socket, everything routed
+        # before it is too (frames leave in seq order)
+        await a.chat("p/a", "q/c", "sentinel")
+        await c.recv_type("chat", payload="sentinel")
         got_c = [f["payload"] for f in c.seen("chat")]
-        assert got_c == ["to p/b,q/c", "to q", "everyone"]  # private: nothing else
+        assert got_c == ["to p/b,q/c", "to q", "everyone", "sentinel"]  # private: nothing else
         for p in (a, b, c):
             await p.close()
 
@@ -236,7 +238,8 @@ async def test_quota_refuses_before_the_journal_grows(tmp_path):
             await a.chat("p/a", "all", f"q{i}")
         err = await a.recv_type("error")
         assert err["payload"] == "Durable ingress quota exceeded (events)."
-        await a.drain(0.2)
+        await a.send_json({"sender": "p/a", "type": "who_request", "target": "System"})
+        await a.recv_type("who_snapshot")  # everything the five chats caused came before it
         assert [f["payload"] for f in a.seen("chat")] == ["q0", "q1", "q2"]
         assert server.hub.router.state.chat.last_msg_id == 3
         await a.close()
@@ -307,7 +310,8 @@ async def test_restart_keeps_msg_ids_history_mailbox_and_receipts(tmp_path):
         await alice.recv_type("welcome")
         await alice.register("p/alice")
         await alice.recv_type("presence_update")
-        await alice.drain(0.3)
+        await alice.send_json({"sender": "p/alice", "type": "who_request", "target": "System"})
+        await alice.recv_type("who_snapshot")  # anything owed to her was queued before it
         assert alice.seen("delivery_receipt") == []
         await alice.close()
 
