@@ -93,7 +93,9 @@ class WatchStatus:
                 "last_success": self.last_success, "last_error": self.last_error,
                 "quarantined": self.quarantined, "polls": self.polls,
                 "clock_skew_seconds": round(link.clock_skew, 3)
-                if link.clock_skew is not None else None, "link": "up" if link.up else "down"}
+                if link.clock_skew is not None else None, "link": "up" if link.up else "down",
+                # why the link is down (pin_mismatch, tls, ...): a poll only says "link down"
+                "link_error": link.last_error}
 
 
 class WatchFollower:
