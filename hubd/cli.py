@@ -188,6 +188,8 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.redsyn_webhook_first_retry <= 0:
         parser.error("--redsyn-webhook-first-retry must be positive")
+    if args.max_connections_per_host < 0:  # a negative cap would refuse every socket
+        parser.error("--max-connections-per-host must be 0 (no cap) or positive")
     if args.durable_ingress_window <= 0:
         parser.error("--durable-ingress-window must be positive")
     peer_token = args.message_peer_token

@@ -55,10 +55,12 @@ class WsProbe:
 
     @classmethod
     async def open(cls, url: str, *, timeout: float = 5.0, headers: dict | None = None,
-                   ssl: Any = None) -> "WsProbe":
+                   ssl: Any = None, local_addr: tuple[str, int] | None = None) -> "WsProbe":
         """ssl: an SSLContext (e.g. presenting a client certificate); for wss://
-        without one, the test hub's self-signed certificate is not verified."""
-        session = aiohttp.ClientSession()
+        without one, the test hub's self-signed certificate is not verified.
+        local_addr: the source address, e.g. ("127.0.0.2", 0) to be another host."""
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(local_addr=local_addr) if local_addr else None)
         if ssl is None and url.startswith("wss://"):
             ssl = False
         try:
