@@ -153,26 +153,38 @@ class Forwarding:
 
     def forward_chat(self, router: Router, session: Session, frame: dict, remote: RemoteSeat,
                      retry: bool) -> None:
-        outbox = outbox_of(router.state)
-        peer = remote.hub
+        refused = self.refusal(router, remote.hub)
+        if refused is not None:
+            router.error(session, refused, client_msg_id=frame.get("client_msg_id"))
+            return
+        self.forward_from(router, session.name, frame, remote, retry)
+        router.fail_privately(session, "Chat was not journalled; it was not forwarded. Retry "
+                                       "with the same client_msg_id.",
+                              client_msg_id=frame.get("client_msg_id"))
+
+    def refusal(self, router: Router, peer: str) -> str | None:
+        """Why a chat to `peer` cannot be accepted now, or None."""
         if self.outbox is not None:
             backlog = len(self.outbox.queues[peer].items)
             if backlog >= MAX_PENDING_PER_PEER:
                 router.metrics.refuse_quota("forward_backlog")
-                router.error(session, f"The forward backlog to '{peer}' is full "
-                                      f"({backlog} unsettled); the chat was not accepted.",
-                             client_msg_id=frame.get("client_msg_id"))
-                return
+                return (f"The forward backlog to '{peer}' is full ({backlog} unsettled); the "
+                        "chat was not accepted.")
+        return None
+
+    def forward_from(self, router: Router, sender: str, frame: dict, remote: RemoteSeat,
+                     retry: bool) -> None:
+        """Journal a chat from `sender` with its outbox row and hand the row to
+        the outbox once committed (any door: a WebSocket session, REDSYN)."""
+        outbox = outbox_of(router.state)
+        peer = remote.hub
         forward_id = secrets.token_hex(16)
         frame["forward_id"] = forward_id
         route = {"forward": {"peer": peer, "forward_id": forward_id, "seat": remote.seat,
                              "expires_at": router.now + self.config.forward_ttl}}
         if retry:
             route["retry"] = 1
-        route_chat(router, frame, session.name, route)
-        router.fail_privately(session, "Chat was not journalled; it was not forwarded. Retry "
-                                       "with the same client_msg_id.",
-                              client_msg_id=frame.get("client_msg_id"))
+        route_chat(router, frame, sender, route)
         item = outbox.pending[forward_id]
         if item.receipt_requested:
             self._first_answer_due[forward_id] = time.monotonic() + FIRST_ANSWER

@@ -26,6 +26,7 @@ from aiohttp import ClientSession, ClientTimeout, web
 
 from hubd.core.endpoints import next_endpoint_id
 from hubd.handlers.chat import route_chat
+from hubd.wire.targets import parse_remote
 from hubd.state import redsyn as mb
 from hubd.wire.redsyn import envelope as wire
 from hubd.wire.redsyn.envelope import API_VERSION, KNOWN_VERSIONS, RedsynError
@@ -142,14 +143,29 @@ class RedsynDoor:
             if not decision.events:
                 future.set_result(decision.answer)
                 return
+            forwarding = router.hub.forwarding
+            for chat in decision.chats:
+                remote = parse_remote(chat["frame"]["target"])
+                if remote is not None:
+                    refused = forwarding.refusal(router, remote.hub) if forwarding else \
+                        f"hub '{remote.hub}' is not a message peer of this hub"
+                    if refused is not None:
+                        future.set_exception(RedsynError(503, refused))
+                        return
             woken = set()
             for kind, payload in decision.events:
                 router.event(kind, payload)
                 if kind == mb.MESSAGE:
                     woken.update(d["agent"] for d in payload["deliveries"])
             for chat in decision.chats:
-                # the WebSocket side: journaled and sent like any chat from this seat
-                route_chat(router, chat["frame"], chat["sender"], {"redsyn": 1})
+                # the WebSocket side: journaled and sent like any chat from this seat,
+                # or forwarded to the peer hub that owns the address's namespace
+                remote = parse_remote(chat["frame"]["target"])
+                if remote is None:
+                    route_chat(router, chat["frame"], chat["sender"], {"redsyn": 1})
+                else:
+                    forwarding.forward_from(router, chat["sender"], chat["frame"], remote,
+                                            False)
             router.out.failure.append((self._replies.id, lambda: future, "redsyn"))
 
             def released():
@@ -178,6 +194,11 @@ class RedsynDoor:
         a WebSocket agent online under that name; else one seen on this hub
         before, unless the address is a REDSYN agent (then its inbox)."""
         router = self.hub.router
+        owner = self.hub.config.federation.namespace_owners.get(address.split("/", 1)[0])
+        forwarding = self.hub.forwarding
+        if owner is not None and owner != self.hub.hub_id and forwarding is not None \
+                and forwarding.knows(owner):
+            return f"{address}@{owner}"  # its namespace belongs to a peer hub
         if address in router.presence.by_name:
             return address
         if address in router.state.agents.last_seen and not mb.known_here(state, address):
