@@ -7,6 +7,7 @@ Standard library only, as a plain HTTP agent would be.
 import json
 import os
 import secrets
+import ssl
 import urllib.request
 
 RELAY = os.environ["REDSYN_RELAY"]          # e.g. http://127.0.0.1:8876/redsyn/v1
@@ -18,10 +19,18 @@ def headers():
             "Content-Type": "application/json", "Redsyn-Version": "2026-09-25"}
 
 
+# Not from the seed: a test hub serves https with its own CA (REDSYN_CA), and
+# its certificate names no host the test reaches it by.
+CONTEXT = None
+if os.environ.get("REDSYN_CA"):
+    CONTEXT = ssl.create_default_context(cafile=os.environ["REDSYN_CA"])
+    CONTEXT.check_hostname = False
+
+
 def http(method, url, body=None, timeout=30):
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method, headers=headers())
-    with urllib.request.urlopen(request, timeout=timeout) as answer:
+    with urllib.request.urlopen(request, timeout=timeout, context=CONTEXT) as answer:
         return answer.status, answer.read()
 
 

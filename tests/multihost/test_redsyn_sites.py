@@ -1,0 +1,86 @@
+"""Two hubs in two network namespaces joined by a veth link: the seed's
+complete agent (REDSYN, HTTP only) serves at west; a REDSYN agent at east asks
+it through east's hub, which forwards to west (west owns the namespace), and
+the reply comes back the same way."""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.netns import Topology, require_netns
+from tests.support.redsyn_client import login
+
+REPO = Path(__file__).resolve().parents[2]
+PORT = 8876
+
+
+def env(**extra):
+    e = dict(os.environ, PYTHONPATH=str(REPO), **extra)
+    return e
+
+
+def wait_for_line(path: Path, text: str, proc, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while text not in (path.read_text() if path.exists() else ""):
+        assert proc.poll() is None, path.read_text()
+        assert time.monotonic() < deadline, f"no {text!r} in {path}"
+        time.sleep(0.1)
+
+
+def test_a_redsyn_agent_asks_the_complete_agent_at_another_site(tmp_path):
+    require_netns()
+    pki = make_pki(tmp_path / "pki", ["east", "west"])
+    grants = {"east": {"west": ["acme"]}, "west": {"east": ["globex"]}}
+    people = {"east": "acme/general/ana", "west": "globex/erp/bob"}
+    with Topology() as topo:
+        topo.link("east", "west", "203.0.113.8/30")
+        tokens, hubs = {}, {}
+        for site, peer in (("west", "east"), ("east", "west")):
+            db = tmp_path / f"{site}.db"
+            tokens[site] = login(db, people[site], "box")
+            policy = write_serving_policy(tmp_path / f"{site}-policy", pki, grants[site])
+            flags = site_flags(pki, site, policy)
+            hubs[site] = topo.popen(site, [
+                sys.executable, "-m", "hubd", "--host", "0.0.0.0", "--port", str(PORT),
+                "--db", str(db), "--hub-id", site, *flags.serve, *flags.connect,
+                "--message-peer", f"{peer}=wss://{topo.addr(peer, 'east-west')}:{PORT}/",
+                "--message-peer-pin", f"{peer}={pki.server_pin(peer)}",
+                "--namespace-owner", "acme=east", "--namespace-owner", "globex=west"],
+                cwd=REPO, env=env(), stdout=open(tmp_path / f"{site}.log", "w"),
+                stderr=open(tmp_path / f"{site}.err", "w"))
+        ca = str(pki.folder / "ca.pem")
+        relay = f"https://127.0.0.1:{PORT}/redsyn/v1"
+        agent_out = tmp_path / "agent.out"
+        agent = None
+        for _ in range(120):  # west's hub takes a while to start on a loaded box
+            if agent is None or agent.poll() is not None:
+                agent = topo.popen("west", [
+                    sys.executable, str(REPO / "tests/support/redsyn_complete_agent.py")],
+                    env=env(REDSYN_RELAY=relay, REDSYN_TOKEN=tokens["west"], REDSYN_CA=ca,
+                            REDSYN_ME="globex/erp/bob/shout"),
+                    stdout=open(agent_out, "w"), stderr=open(tmp_path / "agent.err", "w"))
+            time.sleep(0.5)
+            if "announced: 200" in agent_out.read_text():
+                break
+        wait_for_line(agent_out, "announced: 200", agent)
+        asked = None
+        for _ in range(60):  # until east's hub answers
+            asked = topo.run("east", [sys.executable, "-m", "tests.support.redsyn_ask", relay,
+                                      tokens["east"], "cli", "globex/erp/bob/shout",
+                                      "hello west"],
+                             check=False, timeout=200, cwd=REPO, env=env(REDSYN_CA=ca))
+            if asked.returncode == 0 or '"sent"' in asked.stdout:
+                break
+            time.sleep(0.5)
+        assert asked.returncode == 0, (asked.stdout, asked.stderr[-2000:],
+                                       (tmp_path / "east.log").read_text()[-2000:])
+        out = [json.loads(line) for line in asked.stdout.splitlines() if line.startswith("{")]
+        sent = out[0]["sent"]
+        reply = out[-1]["reply"]
+        assert sent["to"] == "globex/erp/bob/shout@west"
+        assert reply["kind"] == "reply" and reply["body"]["text"] == "HELLO WEST"
+        assert reply["from"] == "globex/erp/bob/shout@west" and reply["to"] == sent["from"]
+        assert "answered" in agent_out.read_text()
