@@ -217,14 +217,30 @@ def prometheus_image(podman: Podman, base: str, log=print) -> str:
 
 def wheelhouse(log=print) -> Path:
     """Wheels for hubd and its dependencies in compose/wheelhouse/, built on the
-    host with this interpreter (it must be the base image's Python version)."""
+    host with this interpreter (it must be the base image's Python version).
+    The dependencies' wheels are cached under .cache/deploy/, keyed by
+    pyproject.toml's dependency list and this Python; hubd's own is built
+    every time."""
+    import tomllib
+
     house = COMPOSE_DIR / "wheelhouse"
     for old in house.glob("*.whl"):
         old.unlink()
     t0 = time.monotonic()
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", REPO,
-         "-w", house], timeout=900)
-    log(f"wheelhouse built in {time.monotonic() - t0:.0f}s ({len(list(house.glob('*.whl')))} wheels)")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    key = hashlib.sha256(json.dumps([project["dependencies"], sys.version_info[:2],
+                                     os.uname().machine]).encode()).hexdigest()[:16]
+    deps = CACHE / f"wheels-{key}"
+    pip = [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check"]
+    if not deps.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(dir=CACHE, prefix="wheels-"))
+        run([*pip, "-w", partial, *project["dependencies"]], timeout=900)
+        partial.rename(deps)
+    for wheel in deps.glob("*.whl"):
+        shutil.copy2(wheel, house)
+    run([*pip, "--no-deps", "-w", house, REPO], timeout=900)
+    log(f"wheelhouse ready in {time.monotonic() - t0:.0f}s ({len(list(house.glob('*.whl')))} wheels)")
     return house
 
 
