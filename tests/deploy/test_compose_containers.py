@@ -289,7 +289,7 @@ def test_three_sites_in_containers(deployment, compose_run, where):
 
     # -- compose down and up again: every journal is kept, the hubs resume
     before = {site: hub_health(run, site)["journal_seq"] for site in SITES}
-    run.compose("down", "-t", "20")
+    run.down("-t", "20")
     for site in SITES:
         assert volumes[site] == run.volume_path(f"{site}-journal")
         assert (volumes[site] / "hubd.db").exists()
@@ -332,7 +332,7 @@ def test_single_site_in_containers(deployment, compose_run, where):
 
     url = hub_url(run, "hub", "ws")
     listener = receiver(url, "PROJ/bob", 3, 60)
-    print("local receipts:", send(url, "PROJ/amy", "PROJ/bob", 3, "local-", 30))
+    assert send(url, "PROJ/amy", "PROJ/bob", 3, "local-", 30) == {"local": 3}
     done = received(listener, 90)[-1]
     assert done == {"event": "done", "unique": 3, "duplicates": 0}, done
 
@@ -343,7 +343,7 @@ def test_single_site_in_containers(deployment, compose_run, where):
 
     before = hub_health(run, "hub", "http")["journal_seq"]
     volume = run.volume_path("hub-journal")
-    run.compose("down", "-t", "20")
+    run.down("-t", "20")
     assert (volume / "hubd.db").exists()
     run.compose(*up)
     wait_healthy(run, ["hub"], healthcheck_start_period())

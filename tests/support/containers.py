@@ -324,6 +324,7 @@ class ComposeRun:
     project: str = field(default_factory=lambda: f"hubdtest{os.getpid()}")
     ports: dict[tuple[str, int], int] = field(default_factory=dict)  # (service, container port) -> host port
     normalised: Path = field(init=False)
+    anonymous: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         override = self.where / "override.yml"
@@ -366,13 +367,37 @@ class ComposeRun:
         return Path(podman("volume", "inspect", "--format", "{{.Mountpoint}}",
                            f"{self.project}_{name}").stdout.strip())
 
-    def remove_everything(self) -> list[str]:
-        """`down -v`, then anything still labelled with this project; returns
-        what had to be removed by hand (should be nothing)."""
-        self.compose("down", "-v", "--remove-orphans", "-t", "20", check=False)
+    def _note_anonymous_volumes(self) -> None:
         podman = self.engine.podman
         label = f"label=com.docker.compose.project={self.project}"
+        for ident in podman("ps", "-a", "-q", "--filter", label, check=False).stdout.split():
+            for mount in podman.inspect(ident).get("Mounts", []):
+                if mount.get("Type") == "volume" and \
+                        not mount.get("Name", "").startswith(f"{self.project}_"):
+                    self.anonymous.add(mount["Name"])
+
+    def down(self, *args: str) -> None:
+        """`down` keeping the named volumes (the journals)."""
+        self._note_anonymous_volumes()
+        self.compose("down", *args)
+
+    def remove_everything(self) -> list[str]:
+        """`down -v`, then anything still labelled with this project; returns
+        what had to be removed by hand (should be nothing).
+
+        An anonymous volume (the image's VOLUME, in a service that mounts
+        nothing there, such as certs) survives `down -v` against podman's
+        API and carries no project label: those are found through the
+        containers before `down` and removed after it."""
+        podman = self.engine.podman
+        label = f"label=com.docker.compose.project={self.project}"
+        self._note_anonymous_volumes()
+        self.compose("down", "-v", "--remove-orphans", "-t", "20", check=False)
         leftovers = []
+        for name in self.anonymous:
+            podman("volume", "rm", "-f", name, check=False)
+            if podman("volume", "exists", name, check=False).returncode == 0:
+                leftovers.append(f"anonymous volume {name}")
         for kind, list_args, rm_args in (
                 ("container", ["ps", "-a", "-q", "--filter", label], ["rm", "-f"]),
                 ("volume", ["volume", "ls", "-q", "--filter", label], ["volume", "rm", "-f"]),
