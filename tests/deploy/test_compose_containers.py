@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -123,8 +124,6 @@ def hub_health(run: ComposeRun, site: str, scheme: str = "https") -> dict:
 
 def healthcheck_start_period() -> float:
     text = (COMPOSE_DIR / "Dockerfile").read_text()
-    import re
-
     return seconds(re.search(r"HEALTHCHECK .*--start-period=(\w+)", text).group(1))
 
 
@@ -149,7 +148,6 @@ def override_for(deployment, where: Path, networks, prometheus_config: str,
 def where(tmp_path):
     path = tmp_path / "run"
     path.mkdir()
-    os.chmod(tmp_path, 0o755)
     return path
 
 
@@ -159,7 +157,9 @@ def compose_run(deployment, where):
     runs = []
 
     def make(file: str, override: dict) -> ComposeRun:
-        run = ComposeRun(deployment.engine, COMPOSE_DIR / file, override, where)
+        # compose project names: lowercase letters and digits
+        project = f"hubdtest{os.getpid()}{re.sub('[^a-z0-9]', '', Path(file).stem)}"
+        run = ComposeRun(deployment.engine, COMPOSE_DIR / file, override, where, project)
         runs.append(run)
         return run
 
@@ -317,8 +317,6 @@ def rules_for(alert: str) -> str:
 
 
 def scaled_threshold(query: str) -> float:
-    import re
-
     return float(re.search(r">\s*(\d+(?:\.\d+)?)\s*$", query).group(1))
 
 
