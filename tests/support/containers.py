@@ -81,22 +81,13 @@ def run(argv, *, timeout=600, check=True, env=None, **kw) -> subprocess.Complete
 
 
 def require_containers() -> None:
-    """pytest: skip (fail on CI, CI=true) unless podman, docker-compose and
-    debootstrap are installed and this process is root."""
-    import pytest
+    """pytest: skip (fail on CI: tests/support/prereq.py) unless this process is
+    root and podman, runc, docker-compose and debootstrap are installed."""
+    from tests.support import prereq
 
-    missing = [t for t in ("podman", "docker-compose", "debootstrap", "runc")
-               if shutil.which(t) is None]
-    why = None
-    if os.geteuid() != 0:
-        why = "the container tests run as root (rootful podman, debootstrap)"
-    elif missing:
-        why = f"not installed: {', '.join(missing)} (.ci/run installs them)"
-    if why is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"containers cannot run here: {why}")
-    pytest.skip(why)
+    prereq.need_root("run rootful podman and debootstrap")
+    for tool in ("podman", "runc", "docker-compose", "debootstrap"):
+        prereq.need_tool(tool)
 
 
 @contextlib.contextmanager
