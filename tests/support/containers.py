@@ -243,6 +243,11 @@ def hubd_image(podman: Podman, base: str, log=print) -> str:
     assert base_python == here, (f"wheels built with Python {here} would not fit the base's "
                                  f"Python {base_python}")
     wheelhouse(log)
+    # session images of test runs that were killed before their teardown
+    for ref in podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
+        m = re.fullmatch(re.escape(f"{IMAGE_PREFIX}/hubd:session-") + r"(\d+)", ref)
+        if m and not Path(f"/proc/{m.group(1)}").exists():
+            podman("rmi", ref, check=False)
     t0 = time.monotonic()
     podman("build", "--format", "docker", "--network", "none", "--build-arg", f"BASE={base}",
            "-f", COMPOSE_DIR / "Dockerfile", "-t", HUBD_IMAGE, REPO, timeout=900)
@@ -268,7 +273,8 @@ class Engine:
         log = open(self.where / "podman-service.log", "w")
         self.proc = subprocess.Popen(
             ["podman", "system", "service", "--time=0", f"unix://{self.socket}"],
-            env=self.podman.env, stdout=log, stderr=subprocess.STDOUT)
+            env=self.podman.env, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 30
         while True:
             assert self.proc.poll() is None, (self.where / "podman-service.log").read_text()
@@ -294,6 +300,15 @@ class Engine:
     @property
     def env(self) -> dict[str, str]:
         return {**self.podman.env, "DOCKER_HOST": f"unix://{self.socket}"}
+
+
+def _die_with_parent() -> None:
+    """The service ends with the test process even when that is killed (no
+    fixture teardown then): PR_SET_PDEATHSIG, SIGTERM."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
