@@ -84,3 +84,84 @@ def test_a_redsyn_agent_asks_the_complete_agent_at_another_site(tmp_path):
         assert reply["kind"] == "reply" and reply["body"]["text"] == "HELLO WEST"
         assert reply["from"] == "globex/erp/bob/shout@west" and reply["to"] == sent["from"]
         assert "answered" in agent_out.read_text()
+
+
+def test_a_redsyn_agent_and_a_websocket_agent_at_different_sites(tmp_path):
+    """The reference client's agent holds a seat at west; a REDSYN agent at
+    east asks it; the WebSocket agent's chat back is the REDSYN reply."""
+    import subprocess
+
+    from tests.support.procs import reference_venv
+    from tests.support.refclient import DRIVER, RefAgent
+
+    require_netns()
+    pki = make_pki(tmp_path / "pki", ["east", "west"], sans=["127.0.0.1"])
+    grants = {"east": {"west": ["acme"]}, "west": {"east": ["globex"]}}
+    with Topology() as topo:
+        topo.link("east", "west", "203.0.113.12/30")
+        tokens = {}
+        for site, peer in (("west", "east"), ("east", "west")):
+            db = tmp_path / f"{site}.db"
+            if site == "east":
+                tokens[site] = login(db, "acme/general/ana", "box")
+            policy = write_serving_policy(tmp_path / f"{site}-policy", pki, grants[site])
+            flags = site_flags(pki, site, policy)
+            topo.popen(site, [
+                sys.executable, "-m", "hubd", "--host", "0.0.0.0", "--port", str(PORT),
+                "--db", str(db), "--hub-id", site, *flags.serve, *flags.connect,
+                "--message-peer", f"{peer}=wss://{topo.addr(peer, 'east-west')}:{PORT}/",
+                "--message-peer-pin", f"{peer}={pki.server_pin(peer)}",
+                "--namespace-owner", "acme=east", "--namespace-owner", "globex=west"],
+                cwd=REPO, env=env(), stdout=open(tmp_path / f"{site}.log", "w"),
+                stderr=open(tmp_path / f"{site}.err", "w"))
+        ca = str(pki.folder / "ca.pem")
+        home = tmp_path / "ref-home"
+        home.mkdir()
+        ref_env = dict(os.environ, HOME=str(home), SSL_CERT_FILE=ca, PYTHONUNBUFFERED="1")
+        ref_env.pop("PYTHONPATH", None)
+        agent = None
+        for _ in range(120):  # until west's hub is up
+            err = tmp_path / "ws-agent.err"
+            proc = topo.popen("west", [
+                str(reference_venv() / "bin" / "python"), str(DRIVER), "--uri",
+                f"wss://127.0.0.1:{PORT}/", "--name", "globex/erp/bob/ws"],
+                env=ref_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(err, "w"),
+                text=True, bufsize=1)
+            proc.stderr_path = err
+            candidate = RefAgent(proc, "globex/erp/bob/ws")
+            try:
+                candidate.wait_ready(timeout=10)
+                candidate.wait_registered()
+                agent = candidate
+                break
+            except AssertionError:
+                proc.kill()
+                time.sleep(0.5)
+        assert agent is not None, (tmp_path / "ws-agent.err").read_text()[-2000:]
+        relay = f"https://127.0.0.1:{PORT}/redsyn/v1"
+        asked_out = tmp_path / "ask.out"
+        asker = None
+        for _ in range(60):
+            asker = topo.popen("east", [sys.executable, "-m", "tests.support.redsyn_ask", relay,
+                                        tokens["east"], "cli", "globex/erp/bob/ws", "hello ws"],
+                               cwd=REPO, env=env(REDSYN_CA=ca), stdout=open(asked_out, "w"),
+                               stderr=open(tmp_path / "ask.err", "w"))
+            deadline = time.monotonic() + 20
+            while asker.poll() is None and '"sent"' not in asked_out.read_text() \
+                    and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if '"sent"' in asked_out.read_text():
+                break
+            asker.kill()
+            time.sleep(0.5)
+        chat = agent.wait_frame(type="chat", sender="acme/general/ana/cli@east", timeout=60)
+        assert chat["payload"] == "hello ws"
+        agent.chat("acme/general/ana/cli@east", "HELLO WS")
+        asker.wait(timeout=150)
+        out = [json.loads(line) for line in asked_out.read_text().splitlines()
+               if line.startswith("{")]
+        sent, reply = out[0]["sent"], out[-1]["reply"]
+        assert sent["to"] == "globex/erp/bob/ws@west"
+        assert reply["kind"] == "reply" and reply["body"]["text"] == "HELLO WS"
+        assert reply["from"] == "globex/erp/bob/ws@west" and reply["to"] == sent["from"]
+        agent.stop()
