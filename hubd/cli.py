@@ -21,6 +21,7 @@ from hubd import __version__, logs
 from hubd.config import (DEFAULT_DB, DEFAULT_PORT, DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS,
                          DEFAULT_QUOTA_WINDOW, HubConfig)
 from federation.config import FederationConfigError, build_federation_config
+from hubd.http.host_trust import AuthorityError, parse_advertised
 from hubd.state.claims import LeaseLimits
 from hubd.state.quota import QuotaLimits
 from hubd.state.redsyn import Limits as RedsynLimits
@@ -48,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--port", type=int, default=DEFAULT_PORT)
     net.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                      help="admit browser WebSocket handshakes from this exact Origin (repeatable)")
+    net.add_argument("--advertised-host", action="append", default=[], metavar="HOST[:PORT]",
+                     help="a Host authority clients use to reach this hub, e.g. behind a "
+                          "port-forward or reverse proxy (repeatable). On a loopback bind it is "
+                          "trusted besides the loopback names; on any other bind the given "
+                          "authorities are the only ones trusted. Matched exactly: with a port, "
+                          "only that port")
     store = parser.add_argument_group("journal")
     store.add_argument("--db", default=DEFAULT_DB,
                        help=f"SQLite event journal (default: ./{DEFAULT_DB})")
@@ -192,6 +199,10 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parser.error("--max-connections-per-host must be 0 (no cap) or positive")
     if args.durable_ingress_window <= 0:
         parser.error("--durable-ingress-window must be positive")
+    try:
+        advertised = frozenset(parse_advertised(value) for value in args.advertised_host)
+    except AuthorityError as exc:
+        parser.error(str(exc))
     peer_token = args.message_peer_token
     if peer_token is None and args.message_peer_token_file:
         peer_token = _read_secret(args.message_peer_token_file, "message peer token", parser)
@@ -233,7 +244,8 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         metrics_token=metrics_token, private_directed=args.private_directed_messages,
         quota=quota, max_clients=args.max_clients,
         max_connections_per_host=args.max_connections_per_host, max_history=args.max_history,
-        allow_origins=frozenset(args.allow_origin), log_format=args.log_format,
+        allow_origins=frozenset(args.allow_origin), advertised_hosts=advertised,
+        log_format=args.log_format,
         log_level=args.log_level, federation=federation, claims=claims,
         redsyn=not args.no_redsyn,
         redsyn_allow_loopback_webhooks=args.redsyn_allow_loopback_webhooks,

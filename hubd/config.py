@@ -39,6 +39,8 @@ class HubConfig:
     max_connections_per_host: int = 0  # 0: no per-host cap
     max_history: int = 1000
     allow_origins: frozenset[str] = field(default_factory=frozenset)
+    # (lower-cased host, port or None) pairs from --advertised-host
+    advertised_hosts: frozenset[tuple[str, int | None]] = field(default_factory=frozenset)
     log_format: str = "text"
     log_level: str = "INFO"
     federation: FederationConfig = field(default_factory=FederationConfig)

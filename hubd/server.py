@@ -63,6 +63,12 @@ class HubServer:
         self.port = self._runner.addresses[0][1]
         log.info("listening", url=self.url, hub_id=self.hub.hub_id, journal=str(config.db),
                  secured=config.token is not None)
+        from hubd.http.host_trust import is_loopback_bind
+
+        if not is_loopback_bind(config.host) and not config.advertised_hosts:
+            log.warning("non-loopback bind without --advertised-host: the Host header is not "
+                        "checked (DNS-rebinding guard off); name the authorities clients use "
+                        "with --advertised-host HOST[:PORT]", host=config.host)
         if config.token is None:
             log.info("open hub: any process that can reach this port may connect; "
                      "use --token to require a shared secret")

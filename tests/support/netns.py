@@ -22,6 +22,10 @@ Faults:
   links up. Needs ``nft``; raises :class:`NftUnavailable` otherwise (see
   :func:`require_nft`).
 
+Port-forwards: ``forward_to_loopback(site, port, to_port)`` sends TCP for
+``port`` arriving at ``site`` to its 127.0.0.1:``to_port`` (nft dnat), the way
+a loopback-bound service sits behind a reverse proxy or tunnel.
+
 Processes: ``popen(site, argv)`` runs ``ip netns exec NS argv...`` in a new
 session and tracks it; ``run(site, argv)`` is for short commands. On exit the
 topology sends SIGTERM (then SIGKILL) to the process group of every process it
@@ -755,6 +759,31 @@ class Topology:
                 assert nft is not None
                 _exec([self._ip, "netns", "exec", a.ns, nft, "delete", "element", "inet",
                        _NFT_TABLE, "peers", "{ " + ", ".join(sorted(addrs)) + " }"])
+
+    def forward_to_loopback(self, site: str, port: int, to_port: int) -> None:
+        """A kernel port-forward inside ``site``: TCP arriving on any of its
+        interfaces for ``port`` goes to 127.0.0.1:``to_port`` (nft dnat in
+        prerouting, with ``route_localnet`` so the kernel routes it to loopback).
+        This is how a hub bound to loopback sits behind a reverse proxy or an
+        ssh tunnel. Raises NftUnavailable when nftables cannot be used."""
+        ok, why = nft_available()
+        if not ok:
+            raise NftUnavailable(why)
+        with self._lock:
+            self._check_open()
+            ns = self._site(site).ns
+            nft = _which("nft")
+            assert nft is not None
+            _exec([self._ip, "netns", "exec", ns, "sysctl", "-q", "-w",
+                   "net.ipv4.conf.all.route_localnet=1"])
+            _exec([self._ip, "netns", "exec", ns, nft, "-f", "-"], input=f"""
+table ip {_NFT_TABLE}_forward_{port} {{
+    chain prerouting {{
+        type nat hook prerouting priority dstnat; policy accept;
+        tcp dport {port} dnat to 127.0.0.1:{to_port}
+    }}
+}}
+""")
 
     # ------------------------------------------------------------ processes
 
