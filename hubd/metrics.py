@@ -33,6 +33,7 @@ class HubMetrics:
         self.name_conflicts = 0
         self.send_queue_overflows = 0
         self.send_timeouts = 0
+        self.send_aborts = 0
         self.handler_crashes = 0
         self.journal_failures = 0
         self.checkpoints = 0
@@ -117,6 +118,10 @@ class _Collector:
         yield CounterMetricFamily("hubd_send_timeouts",
                                   "Sockets closed because a write could not drain in time.",
                                   value=m.send_timeouts)
+        yield CounterMetricFamily("hubd_send_aborts",
+                                  "Stalled sockets aborted because even their graceful close "
+                                  "did not drain within a second.",
+                                  value=m.send_aborts)
         yield CounterMetricFamily("hubd_handler_crashes",
                                   "Connections closed 1011 after an unexpected handler exception.",
                                   value=m.handler_crashes)

@@ -35,7 +35,9 @@ class Endpoint(Protocol):
         """Seconds the endpoint's current write has waited to drain (0: none)."""
 
     def abort(self) -> None:
-        """Drop the endpoint at once (a writer that cannot drain)."""
+        """Drop an endpoint whose writes cannot drain; the door may first try a
+        bounded graceful close (the WebSocket door: 1 s), and reports no stall
+        meanwhile (write_stalled_for 0), so the sweeper counts it once."""
 
 
 class Endpoints:

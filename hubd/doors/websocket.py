@@ -8,7 +8,9 @@ this endpoint by id; a frame that cannot be decoded is answered here with a
 typed error and the socket stays open. Outbound messages arrive door-neutral;
 each is framed once for every socket that gets it (`ws_text`, cached on the
 message). A queue that overflows or a write that cannot drain within the
-deadline closes the socket with 1013.
+deadline closes the socket with 1013 (a stalled one gets a graceful attempt
+first, then an abort). Every close leaves with a close frame, code and reason
+(hubd/http/closing.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from hubd.core.commands import Closed, Inbound, Opened
 from hubd.core.endpoints import next_endpoint_id
 from hubd.core.message import (CLOSE_AUTH, CLOSE_REGISTRATION_TIMEOUT, CLOSE_TRY_AGAIN,
                                Message)
+from hubd.http.closing import (GRACEFUL_CLOSE_SECONDS, HubWebSocket, close_frame, linger,
+                               lingering_shutdown)
 from hubd.http.guard import guard
 from hubd.wire import codec
 from hubd.wire.envelope import check_routing_fields, error_frame, hub_frame
@@ -68,6 +72,7 @@ class Connection:
         self._draining = False
         self._write_started: float | None = None
         self._registered = False
+        self._stall_closing = False
 
     def __repr__(self) -> str:
         return f"<Connection {self.id} {self.peer_host}>"
@@ -113,7 +118,9 @@ class Connection:
             return  # the drain task picks up the rest
         transport = self._stream.transport
         queue = self._queue
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self.ws.close_started is not None:
+            # The socket is closing (its close frame is written or on its way):
+            # nothing may follow the close frame.
             queue.clear()
             self.closed = True
             return
@@ -147,27 +154,58 @@ class Connection:
         self._flush()
 
     async def _close_socket(self, code: int, reason: str) -> None:
-        self._write_started = self._loop.time()
-        try:
-            await self.ws.close(code=code, message=reason.encode())
-        finally:
-            self._write_started = None
+        # The sweeper watches this close like any write (ws.close_started): a
+        # client that never drains it gets the stalled consumer's treatment.
+        await self.ws.close(code=code, message=reason.encode())
 
     def _start(self, coro) -> None:
         self.hub.track(self._loop.create_task(coro))
 
     def write_stalled_for(self, now: float) -> float:
+        """How long a write (or the hub's close frame) has waited to drain;
+        0 once the stall is being dealt with (abort() was called)."""
+        if self._stall_closing:
+            return 0.0
         started = self._write_started
+        ws = self.ws
+        if ws.close_started is not None and not ws.close_finished:
+            started = ws.close_started if started is None else min(started, ws.close_started)
         return 0.0 if started is None else now - started
 
+    @property
+    def stall_closing(self) -> bool:
+        return self._stall_closing
+
     def abort(self) -> None:
-        """Drop the transport without a close handshake (a stalled writer)."""
+        """Writes have not drained within the deadline. The seed's rule: one
+        graceful close attempt (the 1013 close frame behind what is buffered,
+        then the write side shut), and the transport is aborted if that has
+        not drained within GRACEFUL_CLOSE_SECONDS."""
+        if self._stall_closing:
+            return
+        self._stall_closing = True
         self.closed = True
         self.close_code = CLOSE_TRY_AGAIN
         self._queue.clear()
         transport = self._stream.transport
-        if transport is not None:
+        if transport is None or transport.is_closing():
+            return
+        if self.ws.close_started is None:
+            # No close frame is on its way yet; aiohttp must not send another.
+            self.ws.close_started = self._loop.time()
+            transport.write(close_frame(CLOSE_TRY_AGAIN, "outbound delivery timeout"))
+        lingering_shutdown(transport)
+        self._loop.call_later(GRACEFUL_CLOSE_SECONDS, self._abort_if_stuck, transport)
+
+    def _abort_if_stuck(self, transport) -> None:
+        if transport.is_closing():
+            return
+        if transport.get_write_buffer_size():
+            log.info("graceful close did not drain; aborting", conn=self.id)
+            self.hub.metrics.send_aborts += 1
             transport.abort()
+        else:
+            transport.close()
 
     # -- receive side
 
@@ -273,8 +311,7 @@ def make_handler(hub):
         refused = guard(hub, request)
         if refused is not None:
             return refused
-        ws = web.WebSocketResponse(max_msg_size=config.max_msg_bytes, compress=False,
-                                   autoping=True)
+        ws = HubWebSocket(max_msg_size=config.max_msg_bytes, compress=False, autoping=True)
         if not ws.can_prepare(request).ok:
             return web.Response(status=426, text="This port speaks WebSocket (and serves "
                                                  "/health, /readyz, /metrics).\n")
@@ -287,6 +324,9 @@ def make_handler(hub):
         if ssl_object is not None:
             conn.peer_cert = ssl_object.getpeercert(binary_form=True)
         await conn.run()
+        # After the hub's close frame, give the client time to read it and
+        # close its side before the socket goes (hubd/http/closing.py).
+        await linger(request.transport)
         return ws
 
     return websocket
