@@ -20,6 +20,7 @@ import time
 
 import structlog
 
+from federation import liveness
 from federation import state as fstate
 from federation.config import FederationConfig
 from federation.link import LinkError, PeerLink
@@ -104,6 +105,22 @@ class Forwarding:
             self.outbox.load(list(outbox_of(router.state).pending.values()))
 
     # -- link callbacks (event loop, outside the Router)
+
+    def peer_seen(self, peer: str) -> None:
+        """A sign of life from `peer` outside this hub's link to it (its own
+        link to us, a forward, a log pull): wake the link and the sender."""
+        link = self.links.get(peer)
+        if link is None:
+            return
+        link.wake()
+        if self.outbox is not None:
+            self.outbox.peer_alive(peer)
+
+    def stall(self, peer: str) -> liveness.Stall:
+        link = self.links[peer]
+        count = len(self.outbox.queues[peer].items) if self.outbox else 0
+        success = self.outbox.queues[peer].last_success if self.outbox else None
+        return liveness.stall(count, link.up, link.up_at, success, time.time())
 
     def _link_up(self, peer: str) -> None:
         self.outbox.link_up(peer)
@@ -313,5 +330,8 @@ class Forwarding:
             entry.update(link.health())
             success = self.outbox.queues[peer].last_success if self.outbox else None
             entry["last_success"] = success
+            stall = self.stall(peer)
+            entry["stalled"] = stall.stalled
+            entry["stalled_since"] = stall.since if stall.stalled else None
             out[peer] = entry
         return out

@@ -6,6 +6,11 @@ sent before the peer's certificate has matched one of its pins. Connecting and
 the welcome are bounded by timeouts, so a peer that accepts TCP and then hangs
 costs this hub one idle task, never a blocked sender. A lost link is retried
 with jittered backoff; whoever uses the link is told at once when it is up.
+
+Dead links are found by the link itself (federation/liveness.py): it pings
+every PING_INTERVAL, counts anything the peer sends as life, and closes a
+link silent past SILENCE_DEADLINE, then redials. A sign of life from the peer
+elsewhere (wake()) skips the remaining reconnect backoff.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Callable
 import aiohttp
 import structlog
 
+from federation import liveness
 from federation.config import PeerRoute
 from federation.pins import peer_certificate_der
 from hubd.wire import codec
@@ -27,21 +33,19 @@ from hubd.wire.envelope import PROTOCOL_VERSION, strict_int
 
 log = structlog.get_logger("hubd.federation.link")
 
-CONNECT_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 5.0  # the whole dial: TCP (liveness.DIAL_TIMEOUT), TLS, upgrade, welcome
 # Reconnect attempts are cheap against a peer that refuses, and a hung peer
-# is bounded by CONNECT_TIMEOUT anyway; a low cap means a returning peer is
+# is bounded by the timeouts anyway; a low cap means a returning peer is
 # found within a second, not after the reference's 10-300 s backoff.
-BACKOFF_START = 0.1
-BACKOFF_MAX = 0.8
+CLOSE_WAIT = 0.5  # for the peer's close frame when this hub ends a link
 LOG_REPEAT = 60.0  # a link failing the same way is logged once a minute
-STABLE_AFTER = 10.0  # a link up this long resets the reconnect backoff
-HEARTBEAT = 15.0
 
 # causes reported in /health and logs
 TLS = "tls"
 PIN_MISMATCH = "pin_mismatch"
 REFUSED = "refused"
 TIMEOUT = "timeout"
+SILENT = "silent"  # up, but nothing heard from the peer within the deadline
 CLOSED = "closed"
 AUTH = "auth_denied"
 PROTOCOL = "protocol"
@@ -74,10 +78,18 @@ class PeerLink:
         self.batching = False  # the peer is a hubd that takes batched forwards
         self.clock_skew: float | None = None
         self.connects = 0
+        self.connecting = False
+        self.silence_closes = 0  # links closed because the peer fell silent
+        self.up_at: float | None = None  # wall time the link last came up
+        self.last_inbound: float | None = None  # wall time anything last came from the peer
+        self._last_heard = 0.0  # monotonic, on this link
+        self._wake = asyncio.Event()
         self._requests: dict[str, asyncio.Future] = {}  # answers that echo an id
         self._in_order: dict[str, deque] = {}  # reply type -> waiters, for answers without one
         self._logged_at = 0.0
         self._stop = False
+        self._silent_for: float | None = None
+        self._pings: set[asyncio.Task] = set()
 
     # -- requests
 
@@ -121,11 +133,31 @@ class PeerLink:
 
     # -- lifetime
 
+    @property
+    def state(self) -> str:
+        if self.up:
+            return liveness.UP
+        return liveness.CONNECTING if self.connecting else liveness.DOWN
+
+    def wake(self) -> None:
+        """The peer showed life elsewhere (its inbound link, a forward, a log
+        pull): skip what is left of the reconnect backoff; if the link is up,
+        ping now, so a link that died unnoticed is found sooner."""
+        self.last_inbound = time.time()
+        self._wake.set()
+        ws = self._ws
+        if self.up and ws is not None and not ws.closed and \
+                time.monotonic() - self._last_heard > liveness.PING_INTERVAL:
+            task = asyncio.get_running_loop().create_task(self._ping(ws))
+            self._pings.add(task)
+            task.add_done_callback(self._pings.discard)
+
     async def run(self) -> None:
-        backoff = BACKOFF_START
-        async with aiohttp.ClientSession() as session:
+        backoff = liveness.BACKOFF_START
+        timeout = aiohttp.ClientTimeout(sock_connect=liveness.DIAL_TIMEOUT)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
             while not self._stop:
-                started = time.monotonic()
+                self._wake.clear()
                 try:
                     await self._connect_and_serve(session)
                 except LinkError as exc:
@@ -133,12 +165,16 @@ class PeerLink:
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
                     self._record_error(*_classify(exc))
                 finally:
+                    up_for = time.monotonic() - self.up_since if self.up_since else None
                     self._went_down()
-                if time.monotonic() - started > STABLE_AFTER:
-                    backoff = BACKOFF_START
-                delay = backoff * (0.5 + random.random() / 2)
-                backoff = min(backoff * 2, BACKOFF_MAX)
-                await asyncio.sleep(delay)
+                backoff = liveness.next_backoff(backoff, up_for)
+                if self._wake.is_set():
+                    continue  # the peer is alive: redial now
+                try:
+                    await asyncio.wait_for(self._wake.wait(),
+                                           liveness.jittered(backoff, random.random()))
+                except TimeoutError:
+                    pass
 
     def reroute(self, route: PeerRoute, ssl_context) -> None:
         """Take new pins/URI/token; a live connection that fails the new pins is closed."""
@@ -160,11 +196,16 @@ class PeerLink:
 
     async def _connect_and_serve(self, session: aiohttp.ClientSession) -> None:
         route = self.route
-        async with asyncio.timeout(CONNECT_TIMEOUT):
-            ssl_context = self._ssl.for_route(route) if route.secure else False
-            ws = await session.ws_connect(route.uri, ssl=ssl_context,
-                                          heartbeat=HEARTBEAT, max_msg_size=16 * 1024 * 1024,
-                                          compress=0, autoping=True)
+        self.connecting = True
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                ssl_context = self._ssl.for_route(route) if route.secure else False
+                # autoping off: pongs are this link's evidence of life (see _read)
+                ws = await session.ws_connect(
+                    route.uri, ssl=ssl_context, max_msg_size=16 * 1024 * 1024, compress=0,
+                    autoping=False, timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_WAIT))
+        finally:
+            self.connecting = False
         try:
             if route.pins is not None:
                 der = peer_certificate_der(ws)
@@ -187,13 +228,44 @@ class PeerLink:
             self._ws = ws
             self.up = True
             self.up_since = time.monotonic()
+            self.up_at = time.time()
+            self._heard()
             self.connects += 1
             log.info("peer link up", peer=self.peer, uri=route.uri,
                      peer_protocol_version=self.peer_protocol_version)
             self._on_up(self.peer)
-            await self._read(ws)
+            watchdog = asyncio.get_running_loop().create_task(self._watch(ws))
+            try:
+                await self._read(ws)
+            finally:
+                watchdog.cancel()
         finally:
             await ws.close()
+
+    def _heard(self) -> None:
+        self._last_heard = time.monotonic()
+        self.last_inbound = time.time()
+
+    async def _ping(self, ws) -> None:
+        try:
+            await ws.ping()
+        except (ConnectionError, aiohttp.ClientError, RuntimeError):
+            pass  # the read loop sees the link end
+
+    async def _watch(self, ws) -> None:
+        """Ping every PING_INTERVAL; close the link once the peer has been
+        silent past the deadline (a black-holed connection sends no error)."""
+        self._silent_for = None
+        while not ws.closed:
+            await asyncio.sleep(liveness.PING_INTERVAL)
+            now = time.monotonic()
+            if liveness.is_dead(now, self._last_heard):
+                self._silent_for = liveness.silent_for(now, self._last_heard)
+                self.silence_closes += 1
+                # Bounded by CLOSE_WAIT: the peer cannot answer a close either.
+                await ws.close(code=1001, message=b"no sign of life")
+                return
+            await self._ping(ws)
 
     async def _await_welcome(self, ws) -> dict:
         async for msg in ws:
@@ -213,6 +285,12 @@ class PeerLink:
 
     async def _read(self, ws) -> None:
         async for msg in ws:
+            self._heard()
+            if msg.type is aiohttp.WSMsgType.PING:
+                await ws.pong(msg.data)
+                continue
+            if msg.type is aiohttp.WSMsgType.PONG:
+                continue
             if msg.type != aiohttp.WSMsgType.TEXT and msg.type != aiohttp.WSMsgType.BINARY:
                 break
             # The pinned peer's answers nest (batched results); nothing here
@@ -248,6 +326,9 @@ class PeerLink:
                     self._on_rejected(self.peer, text)
                 else:
                     log.warning("peer sent an error", peer=self.peer, error=text)
+        if self._silent_for is not None:
+            raise LinkError(SILENT, f"nothing heard from {self.peer} for "
+                                    f"{self._silent_for:.1f}s (pings unanswered)")
         raise LinkError(CLOSED, f"{self.peer} closed the link (code {ws.close_code})")
 
     def _record_error(self, cause: str, detail: str) -> None:
@@ -277,7 +358,10 @@ class PeerLink:
             self._on_down(self.peer, cause)
 
     def health(self) -> dict:
-        return {"link": "up" if self.up else "down", "connects": self.connects,
+        return {"link": "up" if self.up else "down", "state": self.state,
+                "connects": self.connects, "silence_closes": self.silence_closes,
+                "up_since": self.up_at if self.up else None,
+                "last_inbound": self.last_inbound,
                 "batching": self.batching,
                 "last_error": self.last_error, "peer_protocol_version": self.peer_protocol_version,
                 "clock_skew_seconds": round(self.clock_skew, 3) if self.clock_skew is not None

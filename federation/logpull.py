@@ -18,7 +18,7 @@ import asyncio
 import orjson
 import structlog
 
-from federation.receiver import authorise_peer
+from federation.receiver import authorise_peer, peer_alive
 from hubd.actors.router import Router, handles
 from hubd.core.message import Message
 from hubd.state.presence import Session
@@ -51,6 +51,7 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
         cursor = after if after is not None and after >= 0 else 0
         router.send_message(session.endpoint, _snapshot(router, target, [], cursor, None))
         return
+    peer_alive(router, session)
     if after is None or after < 0 or (limit is not None and (strict_int(limit) is None
                                                              or limit <= 0)):
         router.send_message(session.endpoint, _snapshot(router, target, [], 0, None))

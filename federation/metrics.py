@@ -49,17 +49,34 @@ class ForwardMetrics:
         last = GaugeMetricFamily("hubd_forward_last_success_timestamp_seconds",
                                  "When the peer last accepted a forward (Unix time).",
                                  labels=["peer"])
+        inbound = GaugeMetricFamily("hubd_peer_last_inbound_timestamp_seconds",
+                                    "When anything last arrived from the peer: on this hub's "
+                                    "link to it (answers, pongs) or from it (its link, forwards, "
+                                    "log pulls) (Unix time, 0 = never).", labels=["peer"])
+        stalled = GaugeMetricFamily("hubd_peer_link_stalled",
+                                    "1 while forwards are pending, the link is up, and none "
+                                    "succeeded for 10 s.", labels=["peer"])
+        silences = CounterMetricFamily("hubd_peer_link_silence_closes",
+                                       "Links closed because the peer answered no ping within "
+                                       "the deadline.", labels=["peer"])
         for peer in sorted(fwd.links):
+            link = fwd.links[peer]
             count, age = fwd.outbox.backlog(peer)
             pending.add_metric([peer], count)
             oldest.add_metric([peer], age)
-            up.add_metric([peer], 1 if fwd.links[peer].up else 0)
+            up.add_metric([peer], 1 if link.up else 0)
             success = fwd.outbox.queues[peer].last_success
             last.add_metric([peer], success or 0)
+            inbound.add_metric([peer], link.last_inbound or 0)
+            stalled.add_metric([peer], 1 if fwd.stall(peer).stalled else 0)
+            silences.add_metric([peer], link.silence_closes)
         yield pending
         yield oldest
         yield up
         yield last
+        yield inbound
+        yield stalled
+        yield silences
         total = CounterMetricFamily("hubd_forward", "Forward attempts by peer and outcome.",
                                     labels=["peer", "outcome"])
         for (peer, outcome), n in sorted(self.outcomes.items()):

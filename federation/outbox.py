@@ -96,6 +96,17 @@ class ForwardOutbox:
 
     def link_up(self, peer: str) -> None:
         """Everything pending goes out now, whatever its backoff said."""
+        self._release_delayed(peer)
+
+    def peer_alive(self, peer: str) -> None:
+        """The peer showed life (its inbound link, a forward, a log pull):
+        retries waiting out their backoff go now, if the link is up (else
+        link_up() sends them when it is)."""
+        link = self.links.get(peer)
+        if peer in self.queues and link is not None and link.up and self.queues[peer].delayed:
+            self._release_delayed(peer)
+
+    def _release_delayed(self, peer: str) -> None:
         queue = self.queues[peer]
         for _, forward_id in queue.delayed:
             if forward_id in queue.items and forward_id not in queue.in_flight:

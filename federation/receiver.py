@@ -91,7 +91,16 @@ def claim_peer_link(router: Router, session: Session, frame: dict) -> bool:
         return False
     router.presence.mark_peer(session, sender)
     log.info("peer link registered", peer=sender, domain=decision.domain_id)
+    peer_alive(router, session)
     return True
+
+
+def peer_alive(router: Router, session: Session) -> None:
+    """Anything from a pinned peer's link is a sign of life: this hub's own
+    link and sender for that peer stop waiting out their backoff."""
+    forwarding = router.hub.forwarding
+    if forwarding is not None and session.peer_hub is not None:
+        forwarding.peer_seen(session.peer_hub)
 
 
 PEER_CLAIMS.append(claim_peer_link)
@@ -139,6 +148,7 @@ def _valid_forward_id(forward_id) -> bool:
 
 @handles("multihub_message_forward", peers=True)
 def forward_in(router: Router, session: Session, frame: dict, size: int) -> None:
+    peer_alive(router, session)
     forward_id = frame.get("forward_id")
     if not _valid_forward_id(forward_id):
         router.error(session, "Malformed multi-hub forward: forward_id must be a string of "
@@ -160,6 +170,7 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
 def forward_batch_in(router: Router, session: Session, frame: dict, size: int) -> None:
     """hubd-to-hubd: many forwards in one frame, one result frame back (each
     forward is still checked, deduplicated and journaled on its own)."""
+    peer_alive(router, session)
     forwards = frame.get("forwards")
     if not isinstance(forwards, list) or not forwards or len(forwards) > MAX_BATCH:
         router.error(session, f"Malformed multi-hub forward batch: forwards must be a list of "

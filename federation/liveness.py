@@ -1,0 +1,76 @@
+"""Is a peer link alive, and what to tell an operator about it.
+
+A black-holed TCP connection (a cut link, a dropped route, a firewall that
+drops rather than refuses) sends no error: without a deadline of its own, the
+link would wait out the kernel's retransmission backoff, many seconds after
+the network healed. So every link pings its peer every PING_INTERVAL and
+counts anything the peer sends (pongs, answers) as life; a link silent for
+SILENCE_DEADLINE is closed and redialled. Dials are bounded by DIAL_TIMEOUT
+for the TCP connect, so during a cut a fresh SYN leaves at least every
+DIAL_TIMEOUT + BACKOFF_MAX seconds and a healed network is crossed within
+about a second.
+
+Any sign of life from the peer elsewhere (its own inbound link to this hub,
+a forward, a log pull) wakes the link and the sender for that peer at once:
+the remaining reconnect backoff and retry backoff are skipped.
+
+The decisions here are pure functions of times and counts (tested in
+tests/unit/test_liveness.py); federation/link.py and federation/outbox.py
+apply them. Times are seconds; `now` is the caller's clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PING_INTERVAL = 0.5
+SILENCE_DEADLINE = 2.0  # four pings unanswered
+DIAL_TIMEOUT = 1.0  # TCP connect; TLS and the welcome are bounded by link.CONNECT_TIMEOUT
+BACKOFF_START = 0.1
+BACKOFF_MAX = 0.5
+STABLE_AFTER = 10.0  # a link up this long resets the reconnect backoff
+STALLED_AFTER = 10.0  # pending work, link up, no success for this long: "stalled"
+
+UP = "up"
+CONNECTING = "connecting"
+DOWN = "down"
+
+
+def silent_for(now: float, last_heard: float) -> float:
+    return max(0.0, now - last_heard)
+
+
+def is_dead(now: float, last_heard: float, deadline: float = SILENCE_DEADLINE) -> bool:
+    """The link heard nothing (no pong, no answer) for longer than its deadline."""
+    return silent_for(now, last_heard) > deadline
+
+
+def next_backoff(backoff: float, up_for: float | None) -> float:
+    """The backoff after a failed or ended connection: doubled up to the cap,
+    back to the start after a link that was up long enough to be stable."""
+    if up_for is not None and up_for > STABLE_AFTER:
+        return BACKOFF_START
+    return min(backoff * 2, BACKOFF_MAX)
+
+
+def jittered(backoff: float, unit_random: float) -> float:
+    """50-100 % of the backoff (unit_random in [0, 1)), so peers that lost
+    each other at the same moment do not redial in lockstep."""
+    return backoff * (0.5 + unit_random / 2)
+
+
+@dataclass(frozen=True)
+class Stall:
+    stalled: bool
+    since: float | None  # wall time progress was last made (or the link came up)
+
+
+def stall(pending: int, up: bool, up_since: float | None, last_success: float | None,
+          now: float, after: float = STALLED_AFTER) -> Stall:
+    """Pending work, the link up, and no forward succeeded for `after`
+    seconds (counted from the later of the last success and the link coming
+    up, so a link that just came back is not called stalled)."""
+    if pending <= 0 or not up or up_since is None:
+        return Stall(False, None)
+    progress = max(up_since, last_success or 0.0)
+    return Stall(now - progress > after, progress)

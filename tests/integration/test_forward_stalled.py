@@ -1,0 +1,70 @@
+"""A link that is up while nothing succeeds is reported stalled: real hubd
+processes, west refusing every forward past its ingress quota (a transient
+refusal east keeps retrying with backoff)."""
+
+import json
+
+import time
+
+from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.procs import hubd_process
+from tests.support.wsprobe import WsProbe
+
+
+async def joined(url, name):
+    probe = await WsProbe.open(url)
+    await probe.recv_type("welcome")
+    await probe.register(name)
+    await probe.recv_type("presence_update", agent=name)
+    return probe
+
+
+def wait_for(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def test_up_link_without_success_is_stalled_in_health_and_metrics(tmp_path):
+    pki = make_pki(tmp_path / "pki", ["east", "west"])
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    west = hubd_process(tmp_path / "west", *site_flags(pki, "west", policy).serve,
+                        "--durable-ingress-events", "3", "--durable-ingress-window", "3600",
+                        hub_id="west", scheme="wss")
+    west.start()
+    east = hubd_process(tmp_path / "east", *site_flags(pki, "east", None).connect,
+                        "--message-peer", f"west=wss://127.0.0.1:{west.port}/",
+                        "--message-peer-pin", f"west={pki.server_pin('west')}", hub_id="east")
+    east.start()
+    try:
+        import asyncio
+
+        async def send():
+            alice = await joined(east.url, "PROJ/alice")
+            for i in range(8):
+                await alice.chat("PROJ/alice", "PROJ/bob@west", f"m{i}", client_msg_id=f"m{i}")
+            await alice.close()
+
+        asyncio.run(send())
+
+        def entry():
+            return json.loads(east.get_text("/health"))["message_forward"]["west"]
+
+        first = wait_for(lambda: entry()["last_success"] and entry(), timeout=20)
+        assert first["link"] == "up" and first["stalled"] is False
+        stalled = wait_for(lambda: entry()["stalled"] and entry(), timeout=60)
+        assert stalled["link"] == "up" and stalled["pending"] == 5
+        assert stalled["stalled_since"] == max(stalled["up_since"], stalled["last_success"])
+        metrics = east.get_text("/metrics")
+        assert 'hubd_peer_link_stalled{peer="west"} 1.0' in metrics
+        assert 'hubd_forward_total{outcome="retried",peer="west"}' in metrics
+        inbound = [line for line in metrics.splitlines()
+                   if line.startswith('hubd_peer_last_inbound_timestamp_seconds{peer="west"}')]
+        assert inbound and float(inbound[0].split()[-1]) >= stalled["last_success"]
+    finally:
+        east.stop()
+        west.stop()
