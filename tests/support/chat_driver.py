@@ -49,13 +49,16 @@ async def send(args) -> int:
 
     reader = asyncio.create_task(read())
     gap = 1.0 / args.rate if args.rate else 0.0
+    start = time.monotonic()
     for i in range(args.count):
         cmid = f"{args.prefix}{i}"
         await ws.send_str(json.dumps({"sender": args.name, "target": args.target, "type": "chat",
                                       "payload": f"chat {cmid}", "client_msg_id": cmid,
                                       "receipt_requested": True}))
-        if gap:
-            await asyncio.sleep(gap)
+        if args.log_sends:
+            emit(event="sent_one", client_msg_id=cmid, t=time.time())
+        if gap:  # a fixed schedule: a slow send does not lower the rate
+            await asyncio.sleep(max(0.0, start + (i + 1) * gap - time.monotonic()))
     emit(event="sent", count=args.count)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
@@ -94,7 +97,7 @@ async def receive(args) -> int:
             seen[cmid] = seen.get(cmid, 0) + 1
             if seen[cmid] == 1:
                 emit(event="chat", client_msg_id=cmid, sender=frame.get("sender"),
-                     seq=frame.get("seq"))
+                     seq=frame.get("seq"), t=time.time())
         # linger to catch duplicates
         end = time.monotonic() + args.linger
         while time.monotonic() < end:
@@ -135,6 +138,8 @@ def main() -> int:
     s.add_argument("--prefix", default="m")
     s.add_argument("--rate", type=float, default=0.0)
     s.add_argument("--timeout", type=float, default=90.0)
+    s.add_argument("--log-sends", action="store_true",
+                   help="one line per chat sent, with its wall-clock time (benchmarks)")
     r = sub.add_parser("receive")
     r.add_argument("--url", required=True)
     r.add_argument("--name", required=True)
