@@ -23,6 +23,11 @@ Scenarios (run interleaved per round: reference, hubd, reference, hubd ...):
      and 500), west restarted on the same port and journal after --down seconds; the time from
      west accepting connections (its port polled every 2 ms) until the last chat reached a
      receiver registered on west with mailbox replay (``mailbox: true, since_seq: 0``).
+  p  partition (hubd only, network namespaces, root): the east-west link dropped by nftables
+     for 15 s while 20 chats/s flow, then restored; lost, duplicated, and how long after the
+     restore the backlog drained; west on 0.0.0.0 and west on loopback behind a port-forward
+     with --advertised-host (tests/bench/bench_partition.py, which runs it; --partition-baseline
+     REV adds hubd at REV as a before/after).
 
     .venv/bin/python -m tests.bench.bench_forward                  # 3 rounds, a,b,c
     .venv/bin/python -m tests.bench.bench_forward --quick          # 1 round, small counts
@@ -63,7 +68,7 @@ from tests.support.federation import Pki, make_pki, site_flags, write_serving_po
 from tests.support.procs import REPO, HubProcess, free_port, hubd_process, reference_hub_process  # noqa: E402
 
 VARIANTS = ("reference", "hubd", "hubd-base")
-SCENARIOS = ("a", "b", "c")
+SCENARIOS = ("a", "b", "c", "p")
 PROBE = 1_000_000  # (c) probe chats are numbered from here up
 BUSY = 0.3  # other cores above this: the box was busy (figures compete for the 2 cores)
 
@@ -816,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-delay", type=float, default=1.5,
                     help="seconds after loadgen starts before py-spy attaches (probe and warm-up)")
     ap.add_argument("--json", dest="json_out", default=None, help="write all runs and the summary here")
+    ap.add_argument("--partition-baseline", default=None, metavar="REV",
+                    help="(p) also run the partition with hubd at REV (e.g. main)")
     args = ap.parse_args(argv)
     if args.profile:
         args.py_spy = py_spy_path(args.py_spy)
@@ -835,7 +842,19 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     for s in scenarios:
         if s not in SCENARIOS:
-            ap.error(f"unknown scenario {s!r}; choose from a, b, c")
+            ap.error(f"unknown scenario {s!r}; choose from a, b, c, p")
+    if "p" in scenarios:
+        from tests.bench import bench_partition
+
+        scenarios.remove("p")
+        partition = ["--rounds", str(args.rounds or (1 if args.quick else 3))]
+        if args.partition_baseline:
+            partition += ["--baseline-rev", args.partition_baseline]
+        if args.json_out:
+            partition += ["--json", f"{args.json_out}.partition.json"]
+        bench_partition.main(partition)
+        if not scenarios:
+            return 0
     pendings = [int(x) for x in (args.recovery_pending or ("20" if args.quick else "20,500")).split(",")]
     if args.down is None:
         args.down = 10.0 if args.quick else 20.0
