@@ -51,6 +51,9 @@ class Attempt:
     item: PendingForward
     attempts: int = 0
     sent_at: float | None = None  # monotonic time of the attempt in flight
+    # waiting because the peer said "not now" (its quota, its journal), not
+    # because no answer came: a sign of life does not cut that backoff short
+    refused_for_now: bool = False
 
 
 @dataclass
@@ -100,18 +103,26 @@ class ForwardOutbox:
 
     def peer_alive(self, peer: str) -> None:
         """The peer showed life (its inbound link, a forward, a log pull):
-        retries waiting out their backoff go now, if the link is up (else
-        link_up() sends them when it is)."""
+        retries waiting out a backoff because no answer came go now, if the
+        link is up (else link_up() sends them when it is). Retries the peer
+        itself asked to wait keep their backoff."""
         link = self.links.get(peer)
         if peer in self.queues and link is not None and link.up and self.queues[peer].delayed:
-            self._release_delayed(peer)
+            self._release_delayed(peer, unanswered_only=True)
 
-    def _release_delayed(self, peer: str) -> None:
+    def _release_delayed(self, peer: str, unanswered_only: bool = False) -> None:
         queue = self.queues[peer]
-        for _, forward_id in queue.delayed:
-            if forward_id in queue.items and forward_id not in queue.in_flight:
-                queue.ready.append(forward_id)
-        queue.delayed.clear()
+        keep = []
+        for due, forward_id in queue.delayed:
+            attempt = queue.items.get(forward_id)
+            if attempt is None or forward_id in queue.in_flight:
+                continue
+            if unanswered_only and attempt.refused_for_now:
+                keep.append((due, forward_id))
+                continue
+            queue.ready.append(forward_id)
+        heapq.heapify(keep)
+        queue.delayed = keep
         queue.wake.set()
 
     def link_down(self, peer: str, cause: str) -> None:
@@ -146,6 +157,7 @@ class ForwardOutbox:
             self._finish(queue, attempt, disposition, "", detail, result)
         elif disposition == REFUSED and reason in TRANSIENT:
             self.metrics.forward_outcome(peer, "retried")
+            attempt.refused_for_now = True
             self._retry_later(queue, attempt, f"{peer} refused for now: {reason} {detail}".strip())
         elif disposition == REFUSED:
             self._finish(queue, attempt, REFUSED, reason or "refused", detail, result)
@@ -217,6 +229,16 @@ class ForwardOutbox:
                         queue.ready.appendleft(attempt.item.forward_id)
                     break
 
+    def time_out_unanswered(self, peer: str, now_mono: float) -> None:
+        queue = self.queues[peer]
+        for forward_id, attempt in list(queue.in_flight.items()):
+            if now_mono - attempt.sent_at > ANSWER_TIMEOUT:
+                del queue.in_flight[forward_id]
+                self.metrics.forward_outcome(peer, "timeout")
+                attempt.refused_for_now = False
+                self._retry_later(queue, attempt,
+                                  f"{peer} did not answer within {ANSWER_TIMEOUT:g}s")
+
     async def sweep(self) -> None:
         """Twice a second: answers that never came, due retries, expired rows."""
         while True:
@@ -224,12 +246,7 @@ class ForwardOutbox:
             now_mono = time.monotonic()
             now = time.time()
             for peer, queue in self.queues.items():
-                for forward_id, attempt in list(queue.in_flight.items()):
-                    if now_mono - attempt.sent_at > ANSWER_TIMEOUT:
-                        del queue.in_flight[forward_id]
-                        self.metrics.forward_outcome(peer, "timeout")
-                        self._retry_later(queue, attempt,
-                                          f"{peer} did not answer within {ANSWER_TIMEOUT:g}s")
+                self.time_out_unanswered(peer, now_mono)
                 while queue.delayed and queue.delayed[0][0] <= now_mono:
                     _, forward_id = heapq.heappop(queue.delayed)
                     if forward_id in queue.items and forward_id not in queue.in_flight:

@@ -4,7 +4,7 @@ sign of life, without IO (an in-memory link stand-in)."""
 import asyncio
 
 from federation import liveness
-from federation.outbox import ForwardOutbox
+from federation.outbox import ANSWER_TIMEOUT, ForwardOutbox
 from federation.state import PendingForward
 
 
@@ -83,26 +83,34 @@ def pending(forward_id):
                           target="PROJ/bob@west")
 
 
-async def test_sign_of_life_releases_retries_waiting_out_their_backoff():
+async def test_sign_of_life_releases_unanswered_retries_not_the_peers_not_now():
     link = StubLink()
     outbox = ForwardOutbox("east", {"west": link}, Figures(), settle=lambda *a: None,
                            pending_notice=lambda *a: None)
     sender = asyncio.get_running_loop().create_task(outbox.run_peer("west"))
     try:
-        outbox.submit(pending("f1"))
+        outbox.submit(pending("unanswered"))
+        outbox.submit(pending("not-now"))
         await asyncio.sleep(0)
-        assert [f["forward_id"] for f in link.sent] == ["f1"]
-        outbox.on_result("west", {"forward_id": "f1", "disposition": "refused",
+        assert [f["forward_id"] for f in link.sent] == ["unanswered", "not-now"]
+        outbox.on_result("west", {"forward_id": "not-now", "disposition": "refused",
                                   "reason_code": "quota_exceeded"})
         queue = outbox.queues["west"]
-        assert [fid for _, fid in queue.delayed] == ["f1"]  # backing off (1 s or more)
+        # no answer for the other one: timed out as the sweep does it
+        outbox.time_out_unanswered("west", queue.in_flight["unanswered"].sent_at +
+                                   ANSWER_TIMEOUT + 1)
+        assert sorted(fid for _, fid in queue.delayed) == ["not-now", "unanswered"]
         link.up = False
-        outbox.peer_alive("west")  # the link is down: link_up() will release it
-        assert queue.delayed
+        outbox.peer_alive("west")  # the link is down: link_up() will release them
+        assert len(queue.delayed) == 2
         link.up = True
         outbox.peer_alive("west")
+        assert [fid for _, fid in queue.delayed] == ["not-now"]  # the peer said wait
+        await asyncio.sleep(0)
+        assert [f["forward_id"] for f in link.sent] == ["unanswered", "not-now", "unanswered"]
+        outbox.link_up("west")  # a link coming back sends everything
         assert not queue.delayed
         await asyncio.sleep(0)
-        assert [f["forward_id"] for f in link.sent] == ["f1", "f1"]
+        assert link.sent[-1]["forward_id"] == "not-now"
     finally:
         sender.cancel()
