@@ -34,7 +34,7 @@ from federation.partition import MULTIHUB_HEAL, MULTIHUB_PARTITION, PartitionDet
 from federation.quarantine import (MULTIHUB_EQUIVOCATION, MULTIHUB_EQUIVOCATION_RECOVERY,
                                    active_quarantines, equivocation_payload)
 from hubd.state.events import Event
-from hubd.state.hub import EXTENSIONS, HubState, applies
+from hubd.state.hub import Appliers, HubState
 
 log = structlog.get_logger("hubd.federation.authority")
 
@@ -60,7 +60,9 @@ class AuthorityRows:
     rows: list = field(default_factory=list)  # (kind, payload)
 
 
-EXTENSIONS[ROWS] = AuthorityRows
+# the projections this module keeps in HubState.extensions, by name
+PROJECTIONS = {ROWS: AuthorityRows}
+appliers = Appliers()
 
 
 def _keep_row(state: HubState, event: Event) -> None:
@@ -71,7 +73,7 @@ def _keep_row(state: HubState, event: Event) -> None:
 
 
 for _kind in ROW_KINDS:
-    applies(_kind)(_keep_row)
+    appliers.applies(_kind)(_keep_row)
 
 
 @dataclass

@@ -25,13 +25,16 @@ import structlog
 from federation.link import TIMEOUT, LinkError
 from federation.ownership import namespace_of
 from federation.receiver import authorise_peer
-from hubd.actors.router import Router, handles
+from hubd.actors.router import Router
+from hubd.core.plugin import Verbs
 from hubd.handlers import claims as claim_handlers
 from hubd.state import claims as cl
 from hubd.state.presence import Session
-from hubd.wire import codec
 
 log = structlog.get_logger("hubd.federation.claims")
+
+# this module's verbs (its plugin installs them)
+verbs = Verbs()
 
 FORWARD_TIMEOUT = 10.0
 VERBS = {"claim": ("claim_granted", "claim_denied"),
@@ -43,7 +46,7 @@ def _refusal_text(namespace, kind: str) -> str:
 
 
 def gate(router: Router, session: Session, frame: dict, verb: str) -> bool:
-    authority = router.hub.authority
+    authority = router.hub.federation.authority
     if authority is None or not authority.configured:
         return False
     resolution = authority.resolve(session.name)
@@ -64,7 +67,7 @@ def gate(router: Router, session: Session, frame: dict, verb: str) -> bool:
 
 def _forward(router: Router, session: Session, frame: dict, verb: str, namespace: str,
              owner: str, task_id: str) -> None:
-    authority = router.hub.authority
+    authority = router.hub.federation.authority
     link = authority.claim_links[owner]
     endpoint, claimant = session.endpoint, session.name
     claim = {k: v for k, v in frame.items() if k != "token"}
@@ -119,7 +122,7 @@ def _verdict(answer: dict) -> tuple[bool, str, dict | None]:
     return granted, detail, grant
 
 
-@handles("multihub_claim_request", peers=True)
+@verbs.handles("multihub_claim_request", peers=True)
 def claim_request(router: Router, session: Session, frame: dict, size: int) -> None:
     """Owner side: decide a claim a peer forwarded, on this hub's authority."""
     namespace, claimant = frame.get("namespace"), frame.get("claimant")
@@ -145,7 +148,7 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
                  reason=decision.detail if decision else "no serving policy")
         router.send(session.endpoint, result(False, "peer not authorised to forward claims"))
         return
-    authority = router.hub.authority
+    authority = router.hub.federation.authority
     resolution = authority.resolve(claimant) if authority is not None and authority.configured \
         else None
     if resolution is None or resolution.kind != "local" or namespace_of(claimant) != namespace:
@@ -180,6 +183,3 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
         return
     failed = result(False, "the owning hub could not journal the decision; nothing changed")
     router.send_on_failure(session.endpoint, "multihub_claim_result", lambda: failed)
-
-
-claim_handlers.OWNERSHIP_GATE.append(gate)

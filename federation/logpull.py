@@ -19,12 +19,16 @@ import orjson
 import structlog
 
 from federation.receiver import authorise_peer, peer_alive
-from hubd.actors.router import Router, handles
+from hubd.actors.router import Router
+from hubd.core.plugin import Verbs
 from hubd.core.message import Message
 from hubd.state.presence import Session
 from hubd.wire.envelope import strict_int
 
 log = structlog.get_logger("hubd.federation.logpull")
+
+# this module's verbs (its plugin installs them)
+verbs = Verbs()
 
 MAX_EVENTS = 2000  # per snapshot; a follower pages by asking again from next_cursor
 MAX_BYTES = 4 * 1024 * 1024
@@ -38,7 +42,7 @@ def _snapshot(router: Router, target: str, events: list, next_cursor: int,
     return Message(frame, orjson.dumps(frame))
 
 
-@handles("multihub_log_request", peers=True, reads_only=True)
+@verbs.handles("multihub_log_request", peers=True, reads_only=True)
 def log_request(router: Router, session: Session, frame: dict, size: int) -> None:
     target = session.peer_hub or session.name or "all"
     sender = frame.get("sender")

@@ -18,7 +18,8 @@ import structlog
 
 from federation.policy import NAMESPACE_NOT_GRANTED
 from federation.state import forward_digest, inbox_of, result_of
-from hubd.actors.router import PEER_CLAIMS, Router, handles
+from hubd.actors.router import Router
+from hubd.core.plugin import Verbs
 from hubd.handlers.chat import route_chat
 from hubd.state.presence import Session
 from hubd.wire import codec
@@ -26,6 +27,9 @@ from hubd.wire.envelope import HUB_ID_RE
 from hubd.wire.targets import is_glob, project_of
 
 log = structlog.get_logger("hubd.federation.receiver")
+
+# this module's verbs (its plugin installs them)
+verbs = Verbs()
 
 MAX_FORWARD_ID_BYTES = 128
 MAX_BODY_BYTES = 262_144
@@ -45,7 +49,7 @@ FORWARD_ID_CONFLICT = "forward_id_conflict"
 
 
 def _policy(router: Router):
-    return router.hub.serving_policy
+    return router.hub.federation.serving_policy
 
 
 AUTHORISED_FOR = 1.0  # seconds a decision is reused for forwards on one connection
@@ -98,12 +102,9 @@ def claim_peer_link(router: Router, session: Session, frame: dict) -> bool:
 def peer_alive(router: Router, session: Session) -> None:
     """Anything from a pinned peer's link is a sign of life: this hub's own
     link and sender for that peer stop waiting out their backoff."""
-    forwarding = router.hub.forwarding
+    forwarding = router.hub.federation.forwarding
     if forwarding is not None and session.peer_hub is not None:
         forwarding.peer_seen(session.peer_hub)
-
-
-PEER_CLAIMS.append(claim_peer_link)
 
 
 def _seat_problem(seat, what: str) -> str | None:
@@ -146,7 +147,7 @@ def _valid_forward_id(forward_id) -> bool:
         len(forward_id.encode()) <= MAX_FORWARD_ID_BYTES
 
 
-@handles("multihub_message_forward", peers=True)
+@verbs.handles("multihub_message_forward", peers=True)
 def forward_in(router: Router, session: Session, frame: dict, size: int) -> None:
     peer_alive(router, session)
     forward_id = frame.get("forward_id")
@@ -166,7 +167,7 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
             router, session, _transient_on_failure([entry])[0]))
 
 
-@handles("multihub_message_forward_batch", peers=True)
+@verbs.handles("multihub_message_forward_batch", peers=True)
 def forward_batch_in(router: Router, session: Session, frame: dict, size: int) -> None:
     """hubd-to-hubd: many forwards in one frame, one result frame back (each
     forward is still checked, deduplicated and journaled on its own)."""

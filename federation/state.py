@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from hubd.state.events import Event
-from hubd.state.hub import EXTENSIONS, HubState, applies
+from hubd.state.hub import Appliers, HubState
 
 from hubd.wire.codec import encode
 
@@ -96,8 +96,9 @@ class ForwardInbox:
             self.accepted.popitem(last=False)
 
 
-EXTENSIONS[OUTBOX] = ForwardOutbox
-EXTENSIONS[INBOX] = ForwardInbox
+# the projections this module keeps in HubState.extensions, by name
+PROJECTIONS = {OUTBOX: ForwardOutbox, INBOX: ForwardInbox}
+appliers = Appliers()
 
 
 def outbox_of(state: HubState) -> ForwardOutbox:
@@ -125,7 +126,7 @@ def forward_body(frame: dict) -> dict:
     return body
 
 
-@applies("chat")
+@appliers.applies("chat")
 def _apply_forwarding(state: HubState, event: Event) -> None:
     route = event.route
     if not route:
@@ -161,7 +162,7 @@ def _result(seq: int, msg_id, recipients) -> dict:
             "dead_lettered": not delivered}
 
 
-@applies(FORWARD_SETTLED)
+@appliers.applies(FORWARD_SETTLED)
 def _apply_settled(state: HubState, event: Event) -> None:
     """One event settles every forward answered in one Router round: the ones
     the peer accepted with no receipt owed by id, the rest with their details."""

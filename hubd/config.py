@@ -6,7 +6,6 @@ import hmac
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from federation.config import FederationConfig
 from hubd.state.claims import LeaseLimits
 from hubd.state.redsyn import Limits as RedsynLimits
 from hubd.state.quota import QuotaLimits
@@ -43,7 +42,9 @@ class HubConfig:
     advertised_hosts: frozenset[tuple[str, int | None]] = field(default_factory=frozenset)
     log_format: str = "text"
     log_level: str = "INFO"
-    federation: FederationConfig = field(default_factory=FederationConfig)
+    # federation.config.FederationConfig, read by the federation plugin (None:
+    # its defaults, no peers); the core does not look inside
+    federation: object | None = None
     claims: LeaseLimits = field(default_factory=LeaseLimits)
     redsyn: bool = True
     redsyn_allow_loopback_webhooks: bool = False

@@ -8,6 +8,10 @@ upgrades are refused (503) until the replay is done (/readyz says when).
 Supervision: the actors run in one TaskGroup. An actor that dies with an
 unexpected exception stops the hub with a non-zero exit; the journal makes the
 restart correct.
+
+What the hub does beyond this is its plugins' (hubd/core/plugin.py): the core
+plugin and, from the composition root, federation's. The hub runs their
+hooks; it knows none of them by name.
 """
 
 from __future__ import annotations
@@ -20,25 +24,26 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
-import federation.claim_forwarding as _claim_forwarding  # noqa: F401  (registers verbs)
-import federation.logpull as _logpull  # noqa: F401
-import federation.receiver as _receiver  # noqa: F401
-import hubd.doors.redsyn.install as _redsyn  # noqa: F401  (journal appliers, timer)
-import hubd.handlers as _handlers  # noqa: F401
+from typing import Iterable
+
 from hubd.actors.journal_writer import JournalWriter
-from hubd.actors.router import PERIODIC, Router
+from hubd.actors.outcome import Flush
+from hubd.actors.router import Router
 from hubd.config import HubConfig
+from hubd.core.commands import Call
 from hubd.core.endpoints import Endpoints
-from hubd.core.message import CLOSE_AUTH, CLOSE_GOING_AWAY
-from hubd.doors.websocket import SEND_DEADLINE_SECONDS
+from hubd.core.message import CLOSE_GOING_AWAY
+from hubd.core.plugin import Installed, Plugin
 from hubd.journal.checkpoint import Checkpointer
-from hubd.journal.store import CorruptRow, JournalReader
+from hubd.journal.store import CorruptRow, JournalReader, NotAHubdJournal
 from hubd.metrics import HubMetrics
 from hubd.state.hub import HubState, apply
 
 log = structlog.get_logger("hubd.hub")
 
 SWEEP_SECONDS = 1.0
+# a write that cannot drain for this long closes its endpoint (checked by the sweeper)
+SEND_DEADLINE_SECONDS = 5.0
 
 
 class JournalRefused(RuntimeError):
@@ -47,8 +52,9 @@ class JournalRefused(RuntimeError):
 
 
 class Hub:
-    def __init__(self, config: HubConfig):
+    def __init__(self, config: HubConfig, plugins: Iterable[Plugin]):
         self.config = config
+        self.installed = Installed(plugins)
         self.metrics = HubMetrics()
         self.hub_id: str = config.hub_id or ""
         # every open endpoint of every door, by id: where released messages go
@@ -57,10 +63,6 @@ class Hub:
                                     self._journal_failed, self._journal_committed)
         self.checkpointer = Checkpointer(config.db, self.metrics)
         self.router: Router | None = None
-        self.forwarding = None  # federation.forwarding.Forwarding, with message peers
-        self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
-        self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
-        self.authority = None  # federation.authority.Authority, with a namespace-owner map
         self.redsyn = None  # hubd.doors.redsyn.door.RedsynDoor, unless --no-redsyn
         if config.redsyn:
             from hubd.doors.redsyn.door import RedsynDoor
@@ -88,7 +90,9 @@ class Hub:
         return await asyncio.get_running_loop().run_in_executor(self._reader_thread, run)
 
     def _replay(self) -> tuple[HubState, list[CorruptRow]]:
-        state = HubState.fresh(history_limit=self.config.max_history)
+        installed = self.installed
+        state = HubState.fresh(installed.appliers, installed.projections,
+                               history_limit=self.config.max_history)
         corrupt: list[CorruptRow] = []
         reader = JournalReader(self.config.db)
         try:
@@ -105,49 +109,21 @@ class Hub:
         return state
 
     async def reload(self) -> bool:
-        """SIGHUP: read pins, peers, the serving policy, the federation store
-        and certificate files again. Everything is checked before anything is
-        swapped; a bad file keeps the running configuration and says why.
-        Local agents stay connected; a peer link whose certificate no longer
-        matches is closed."""
-        from dataclasses import replace
-
-        old = self.config.federation
+        """SIGHUP: each plugin re-reads its files (pins, peers, the serving
+        policy, certificates). A plugin that refuses (ValueError, OSError)
+        keeps the running configuration and says why."""
+        changed: dict = {}
         try:
-            federation = old.rebuild()
-            policy = None
-            if federation.serving_policy_path is not None:
-                from federation.policy import load_serving_policy
-
-                policy = load_serving_policy(federation.serving_policy_path)
-            if federation.tls_certfile is not None:
-                from federation.tls import server_context
-
-                server_context(federation.tls_certfile, federation.tls_keyfile,
-                               client_ca_pem=policy.client_ca_pem if policy else None)
-            if federation.message_peers:
-                federation.client_context()
-            if bool(federation.message_peers) != (self.forwarding is not None) or \
-                    (federation.tls_certfile is None) != (old.tls_certfile is None):
-                raise ValueError("turning forwarding or native TLS on or off needs a restart")
+            for reload in self.installed.hooks("reload"):
+                changed.update(reload(self))
         except (ValueError, OSError) as exc:
             self.metrics.reload_failures += 1
             log.error("reload refused; the running configuration is kept", reason=str(exc))
             return False
-        self.config = replace(self.config, federation=federation)
-        self.serving_policy = policy
-        if self.server_ssl is not None:
-            self.server_ssl.load_cert_chain(federation.tls_certfile, federation.tls_keyfile)
-            if policy is not None:
-                self.server_ssl.load_verify_locations(cadata=policy.client_ca_pem)
         if self.router is not None:
             self.router.config = self.config
-            self.router.post_control(_recheck_peer_sessions)
-        if self.forwarding is not None:
-            self.forwarding.reconfigure(federation)
         self.metrics.reloads += 1
-        log.info("configuration reloaded", peers=sorted(federation.message_peers),
-                 serving_policy=str(federation.serving_policy_path or ""))
+        log.info("configuration reloaded", **changed)
         return True
 
     def _journal_committed(self) -> None:
@@ -166,25 +142,20 @@ class Hub:
 
     # -- lifetime
 
-    def load_federation(self) -> None:
-        """Serving policy and message peers (PolicyError, FederationConfigError)."""
-        federation = self.config.federation
-        if federation.serving_policy_path is not None:
-            from federation.policy import load_serving_policy
+    def bind_plugins(self) -> None:
+        """Each plugin reads its configuration files (errors are ValueErrors)."""
+        for bind in self.installed.hooks("bind"):
+            bind(self)
 
-            self.serving_policy = load_serving_policy(federation.serving_policy_path)
-        if federation.message_peers:
-            from federation.forwarding import Forwarding
-
-            self.forwarding = Forwarding(self, federation)
-        if federation.namespace_owners:
-            from federation.authority import Authority
-
-            self.authority = Authority(self, federation)
+    def listener_ssl(self):
+        """The listener's TLS context, if a plugin serves TLS."""
+        for listener_ssl in self.installed.hooks("listener_ssl"):
+            context = listener_ssl()
+            if context is not None:
+                return context
+        return None
 
     async def open(self) -> None:
-        from hubd.journal.store import NotAHubdJournal
-
         try:
             store = await self.writer.open()
         except (NotAHubdJournal, sqlite3.DatabaseError) as exc:
@@ -203,8 +174,8 @@ class Hub:
         state = await self.load_state()
         state.extensions["redsyn"].woken.clear()  # nobody waits yet
         self.router = Router(self, state)
-        if self.authority is not None:
-            self.authority.restore(state)
+        for restored in self.installed.hooks("restored"):
+            restored(state)
         if self.corrupt_rows:
             self.router.refuse_permanently("journal recovery required")
             log.error("journal replay quarantined undecodable rows; mutations are refused",
@@ -227,10 +198,8 @@ class Hub:
             group.create_task(self.router.run(), name="router")
             group.create_task(self._sweep(), name="sweeper")
             group.create_task(self.checkpointer.run(), name="wal-checkpoint")
-            if self.forwarding is not None:
-                self.forwarding.start(self.router, group)
-            if self.authority is not None:
-                self.authority.start(self.router, group)
+            for start in self.installed.hooks("start"):
+                start(self.router, group)
             if self.redsyn is not None:
                 await self.redsyn.start(group)
             self.ready = True
@@ -244,8 +213,6 @@ class Hub:
 
     async def _drain(self, timeout: float = 5.0) -> None:
         """On a clean stop, commit and release what the actors already hold."""
-        from hubd.actors.outcome import Flush
-
         done = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait_for(self.writer.inbox.put(Flush(done)), timeout)
@@ -282,22 +249,8 @@ class Hub:
                     self.metrics.send_timeouts += 1
                     log.warning("write stalled; closing slow consumer", conn=endpoint_id)
                     endpoint.abort()
-            for timer in PERIODIC:
-                await self.router.inbox.put(timer)
-
-
-def _recheck_peer_sessions(router) -> None:
-    """After a reload: a peer hub whose grant or pin no longer holds is cut off."""
-    policy = router.hub.serving_policy
-    for session in list(router.presence.sessions.values()):
-        if session.peer_hub is None:
-            continue
-        decision = policy.authorise(session.peer_hub, session.peer_cert, None,
-                                    router.now) if policy is not None else None
-        if decision is None or not decision.allowed:
-            log.warning("peer link closed after reload", peer=session.peer_hub,
-                        reason=decision.detail if decision else "no serving policy")
-            router.endpoints.close(session.endpoint, CLOSE_AUTH, "peer no longer authorised")
+            for timer in self.installed.periodic:
+                await self.router.inbox.put(Call(timer))
 
 
 class _Stop(Exception):

@@ -10,9 +10,10 @@ import asyncio
 import structlog
 from aiohttp import web
 
+from hubd.composition import build_hub
 from hubd.config import HubConfig
 from hubd.http.app import make_app
-from hubd.hub import Hub, JournalRefused, _Stop
+from hubd.hub import JournalRefused, _Stop
 
 log = structlog.get_logger("hubd")
 
@@ -24,7 +25,7 @@ class StartupError(RuntimeError):
 class HubServer:
     def __init__(self, config: HubConfig):
         self.config = config
-        self.hub = Hub(config)
+        self.hub = build_hub(config)
         self.ssl_context = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
@@ -39,8 +40,8 @@ class HubServer:
     async def start(self) -> None:
         config = self.config
         try:
-            self.hub.load_federation()
-            self.ssl_context = self._tls_context()
+            self.hub.bind_plugins()
+            self.ssl_context = self.hub.listener_ssl()
         except ValueError as exc:  # PolicyError, FederationConfigError, TlsConfigError
             raise StartupError(str(exc)) from exc
         try:
@@ -76,17 +77,6 @@ class HubServer:
         self._run = asyncio.get_running_loop().create_task(self._supervise())
         while not self.hub.ready and not self._run.done():
             await asyncio.sleep(0.001)
-
-    def _tls_context(self):
-        federation = self.config.federation
-        if federation.tls_certfile is None:
-            return None
-        from federation.tls import server_context
-
-        policy = self.hub.serving_policy
-        self.hub.server_ssl = server_context(federation.tls_certfile, federation.tls_keyfile,
-                                             client_ca_pem=policy.client_ca_pem if policy else None)
-        return self.hub.server_ssl
 
     async def _supervise(self) -> int:
         code = 0

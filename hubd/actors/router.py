@@ -33,6 +33,7 @@ from hubd.state.quota import IngressQuota
 from hubd.wire import codec
 from hubd.wire.envelope import BROADCAST, error_frame, frame_type, hub_frame
 
+from . import sessions
 from .journal_writer import JournalFailed
 from .outcome import Flush, Outcome, Resync
 
@@ -45,36 +46,6 @@ MAX_BATCH_COMMANDS = 2048
 # period rather than one per batch.
 REFUSAL_BACKOFF_START = 1.0
 REFUSAL_BACKOFF_MAX = 30.0
-
-Handler = Callable[["Router", Session, dict, int], None]
-HANDLERS: dict[str, Handler] = {}
-# Called when an endpoint registers a name (after the presence broadcast).
-ON_REGISTER: list[Callable[["Router", Session, dict], None]] = []
-# Called when a registered endpoint goes away.
-ON_UNREGISTER: list[Callable[["Router", Session], None]] = []
-# Run as ordinary commands once a second (lease expiry and the like).
-PERIODIC: list[Callable[["Router"], None]] = []
-
-
-# Verbs that only read: still served while the journal cannot be written.
-READ_ONLY: set[str] = set()
-# Hub-to-hub verbs: the only ones a peer hub's link may use.
-PEER_VERBS: set[str] = set()
-# Asked at an endpoint's first frame: is this a peer hub's link? (federation)
-PEER_CLAIMS: list[Callable[["Router", Session, dict], bool]] = []
-
-
-def handles(*types: str, reads_only: bool = False, peers: bool = False):
-    def register(fn: Handler) -> Handler:
-        for type_ in types:
-            HANDLERS[type_] = fn
-            if reads_only:
-                READ_ONLY.add(type_)
-            if peers:
-                PEER_VERBS.add(type_)
-        return fn
-    return register
-
 
 class JournalUnavailable(Exception):
     """Raised by Router.event() while mutations are refused."""
@@ -97,6 +68,9 @@ class Router:
     def __init__(self, hub, state: HubState):
         self.hub = hub
         self.endpoints = hub.endpoints
+        # the verbs and hooks of the hub's plugins (hubd/core/plugin.py)
+        self.installed = installed = hub.installed
+        self.handlers = installed.handlers
         self.config = hub.config
         self.hub_id: str = hub.hub_id
         self.metrics = hub.metrics
@@ -246,21 +220,17 @@ class Router:
         name = session.name
         sender = frame.get("sender") or name
         if name is None:
-            from hubd.handlers.session import register
-
-            for claim in PEER_CLAIMS:
+            for claim in self.installed.peer_claims:
                 if claim(self, session, frame):
                     self._from_peer(session, frame, size)
                     return
-            if not register(self, session, frame):
+            if not sessions.register(self, session, frame):
                 return
         elif sender != name:
-            from hubd.handlers.session import refuse_name_switch
-
-            refuse_name_switch(self, session, sender)
+            sessions.refuse_name_switch(self, session, sender)
             return
         type_ = frame_type(frame)
-        handler = HANDLERS.get(type_)
+        handler = self.handlers.get(type_)
         if handler is None:
             self.error(session, f"Unknown message type '{type_}'.")
             return
@@ -274,33 +244,27 @@ class Router:
         """A peer hub's link: its identity is its certificate, bound at its first frame."""
         sender = frame.get("sender") or session.peer_hub
         if sender != session.peer_hub:
-            from hubd.handlers.session import refuse_name_switch
-
-            refuse_name_switch(self, session, sender)
+            sessions.refuse_name_switch(self, session, sender)
             return
         type_ = frame_type(frame)
-        if type_ in PEER_VERBS:
-            HANDLERS[type_](self, session, frame, size)
+        if type_ in self.installed.peer_verbs:
+            self.handlers[type_](self, session, frame, size)
         elif type_ != "heartbeat":
             self.send(session.endpoint, self.frame(
                 "error", session.peer_hub,
                 f"A peer hub link speaks hub-to-hub verbs only, not '{type_}'."))
 
     def _opened(self, command: Opened) -> None:
-        from hubd.handlers.session import opened
-
-        opened(self, command)
+        sessions.opened(self, command)
 
     def _closed(self, endpoint: int) -> None:
         session = self.presence.close(endpoint)
         if session is None or session.name is None:
             return
-        for hook in ON_UNREGISTER:
+        for hook in self.installed.on_unregister:
             hook(self, session)
-        from hubd.handlers.session import announce_presence
-
         if self.presence.by_name.get(session.name) is None:
-            announce_presence(self, "left", session.name)
+            sessions.announce_presence(self, "left", session.name)
 
     # -- the API handlers use
 
@@ -386,10 +350,10 @@ class Router:
 
     async def _rebuild(self) -> None:
         self.state = await self.hub.load_state()
-        if self.hub.forwarding is not None:
-            self.hub.forwarding.resync(self)
-        if self.hub.authority is not None:
-            self.hub.authority.restore(self.state)
+        for restored in self.installed.hooks("restored"):
+            restored(self.state)
+        for rebuilt in self.installed.hooks("rebuilt"):
+            rebuilt(self)
 
     async def _rebuild_after_crash(self) -> None:
         await self._wait_committed()

@@ -66,14 +66,11 @@ def health_document(hub) -> dict:
         "online_agents": len(presence.by_name) if presence else 0,
         "journal_seq": hub.writer.committed_seq,
         "journal_corrupt_rows": len(hub.corrupt_rows),
-        "message_forward": hub.forwarding.health() if hub.forwarding is not None else {},
     }
-    if hub.authority is not None:
-        document["multihub"] = hub.authority.health()
-    for name, section in HEALTH_SECTIONS.items():
-        document[name] = section(hub)
+    # the plugins' sections (federation's message_forward and multihub, the
+    # core's active_claims); a section with nothing to say is left out
+    for name, section in hub.installed.health_sections.items():
+        value = section(hub)
+        if value is not None:
+            document[name] = value
     return document
-
-
-# Other modules add /health sections: name -> builder(hub).
-HEALTH_SECTIONS: dict = {}

@@ -37,7 +37,6 @@ from hubd.wire.wsframe import text_frame
 log = structlog.get_logger("hubd.connection")
 
 SEND_QUEUE_FRAMES = 8192
-SEND_DEADLINE_SECONDS = 5.0
 WRITE_HIGH_WATER = 1024 * 1024
 
 _CLOSE = object()

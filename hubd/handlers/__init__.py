@@ -1,4 +1,42 @@
-"""Verb handlers: what each client frame means. Importing this package
-registers every handler with the Router."""
+"""Verb handlers: what each client frame means, and the core plugin that
+installs them with the core's projections and hooks."""
 
-from . import board, capabilities, chat, claims, mailbox, queries, session  # noqa: F401
+from __future__ import annotations
+
+from hubd.core.plugin import Plugin
+from hubd.state import board as board_state
+from hubd.state import capabilities as capability_state
+from hubd.state import claims as claim_state
+from hubd.state import hub as hub_state
+from hubd.state import idem as idem_state
+
+from . import board, capabilities, chat, claims, mailbox, queries
+
+
+def core_plugin() -> Plugin:
+    """Everything a single hub does: chat, mailbox, receipts, presence
+    queries, claims and leases, the board, capability cards."""
+    state_modules = (hub_state, board_state, capability_state, claim_state, idem_state)
+    appliers: dict[str, list] = {}
+    projections: dict = {}
+    for module in state_modules:
+        for kind, fns in module.appliers.items():
+            appliers.setdefault(kind, []).extend(fns)
+        projections.update(getattr(module, "PROJECTIONS", {}))
+    verbs: dict = {}
+    for module in (board, capabilities, chat, claims, mailbox, queries):
+        overlap = verbs.keys() & module.verbs.keys()
+        if overlap:
+            raise ValueError(f"verbs {sorted(overlap)} declared twice")
+        verbs.update(module.verbs)
+    return Plugin(
+        "core",
+        verbs=verbs,
+        appliers=appliers,
+        projections=projections,
+        on_register=(claims.on_register, mailbox.on_register),
+        on_unregister=(capabilities.on_unregister, claims.on_unregister),
+        periodic=(claims.sweep,),
+        state_sections=claims.STATE_SECTIONS,
+        health_sections={"active_claims": claims.health_active_claims},
+    )

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import structlog
 
-from hubd.actors.router import Router, handles
+from hubd.actors.router import Router
+from hubd.core.plugin import Verbs
 from hubd.state import board as bd
 from hubd.state.presence import Session
 
 from . import idempotency
 
 log = structlog.get_logger("hubd.board")
+
+# this module's verbs (its plugin installs them)
+verbs = Verbs()
 
 PARENT_FAULT = "Causal parent validation failed; task was not changed."
 
@@ -73,17 +77,17 @@ def _write_task(router: Router, session: Session, frame: dict, verb: str) -> Non
     router.fail_privately(session, f"Task '{task_id}' was not journalled; mutation rolled back.")
 
 
-@handles("ledger_task")
+@verbs.handles("ledger_task")
 def ledger_task(router: Router, session: Session, frame: dict, size: int) -> None:
     _write_task(router, session, frame, "ledger_task")
 
 
-@handles("ledger_task_update")
+@verbs.handles("ledger_task_update")
 def ledger_task_update(router: Router, session: Session, frame: dict, size: int) -> None:
     _write_task(router, session, frame, "ledger_task_update")
 
 
-@handles("ledger_progress")
+@verbs.handles("ledger_progress")
 def ledger_progress(router: Router, session: Session, frame: dict, size: int) -> None:
     keyed = idempotency.begin(router, session, "ledger_progress", frame)
     if keyed is idempotency.HANDLED:
@@ -101,7 +105,7 @@ def ledger_progress(router: Router, session: Session, frame: dict, size: int) ->
     router.fail_privately(session, "Progress note was not journalled; mutation rolled back.")
 
 
-@handles("board_request", reads_only=True)
+@verbs.handles("board_request", reads_only=True)
 def board_request(router: Router, session: Session, frame: dict, size: int) -> None:
     router.reply(session, "board_snapshot", "Board snapshot",
                  board=bd.board_of(router.state).snapshot())

@@ -7,9 +7,13 @@ persistent registrations are journaled (`capability_registered`).
 
 from __future__ import annotations
 
-from hubd.actors.router import ON_UNREGISTER, Router, handles
+from hubd.actors.router import Router
+from hubd.core.plugin import Verbs
 from hubd.state import capabilities as cap
 from hubd.state.presence import Session
+
+# this module's verbs (its plugin installs them)
+verbs = Verbs()
 
 LIVE = "capabilities.live"  # agent -> (card, endpoint that advertised it)
 
@@ -21,7 +25,7 @@ def _live(router: Router) -> dict:
     return store
 
 
-@handles("advertise")
+@verbs.handles("advertise")
 def advertise(router: Router, session: Session, frame: dict, size: int) -> None:
     advert = cap.read_advert(frame, session.name)
     if isinstance(advert, str):
@@ -44,7 +48,7 @@ def advertise(router: Router, session: Session, frame: dict, size: int) -> None:
                                   agent=advert.agent, card=shown))
 
 
-@handles("manifest_request", reads_only=True)
+@verbs.handles("manifest_request", reads_only=True)
 def manifest_request(router: Router, session: Session, frame: dict, size: int) -> None:
     live = _live(router)
     registrations = cap.capabilities_of(router.state).current(router.now)
@@ -57,12 +61,10 @@ def manifest_request(router: Router, session: Session, frame: dict, size: int) -
     router.reply(session, "manifest_snapshot", "Manifest snapshot", manifest=manifest)
 
 
-def _on_unregister(router: Router, session: Session) -> None:
+def on_unregister(router: Router, session: Session) -> None:
     live = router.live.get(LIVE)
     if not live:
         return
     for agent in [a for a, (_, endpoint) in live.items() if endpoint == session.endpoint]:
         del live[agent]
 
-
-ON_UNREGISTER.append(_on_unregister)

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
-from hubd.actors.router import Router, handles
+from hubd.actors.router import Router
+from hubd.core.plugin import Verbs
 from hubd.core.message import Message
 from hubd.state import events as ev
 from hubd.state.chat import same_content
 from hubd.state.presence import RX_SUFFIX, Presence, Session
 from hubd.wire import codec
 from hubd.wire.envelope import finite_number, valid_client_msg_id
-from hubd.wire.targets import RemoteTargetError, Target, parse_remote, parse_target
+from hubd.wire.targets import (RemoteTargetError, Target, names_peer_hub, parse_remote,
+                               parse_target)
+
+# this module's verbs (its plugin installs them)
+verbs = Verbs()
 
 NO_ONLINE_RECIPIENT = "no_online_recipient"
 
@@ -64,7 +69,7 @@ def recipient_endpoints(presence: Presence, recipients: list[str]) -> tuple:
     return tuple(endpoints)
 
 
-@handles("chat")
+@verbs.handles("chat")
 def chat(router: Router, session: Session, frame: dict, size: int) -> None:
     name = session.name
     refused = router.quota.admit(session.principal, size, router.now)
@@ -79,8 +84,8 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
         if isinstance(remote, RemoteTargetError):
             router.error(session, remote.text)
             return
-        forwarding = router.hub.forwarding
-        if forwarding is None or not forwarding.knows(remote.hub):
+        remote_hubs = router.installed.remote_hubs
+        if remote_hubs is None or not remote_hubs.knows(remote.hub):
             router.error(session, f"Hub '{remote.hub}' is not a configured message peer of "
                                   "this hub.")
             return
@@ -90,7 +95,7 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
         return
     retry = client_msg_id is not None
     if remote is not None:
-        router.hub.forwarding.forward_chat(router, session, frame, remote, retry)
+        remote_hubs.forward_chat(router, session, frame, remote, retry)
         return
     event, recipients, directed = route_chat(router, frame, name, RETRY_ROUTE if retry else None)
     router.fail_privately(session, "Chat was not journalled; it was not routed. Retry with the "
@@ -127,7 +132,7 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
     seat@HUB for a forwarded one). Returns (event, recipients, directed)."""
     stamp_chat(router, frame, sender)
     target = parse_target(frame.get("target") or "all")
-    outgoing = route_extra is not None and "forward" in route_extra
+    outgoing = names_peer_hub(target.raw)  # its recipients are on the peer hub
     directed = not target.is_broadcast and not frame.get("channel") and not outgoing
     presence = router.presence
     if directed:

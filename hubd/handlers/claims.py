@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from hubd.actors.router import ON_REGISTER, ON_UNREGISTER, PERIODIC, Router, handles
-from hubd.doors.probes import HEALTH_SECTIONS
+from hubd.actors.router import Router
+from hubd.core.plugin import Verbs
 from hubd.state import board as bd
 from hubd.state import capabilities as cap
 from hubd.state import claims as cl
@@ -21,7 +21,9 @@ from hubd.state import idem
 from hubd.state.presence import Session
 
 from . import idempotency
-from .queries import STATE_SECTIONS
+
+# this module's verbs (its plugin installs them)
+verbs = Verbs()
 
 # Live (not journaled) bookkeeping kept on the Router, bounded.
 OFFLINE = "claims.offline_since"  # owner -> when its last socket went away
@@ -42,17 +44,15 @@ def _live(router: Router, name: str) -> dict | OrderedDict:
 
 # -- claim
 
-# Federation's namespace-ownership gate: called first for claim-family verbs;
-# True when it handled the frame (forwarded it to the owning hub, or refused
-# it naming the owner). Unset on a hub without an ownership map.
-OWNERSHIP_GATE: list = []
-
-
 def _gated(router: Router, session: Session, frame: dict, verb: str) -> bool:
-    return bool(OWNERSHIP_GATE) and OWNERSHIP_GATE[0](router, session, frame, verb)
+    """A plugin's claim gate (federation's namespace ownership) sees claim-family
+    verbs first; True when it handled the frame (forwarded it to the owning
+    hub, or refused it naming the owner)."""
+    gate = router.installed.claim_gate
+    return gate is not None and gate(router, session, frame, verb)
 
 
-@handles("claim")
+@verbs.handles("claim")
 def claim(router: Router, session: Session, frame: dict, size: int) -> None:
     if _gated(router, session, frame, "claim"):
         return
@@ -115,7 +115,7 @@ def decide_and_record(router: Router, request: cl.ClaimRequest):
 
 # -- release
 
-@handles("release")
+@verbs.handles("release")
 def release(router: Router, session: Session, frame: dict, size: int) -> None:
     if _gated(router, session, frame, "release"):
         return
@@ -169,7 +169,7 @@ def record_release(router: Router, name: str, lease: dict, frame: dict, bound: d
 
 # -- task_update, checkpoint
 
-@handles("task_update")
+@verbs.handles("task_update")
 def task_update(router: Router, session: Session, frame: dict, size: int) -> None:
     keyed = idempotency.begin(router, session, "task_update", frame)
     if keyed is idempotency.HANDLED:
@@ -212,7 +212,7 @@ def task_update(router: Router, session: Session, frame: dict, size: int) -> Non
                                    "changed. Retry.", task_id=task_id)
 
 
-@handles("checkpoint")
+@verbs.handles("checkpoint")
 def checkpoint(router: Router, session: Session, frame: dict, size: int) -> None:
     keyed = idempotency.begin(router, session, "checkpoint", frame)
     if keyed is idempotency.HANDLED:
@@ -245,7 +245,7 @@ def checkpoint(router: Router, session: Session, frame: dict, size: int) -> None
 
 # -- handoff
 
-@handles("handoff")
+@verbs.handles("handoff")
 def handoff(router: Router, session: Session, frame: dict, size: int) -> None:
     keyed = idempotency.begin(router, session, "handoff", frame)
     if keyed is idempotency.HANDLED:
@@ -305,7 +305,7 @@ def handoff(router: Router, session: Session, frame: dict, size: int) -> None:
 
 # -- wait_request
 
-@handles("wait_request", reads_only=True)
+@verbs.handles("wait_request", reads_only=True)
 def wait_request(router: Router, session: Session, frame: dict, size: int) -> None:
     name = session.name
     now = router.now
@@ -383,8 +383,6 @@ def sweep(router: Router) -> None:
             offline.pop(owner, None)
 
 
-PERIODIC.append(sweep)
-
 
 def register_gauges(router: Router) -> None:
     """The sizes of the claim, board, idempotency and card stores, so their
@@ -406,7 +404,7 @@ def register_gauges(router: Router) -> None:
           lambda: len(cap.capabilities_of(router.state).registrations))
 
 
-def _health_active_claims(hub) -> int:
+def health_active_claims(hub) -> int:
     router = hub.router
     if router is None:
         return 0
@@ -415,16 +413,14 @@ def _health_active_claims(hub) -> int:
     return sum(1 for lease in claims.leases.values() if lease["lease_expires_at"] > now)
 
 
-HEALTH_SECTIONS["active_claims"] = _health_active_claims
 
-
-def _on_register(router: Router, session: Session, frame: dict) -> None:
+def on_register(router: Router, session: Session, frame: dict) -> None:
     offline = router.live.get(OFFLINE)
     if offline:
         offline.pop(session.name, None)
 
 
-def _on_unregister(router: Router, session: Session) -> None:
+def on_unregister(router: Router, session: Session) -> None:
     name = session.name
     if name in router.presence.by_name:
         return  # another socket still holds the name
@@ -437,9 +433,6 @@ def _on_unregister(router: Router, session: Session) -> None:
     if waits:
         waits.pop(name, None)
 
-
-ON_REGISTER.append(_on_register)
-ON_UNREGISTER.append(_on_unregister)
 
 
 # -- state_snapshot sections
@@ -496,5 +489,4 @@ def release_confirmation(router: Router, session: Session, query) -> dict:
             "first_event_seq": remembered.first_event_seq, "commit_seq": remembered.commit_seq}
 
 
-STATE_SECTIONS["active_claims"] = active_claims
-STATE_SECTIONS["release_confirmation"] = release_confirmation
+STATE_SECTIONS = {"active_claims": active_claims, "release_confirmation": release_confirmation}

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import asyncio
 
-from hubd.actors.router import ON_REGISTER, Router, handles
+from hubd.actors.router import Router
+from hubd.core.plugin import Verbs
 from hubd.core.message import Message
 from hubd.state import events as ev
 from hubd.state.presence import RX_SUFFIX, Session
 from hubd.wire import codec
 from hubd.wire.envelope import strict_int
 from hubd.wire.targets import parse_target
+
+# this module's verbs (its plugin installs them)
+verbs = Verbs()
 
 
 def mailbox_identity(session: Session, mailbox_for) -> str:
@@ -59,7 +63,15 @@ async def replay(hub, endpoint: int, seqs: list[int]) -> None:
     frames_out["chat"] = frames_out.get("chat", 0) + len(rows)
 
 
-@handles("ack")
+@verbs.handles("heartbeat", reads_only=True)
+def heartbeat(router: Router, session: Session, frame: dict, size: int) -> None:
+    # Keepalives are never answered; a heartbeat that asks for the mailbox
+    # gets its replay.
+    if frame.get("mailbox") is True:
+        serve_mailbox(router, session, frame)
+
+
+@verbs.handles("ack")
 def ack(router: Router, session: Session, frame: dict, size: int) -> None:
     seq = strict_int(frame.get("seq"))
     if seq is None or seq <= 0:
@@ -106,7 +118,7 @@ def _settle(router: Router, sender: str, ids: list[str]) -> None:
         router.event(ev.RECEIPT_NOTIFIED, {"sender": sender, "notification_ids": still})
 
 
-def _on_register(router: Router, session: Session, frame: dict) -> None:
+def on_register(router: Router, session: Session, frame: dict) -> None:
     if router.mutations_refused():
         return  # housekeeping waits for a writable journal; registration must not
     name = session.name
@@ -114,5 +126,3 @@ def _on_register(router: Router, session: Session, frame: dict) -> None:
         router.event(ev.DEAD_LETTERS_CLEARED, {"target": name})
     deliver_notifications(router, session)
 
-
-ON_REGISTER.append(_on_register)

@@ -6,17 +6,19 @@ never reports an event that is not yet durable.
 
 from __future__ import annotations
 
-from typing import Callable
 
 from hubd import __version__
-from hubd.actors.router import Router, handles
+from hubd.actors.router import Router
+from hubd.core.plugin import Verbs
 from hubd.state.presence import Session
 from hubd.wire.envelope import strict_int
+
+# this module's verbs (its plugin installs them)
+verbs = Verbs()
 
 MAILBOX_PENDING_IDENTITIES = 512
 
 # Other modules add sections to state_snapshot.snapshot: name -> builder.
-STATE_SECTIONS: dict[str, Callable[[Router], object]] = {}
 
 
 def mailbox_pending(router: Router) -> dict[str, int]:
@@ -36,15 +38,15 @@ def mailbox_pending(router: Router) -> dict[str, int]:
             for name in names[:MAILBOX_PENDING_IDENTITIES]}
 
 
-@handles("who_request", reads_only=True)
+@verbs.handles("who_request", reads_only=True)
 def who(router: Router, session: Session, frame: dict, size: int) -> None:
     hub = frame.get("hub")
     if isinstance(hub, str) and hub and hub != router.hub_id:
-        forwarding = router.hub.forwarding
-        if forwarding is None:
+        remote = router.installed.remote_hubs
+        if remote is None:
             router.error(session, f"Hub '{hub}' is not a configured message peer of this hub.")
         else:
-            forwarding.remote_who(router, session, frame, hub)
+            remote.remote_who(router, session, frame, hub)
         return
     presence = router.presence
     by_name = presence.by_name
@@ -61,15 +63,16 @@ def who(router: Router, session: Session, frame: dict, size: int) -> None:
                         for n, s in by_name.items()})
 
 
-@handles("state_request", reads_only=True)
+@verbs.handles("state_request", reads_only=True)
 def state_request(router: Router, session: Session, frame: dict, size: int) -> None:
     fields = {}
     request_id = frame.get("request_id")
     if isinstance(request_id, str) and 1 <= len(request_id) <= 128:
         fields["request_id"] = request_id
-    if "release_confirmation" in frame and "release_confirmation" in STATE_SECTIONS:
+    sections = router.installed.state_sections
+    if "release_confirmation" in frame and "release_confirmation" in sections:
         # the exact read-only release confirmation: this alone, no snapshot
-        fields["release_confirmation"] = STATE_SECTIONS["release_confirmation"](
+        fields["release_confirmation"] = sections["release_confirmation"](
             router, session, frame["release_confirmation"])
         router.reply(session, "state_snapshot", "Release confirmation", **fields)
         return
@@ -78,21 +81,21 @@ def state_request(router: Router, session: Session, frame: dict, size: int) -> N
     for name, s in router.presence.by_name.items():
         agents[name] = max(agents.get(name, 0.0), s.last_reaction)
     snapshot = {
-        "active_claims": [],  # the claims module's STATE_SECTIONS entry fills it
+        "active_claims": [],  # the claims module's state section fills it
         "agents": [{"agent": n, "last_seen": ts} for n, ts in sorted(agents.items())],
         "resources": [],
         "generated_at": router.now,
         "dead_letters": state.chat.dead_letters.listing(),
         "pending_relay_approvals": [],
     }
-    for name, build in STATE_SECTIONS.items():
+    for name, build in sections.items():
         if name != "release_confirmation":
             snapshot[name] = build(router)
     fields["snapshot"] = snapshot
     router.reply(session, "state_snapshot", "State snapshot", **fields)
 
 
-@handles("history_request", reads_only=True)
+@verbs.handles("history_request", reads_only=True)
 def history(router: Router, session: Session, frame: dict, size: int) -> None:
     entries = list(router.state.chat.history)
     by_id = "history_client_msg_id" in frame
@@ -119,7 +122,7 @@ def history(router: Router, session: Session, frame: dict, size: int) -> None:
                  requested_limit=requested)
 
 
-@handles("resume_request", reads_only=True)
+@verbs.handles("resume_request", reads_only=True)
 def resume(router: Router, session: Session, frame: dict, size: int) -> None:
     since = strict_int(frame.get("since"))
     if since is None or since < 0:

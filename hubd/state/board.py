@@ -27,7 +27,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from .events import Event
-from .hub import EXTENSIONS, HubState, applies
+from .hub import Appliers, HubState
 
 LEDGER_TASK = "ledger_task"
 LEDGER_PROGRESS = "ledger_progress"
@@ -115,14 +115,16 @@ class BoardState:
         return board
 
 
-EXTENSIONS[EXTENSION] = BoardState
+# the projections this module keeps in HubState.extensions, by name
+PROJECTIONS = {EXTENSION: BoardState}
+appliers = Appliers()
 
 
 def board_of(state: HubState) -> BoardState:
     return state.extensions[EXTENSION]
 
 
-@applies(LEDGER_TASK)
+@appliers.applies(LEDGER_TASK)
 def _apply_task(state: HubState, event: Event) -> None:
     payload = event.payload
     if not isinstance(payload.get("task_id"), str) or not payload["task_id"]:
@@ -134,7 +136,7 @@ def _apply_task(state: HubState, event: Event) -> None:
     board_of(state).put_task(task)
 
 
-@applies(LEDGER_PROGRESS)
+@appliers.applies(LEDGER_PROGRESS)
 def _apply_progress(state: HubState, event: Event) -> None:
     payload = event.payload
     note = dict(payload)

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .events import Event
-from .hub import EXTENSIONS, HubState, applies
+from .hub import Appliers, HubState
 
 CAPABILITY_REGISTERED = "capability_registered"
 EXTENSION = "capabilities"
@@ -55,14 +55,16 @@ class CapabilityState:
                 if reg["registered_at"] + REGISTRATION_TTL > now}
 
 
-EXTENSIONS[EXTENSION] = CapabilityState
+# the projections this module keeps in HubState.extensions, by name
+PROJECTIONS = {EXTENSION: CapabilityState}
+appliers = Appliers()
 
 
 def capabilities_of(state: HubState) -> CapabilityState:
     return state.extensions[EXTENSION]
 
 
-@applies(CAPABILITY_REGISTERED)
+@appliers.applies(CAPABILITY_REGISTERED)
 def _apply_registration(state: HubState, event: Event) -> None:
     payload = event.payload
     agent = payload.get("agent")

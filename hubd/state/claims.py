@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from . import scope as sc
 from .events import Event
-from .hub import EXTENSIONS, HubState, applies
+from .hub import Appliers, HubState
 
 # event kinds (the reference hub's names where it has one)
 CLAIM = "claim"
@@ -156,7 +156,9 @@ class ClaimState:
         self.index.remove(lease["task_id"])
 
 
-EXTENSIONS[EXTENSION] = ClaimState
+# the projections this module keeps in HubState.extensions, by name
+PROJECTIONS = {EXTENSION: ClaimState}
+appliers = Appliers()
 
 
 def claims_of(state: HubState) -> ClaimState:
@@ -234,11 +236,11 @@ def _apply_lease(state: HubState, event: Event) -> None:
 
 
 for _kind in LEASE_KINDS:
-    applies(_kind)(_apply_lease)
+    appliers.applies(_kind)(_apply_lease)
 
 
-@applies(RELEASE)
-@applies(LEASE_EXPIRED)
+@appliers.applies(RELEASE)
+@appliers.applies(LEASE_EXPIRED)
 def _apply_end(state: HubState, event: Event) -> None:
     payload = event.payload
     claims = claims_of(state)

@@ -2,7 +2,9 @@
 
 `apply(state, event)` is used both live (right after the Router decides an
 event) and on restart (replaying the journal), so the projection after a
-restart is the projection before it.
+restart is the projection before it. Which appliers run is fixed when the
+state is made (`HubState.fresh`, from the hub's installed plugins), so a
+replay never depends on which modules happen to be imported.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hubd.wire.targets import parse_target
+from hubd.wire.targets import names_peer_hub, parse_target
 
 from . import events as ev
 from .chat import AgentsSeen, ChatState, Remembered
@@ -26,43 +28,51 @@ class HubState:
     mailbox: MailboxState = field(default_factory=MailboxState)
     receipts: ReceiptState = field(default_factory=ReceiptState)
     agents: AgentsSeen = field(default_factory=AgentsSeen)
-    extensions: dict = field(default_factory=dict)  # projections added by other modules
+    extensions: dict = field(default_factory=dict)  # projections of other modules, by name
+    # kind -> the appliers that project it (how the state changes, not what it is)
+    appliers: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def fresh(cls, history_limit: int = 1000) -> "HubState":
-        state = cls()
+    def fresh(cls, appliers: dict, projections: dict,
+              history_limit: int = 1000) -> "HubState":
+        """An empty state projected by `appliers` (kind -> functions, in
+        order), with an empty projection from each factory in `projections`."""
+        state = cls(appliers=appliers)
         state.chat.history_limit = history_limit
-        for name, factory in EXTENSIONS.items():
+        for name, factory in projections.items():
             state.extensions[name] = factory()
         return state
 
 
 Applier = Callable[[HubState, Event], None]
-# kind -> appliers, in registration order (the core's first; modules that keep
-# their own projection of the same events add theirs after)
-APPLIERS: dict[str, list[Applier]] = {}
-# name -> factory of an extra projection kept in HubState.extensions
-EXTENSIONS: dict[str, Callable[[], object]] = {}
 
 
-def applies(kind: str):
-    def register(fn: Applier) -> Applier:
-        APPLIERS.setdefault(kind, []).append(fn)
-        return fn
-    return register
+class Appliers(dict):
+    """One module's appliers: event kind -> functions, in declaration order.
+    The hub's plugins name them; HubState.fresh gets the merged table."""
+
+    def applies(self, *kinds: str):
+        def declare(fn: Applier) -> Applier:
+            for kind in kinds:
+                self.setdefault(kind, []).append(fn)
+            return fn
+        return declare
+
+
+appliers = Appliers()
 
 
 def apply(state: HubState, event: Event) -> None:
     if event.seq <= state.last_seq:
         raise ValueError(f"event seq {event.seq} does not follow {state.last_seq}")
-    for applier in APPLIERS.get(event.kind, ()):
+    for applier in state.appliers.get(event.kind, ()):
         applier(state, event)
     # Kinds without an applier are audit-only rows (claim denials, partition
     # evidence): they keep their seq but change no projection.
     state.last_seq = event.seq
 
 
-@applies(ev.CHAT)
+@appliers.applies(ev.CHAT)
 def _apply_chat(state: HubState, event: Event) -> None:
     frame = event.payload
     route = event.route or {}
@@ -75,7 +85,9 @@ def _apply_chat(state: HubState, event: Event) -> None:
     state.agents.touch(sender, event.ts)
 
     target = parse_target(frame.get("target", ""))
-    directed = not target.is_broadcast and not frame.get("channel") and "forward" not in route
+    # a seat on a peer hub: its recipients and mailbox are there
+    remote = names_peer_hub(target.raw)
+    directed = not target.is_broadcast and not frame.get("channel") and not remote
     recipients = route.get("recipients", ())
     if directed:
         state.mailbox.index(event.seq, sender, target)
@@ -84,18 +96,17 @@ def _apply_chat(state: HubState, event: Event) -> None:
             if frame.get("receipt_requested") is True:
                 state.receipts.await_deferred(event.seq, PendingReceipt(
                     sender, target.raw, frame.get("client_msg_id"), msg_id))
-    if route.get("retry") and (recipients or "forward" in route):
+    if route.get("retry") and (recipients or remote):
         chat.retry.remember(sender, frame["client_msg_id"], Remembered(
-            frame, msg_id, event.seq, event.ts,
-            route["forward"]["forward_id"] if "forward" in route else None))
+            frame, msg_id, event.seq, event.ts, frame.get("forward_id") if remote else None))
 
 
-@applies(ev.MAILBOX_WATERMARK)
+@appliers.applies(ev.MAILBOX_WATERMARK)
 def _apply_watermark(state: HubState, event: Event) -> None:
     state.mailbox.advance(event.payload["identity"], event.payload["seq"])
 
 
-@applies(ev.RECEIPT_DEFERRED)
+@appliers.applies(ev.RECEIPT_DEFERRED)
 def _apply_receipt_deferred(state: HubState, event: Event) -> None:
     payload = event.payload
     state.receipts.pending.pop(payload["chat_seq"], None)
@@ -103,11 +114,11 @@ def _apply_receipt_deferred(state: HubState, event: Event) -> None:
     state.receipts.queue_notification(frame["target"], frame["receipt_notification_id"], frame)
 
 
-@applies(ev.RECEIPT_NOTIFIED)
+@appliers.applies(ev.RECEIPT_NOTIFIED)
 def _apply_receipt_notified(state: HubState, event: Event) -> None:
     state.receipts.settle(event.payload["sender"], event.payload["notification_ids"])
 
 
-@applies(ev.DEAD_LETTERS_CLEARED)
+@appliers.applies(ev.DEAD_LETTERS_CLEARED)
 def _apply_dead_letters_cleared(state: HubState, event: Event) -> None:
     state.chat.dead_letters.clear(event.payload["target"])

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .events import Event
-from .hub import EXTENSIONS, HubState, applies
+from .hub import Appliers, HubState
 
 IDEMPOTENCY = "idempotency"
 EXTENSION = "idempotency"
@@ -109,14 +109,16 @@ class IdemStore:
                     del self.per_sender[owner]
 
 
-EXTENSIONS[EXTENSION] = IdemStore
+# the projections this module keeps in HubState.extensions, by name
+PROJECTIONS = {EXTENSION: IdemStore}
+appliers = Appliers()
 
 
 def store_of(state: HubState) -> IdemStore:
     return state.extensions[EXTENSION]
 
 
-@applies(IDEMPOTENCY)
+@appliers.applies(IDEMPOTENCY)
 def _apply_idempotency(state: HubState, event: Event) -> None:
     payload = event.payload
     key = payload.get("key")

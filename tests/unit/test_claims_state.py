@@ -11,6 +11,7 @@ from hubd.state import capabilities as cap
 from hubd.state import claims as cl
 from hubd.state import idem
 from hubd.state.events import Event
+from hubd.handlers import core_plugin
 from hubd.state.hub import HubState, apply
 
 LIMITS = cl.LeaseLimits()
@@ -187,7 +188,8 @@ def test_deadlock_detection():
 
 
 def test_lease_events_replay_to_the_same_state():
-    state = HubState.fresh()
+    core = core_plugin()
+    state = HubState.fresh(core.appliers, core.projections)
     lease = cl.decide_claim(cl.claims_of(state), read({"task_id": "t", "paths": ["a"]}), 5.0,
                             LIMITS).lease
     apply(state, Event(1, 5.0, cl.CLAIM, lease))

@@ -1,15 +1,14 @@
-"""Puts the REDSYN mailbox into the hub's journal projection and timers.
+"""The REDSYN mailbox as a plugin: its projection, appliers and timer.
 
-Registered whether or not the door serves (`--no-redsyn`): replaying a
-journal must give the same state either way.
+Installed whether or not the door serves (`--no-redsyn`): replaying a journal
+must give the same state either way.
 """
 
 from __future__ import annotations
 
-from hubd.actors.router import PERIODIC
+from hubd.core.plugin import Plugin
 from hubd.state import events as ev
 from hubd.state import redsyn as mb
-from hubd.state.hub import APPLIERS, EXTENSIONS
 
 from .door import sweep
 
@@ -22,15 +21,9 @@ def _apply_chat(state, event) -> None:
     mb.apply_chat(state.extensions["redsyn"], event.payload, event.route, event.seq, event.ts)
 
 
-def install() -> None:
-    if "redsyn" in EXTENSIONS:
-        return
-    EXTENSIONS["redsyn"] = mb.RedsynState
-    for kind in mb.KINDS:
-        APPLIERS.setdefault(kind, []).append(_apply)
-    # after the core's own chat applier (hubd.state.hub registers it at import)
-    APPLIERS.setdefault(ev.CHAT, []).append(_apply_chat)
-    PERIODIC.append(sweep)
-
-
-install()
+def redsyn_plugin() -> Plugin:
+    appliers: dict[str, list] = {kind: [_apply] for kind in mb.KINDS}
+    # after the core's own chat applier (the core plugin is installed first)
+    appliers.setdefault(ev.CHAT, []).append(_apply_chat)
+    return Plugin("redsyn", appliers=appliers, projections={"redsyn": mb.RedsynState},
+                  periodic=(sweep,))

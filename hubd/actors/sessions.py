@@ -1,13 +1,18 @@
-"""Session verbs: welcome, registration (the first frame with a sender binds
-the name), name conflicts, presence announcements, keepalive heartbeats."""
+"""Sessions, as the Router opens and ends them: the welcome, registration (the
+first frame with a sender binds the name), name conflicts and presence
+announcements. Which door an endpoint came through does not matter here."""
 
 from __future__ import annotations
 
-from hubd.actors.router import ON_REGISTER, Router, handles
+from typing import TYPE_CHECKING
+
 from hubd.core.commands import Opened
 from hubd.core.message import CLOSE_AUTH, CLOSE_CAPACITY, CLOSE_NAME_CONFLICT, CLOSE_PER_HOST
 from hubd.state.presence import Session
 from hubd.wire.envelope import PROTOCOL_VERSION, reserved_name_reason, strict_int
+
+if TYPE_CHECKING:
+    from .router import Router
 
 WELCOME_TEXT = "Welcome to hubd"
 # hubd extensions a peer hub may use on this connection (the reference ignores
@@ -69,7 +74,7 @@ def register(router: Router, session: Session, frame: dict) -> bool:
     wake = frame.get("wake_capability")
     session.wake_capability = wake if isinstance(wake, str) else None
     session.protocol_version = strict_int(frame.get("protocol_version"))
-    for hook in ON_REGISTER:
+    for hook in router.installed.on_register:
         hook(router, session, frame)
     announce_presence(router, "joined", name)
     return True
@@ -85,13 +90,3 @@ def refuse_name_switch(router: Router, session: Session, sender: str) -> None:
 def announce_presence(router: Router, event: str, name: str) -> None:
     router.broadcast(router.frame("presence_update", "all", "Presence update",
                                   online_agents=router.presence.online(), event=event, agent=name))
-
-
-@handles("heartbeat", reads_only=True)
-def heartbeat(router: Router, session: Session, frame: dict, size: int) -> None:
-    # Keepalives are never answered; a mailbox request is served by the
-    # mailbox module's heartbeat hook.
-    if frame.get("mailbox") is True:
-        from hubd.handlers.mailbox import serve_mailbox
-
-        serve_mailbox(router, session, frame)

@@ -1,0 +1,182 @@
+"""Federation as one plugin: what the composition root (hubd/composition.py)
+installs for a hub that forwards chats, serves peers or takes part in
+namespace authority.
+
+The plugin brings federation's verbs (receiving forwards, log pulls, claim
+requests from peers), its projections and appliers (forward outbox and
+inbox, authority rows), its hooks into the core (a peer hub's first frame,
+the claim gate, targets on peer hubs), its actors (peer links, the forward
+outbox, watch followers, claim links), its /health sections and its reload.
+The core never imports this package; federation's modules find their
+runtime as `hub.federation` (this object), put there when the hub is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import structlog
+
+from hubd.core.message import CLOSE_AUTH
+from hubd.core.plugin import Plugin
+
+from . import authority as authority_state
+from . import claim_forwarding, logpull, receiver
+from . import state as forward_state
+from .config import FederationConfig
+
+log = structlog.get_logger("hubd.federation")
+
+
+class Federation:
+    def __init__(self, config: FederationConfig):
+        self.config = config
+        self.hub = None
+        self.forwarding = None  # federation.forwarding.Forwarding, with message peers
+        self.authority = None  # federation.authority.Authority, with a namespace-owner map
+        self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
+        self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
+
+    def plugin(self) -> Plugin:
+        verbs: dict = {}
+        for module in (receiver, logpull, claim_forwarding):
+            verbs.update(module.verbs)
+        appliers: dict[str, list] = {}
+        for module in (forward_state, authority_state):
+            for kind, fns in module.appliers.items():
+                appliers.setdefault(kind, []).extend(fns)
+        return Plugin(
+            "federation",
+            verbs=verbs,
+            appliers=appliers,
+            projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS},
+            peer_claims=(receiver.claim_peer_link,),
+            claim_gate=claim_forwarding.gate,
+            remote_hubs=self,
+            health_sections={"message_forward": self._health_forwarding,
+                             "multihub": self._health_authority},
+            bind=self.bind,
+            restored=self.restored,
+            rebuilt=self.rebuilt,
+            start=self.start,
+            reload=self.reload,
+            listener_ssl=self.listener_ssl,
+        )
+
+    # -- lifetime
+
+    def bind(self, hub) -> None:
+        """Serving policy, message peers and the namespace-owner map
+        (PolicyError, FederationConfigError: ValueErrors)."""
+        self.hub = hub
+        hub.federation = self
+        config = self.config
+        if config.serving_policy_path is not None:
+            from .policy import load_serving_policy
+
+            self.serving_policy = load_serving_policy(config.serving_policy_path)
+        if config.message_peers:
+            from .forwarding import Forwarding
+
+            self.forwarding = Forwarding(hub, config)
+        if config.namespace_owners:
+            from .authority import Authority
+
+            self.authority = Authority(hub, config)
+
+    def listener_ssl(self):
+        """The listener's TLS context, with --tls-certfile (TlsConfigError)."""
+        config = self.config
+        if config.tls_certfile is None:
+            return None
+        from .tls import server_context
+
+        policy = self.serving_policy
+        self.server_ssl = server_context(config.tls_certfile, config.tls_keyfile,
+                                         client_ca_pem=policy.client_ca_pem if policy else None)
+        return self.server_ssl
+
+    def restored(self, state) -> None:
+        if self.authority is not None:
+            self.authority.restore(state)
+
+    def rebuilt(self, router) -> None:
+        if self.forwarding is not None:
+            self.forwarding.resync(router)
+
+    def start(self, router, group) -> None:
+        if self.forwarding is not None:
+            self.forwarding.start(router, group)
+        if self.authority is not None:
+            self.authority.start(router, group)
+
+    def reload(self, hub) -> dict:
+        """SIGHUP: read pins, peers, the serving policy, the federation store
+        and certificate files again. Everything is checked before anything is
+        swapped (ValueError/OSError: nothing changes). Local agents stay
+        connected; a peer link whose certificate no longer matches is closed."""
+        old = self.config
+        config = old.rebuild()
+        policy = None
+        if config.serving_policy_path is not None:
+            from .policy import load_serving_policy
+
+            policy = load_serving_policy(config.serving_policy_path)
+        if config.tls_certfile is not None:
+            from .tls import server_context
+
+            server_context(config.tls_certfile, config.tls_keyfile,
+                           client_ca_pem=policy.client_ca_pem if policy else None)
+        if config.message_peers:
+            config.client_context()
+        if bool(config.message_peers) != (self.forwarding is not None) or \
+                (config.tls_certfile is None) != (old.tls_certfile is None):
+            raise ValueError("turning forwarding or native TLS on or off needs a restart")
+        self.config = config
+        hub.config = replace(hub.config, federation=config)
+        self.serving_policy = policy
+        if self.server_ssl is not None:
+            self.server_ssl.load_cert_chain(config.tls_certfile, config.tls_keyfile)
+            if policy is not None:
+                self.server_ssl.load_verify_locations(cadata=policy.client_ca_pem)
+        if hub.router is not None:
+            hub.router.post_control(self._recheck_peer_sessions)
+        if self.forwarding is not None:
+            self.forwarding.reconfigure(config)
+        return {"peers": sorted(config.message_peers),
+                "serving_policy": str(config.serving_policy_path or "")}
+
+    def _recheck_peer_sessions(self, router) -> None:
+        """After a reload: a peer hub whose grant or pin no longer holds is cut off."""
+        policy = self.serving_policy
+        for session in list(router.presence.sessions.values()):
+            if session.peer_hub is None:
+                continue
+            decision = policy.authorise(session.peer_hub, session.peer_cert, None,
+                                        router.now) if policy is not None else None
+            if decision is None or not decision.allowed:
+                log.warning("peer link closed after reload", peer=session.peer_hub,
+                            reason=decision.detail if decision else "no serving policy")
+                router.endpoints.close(session.endpoint, CLOSE_AUTH, "peer no longer authorised")
+
+    # -- targets on peer hubs (the core's RemoteHubs)
+
+    def knows(self, hub_id: str) -> bool:
+        return self.forwarding is not None and self.forwarding.knows(hub_id)
+
+    def forward_chat(self, router, session, frame: dict, remote, retry: bool) -> None:
+        self.forwarding.forward_chat(router, session, frame, remote, retry)
+
+    def remote_who(self, router, session, frame: dict, hub_id: str) -> None:
+        if self.forwarding is None:
+            router.error(session, f"Hub '{hub_id}' is not a configured message peer of this hub.")
+            return
+        self.forwarding.remote_who(router, session, frame, hub_id)
+
+    # -- /health
+
+    def _health_forwarding(self, hub) -> dict:
+        return self.forwarding.health() if self.forwarding is not None else {}
+
+    def _health_authority(self, hub) -> dict | None:
+        return self.authority.health() if self.authority is not None else None

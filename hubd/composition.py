@@ -1,0 +1,24 @@
+"""The composition root: which plugins a hub runs. The only module of the
+core, with the command line, that knows federation exists."""
+
+from __future__ import annotations
+
+from federation.config import FederationConfig
+from federation.plugin import Federation
+from hubd.config import HubConfig
+from hubd.core.plugin import Plugin
+from hubd.doors.redsyn.install import redsyn_plugin
+from hubd.handlers import core_plugin
+from hubd.hub import Hub
+
+
+def plugins_for(config: HubConfig) -> list[Plugin]:
+    """The core, federation and the REDSYN mailbox, always (a hub without
+    peers still replays forwards it journaled earlier and answers peer verbs
+    with their refusals; one with --no-redsyn replays its REDSYN events)."""
+    federation = config.federation if config.federation is not None else FederationConfig()
+    return [core_plugin(), Federation(federation).plugin(), redsyn_plugin()]
+
+
+def build_hub(config: HubConfig) -> Hub:
+    return Hub(config, plugins_for(config))

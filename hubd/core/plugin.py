@@ -1,0 +1,159 @@
+"""Plugins: how a part of the hub adds its verbs, projections, hooks, actors
+and health sections — installed explicitly by the composition root, never by
+importing a module for its side effects.
+
+A module declares its own tables (`verbs = Verbs()`, and in the state layer
+`appliers = Appliers()`)
+and a Plugin names the tables of a whole part (the core in
+hubd/handlers/__init__.py, federation in federation/plugin.py). `Installed`
+merges the plugins of one hub, in order, and refuses two plugins that claim
+the same verb or hook. Journal replay uses the installed appliers, so what a
+replay builds depends on what the hub installs, not on what was imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
+
+if TYPE_CHECKING:  # the annotations only: plugins sit below the actors that run them
+    import asyncio
+
+    from hubd.actors.router import Router
+    from hubd.state.hub import HubState
+    from hubd.state.presence import Session
+
+    Handler = Callable[[Router, Session, dict, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Verb:
+    handler: "Handler"
+    # only reads: still served while the journal cannot be written
+    reads_only: bool = False
+    # hub-to-hub: the only verbs a peer hub's link may use
+    peers: bool = False
+
+
+class Verbs(dict):
+    """One module's verbs: type -> Verb."""
+
+    def handles(self, *types: str, reads_only: bool = False, peers: bool = False):
+        def declare(fn):
+            for type_ in types:
+                if type_ in self:
+                    raise ValueError(f"verb {type_!r} declared twice")
+                self[type_] = Verb(fn, reads_only, peers)
+            return fn
+        return declare
+
+
+class RemoteHubs(Protocol):
+    """What the core asks about a target on a peer hub (`PROJECT/seat@HUB`)."""
+
+    def knows(self, hub_id: str) -> bool:
+        """Is hub_id a peer this hub may address?"""
+
+    def forward_chat(self, router: "Router", session: "Session", frame: dict, remote,
+                     retry: bool) -> None:
+        """Route a chat to a seat on that peer (inside the Router's command)."""
+
+    def remote_who(self, router: "Router", session: "Session", frame: dict,
+                   hub_id: str) -> None:
+        """Answer a who_request about that peer's seats."""
+
+
+@dataclass
+class Plugin:
+    name: str
+    verbs: Mapping[str, Verb] = field(default_factory=dict)
+    appliers: Mapping[str, Sequence[Callable]] = field(default_factory=dict)
+    # name -> factory of a projection kept in HubState.extensions
+    projections: Mapping[str, Callable[[], object]] = field(default_factory=dict)
+    # when an endpoint registers a name (after the presence broadcast)
+    on_register: Sequence[Callable[["Router", "Session", dict], None]] = ()
+    # when a registered endpoint goes away
+    on_unregister: Sequence[Callable[["Router", "Session"], None]] = ()
+    # run as ordinary Router commands once a second (lease expiry and the like)
+    periodic: Sequence[Callable[["Router"], None]] = ()
+    # asked at an endpoint's first frame: is this a peer hub's link?
+    peer_claims: Sequence[Callable[["Router", "Session", dict], bool]] = ()
+    # state_request sections: name -> fn(router, session, query)
+    state_sections: Mapping[str, Callable] = field(default_factory=dict)
+    # /health sections: name -> fn(hub)
+    health_sections: Mapping[str, Callable[[Any], object]] = field(default_factory=dict)
+    # claim-family verbs first pass here; True when it handled the frame
+    claim_gate: Callable[["Router", "Session", dict, str], bool] | None = None
+    # targets on peer hubs
+    remote_hubs: RemoteHubs | None = None
+    # the hub is built (before the journal is opened): the plugin may keep it
+    bind: Callable[[Any], None] | None = None
+    # a state was replayed from the journal, at start or after a rebuild
+    restored: Callable[["HubState"], None] | None = None
+    # the Router rebuilt its state from the journal (not at start)
+    rebuilt: Callable[["Router"], None] | None = None
+    # metrics that read the Router's state, once the Router exists
+    gauges: Callable[["Router"], None] | None = None
+    # the plugin's actors, in the hub's TaskGroup
+    start: Callable[["Router", "asyncio.TaskGroup"], None] | None = None
+    # SIGHUP: re-read files; raise ValueError/OSError to keep the running
+    # configuration (nothing swapped), return a description for the log
+    reload: Callable[[Any], dict] | None = None
+    # the listener's TLS context, if this plugin serves TLS
+    listener_ssl: Callable[[], Any] | None = None
+
+
+class Installed:
+    """The plugins of one hub, merged: what the Router, the replay and the
+    hub's lifetime consult."""
+
+    def __init__(self, plugins: Iterable[Plugin]):
+        self.plugins: tuple[Plugin, ...] = tuple(plugins)
+        verbs: dict[str, Verb] = {}
+        appliers: dict[str, list] = {}
+        projections: dict[str, Callable[[], object]] = {}
+        state_sections: dict = {}
+        health_sections: dict = {}
+        for plugin in self.plugins:
+            _merge_unique(verbs, plugin.verbs, f"verb (plugin {plugin.name})")
+            _merge_unique(projections, plugin.projections, f"projection (plugin {plugin.name})")
+            _merge_unique(state_sections, plugin.state_sections,
+                          f"state section (plugin {plugin.name})")
+            _merge_unique(health_sections, plugin.health_sections,
+                          f"health section (plugin {plugin.name})")
+            for kind, fns in plugin.appliers.items():
+                appliers.setdefault(kind, []).extend(fns)
+        self.verbs = verbs
+        self.handlers: dict[str, Callable] = {t: v.handler for t, v in verbs.items()}
+        self.read_only = frozenset(t for t, v in verbs.items() if v.reads_only)
+        self.peer_verbs = frozenset(t for t, v in verbs.items() if v.peers)
+        self.appliers = {kind: tuple(fns) for kind, fns in appliers.items()}
+        self.projections = projections
+        self.state_sections = state_sections
+        self.health_sections = health_sections
+        self.on_register = self._all("on_register")
+        self.on_unregister = self._all("on_unregister")
+        self.periodic = self._all("periodic")
+        self.peer_claims = self._all("peer_claims")
+        self.claim_gate = self._one("claim_gate")
+        self.remote_hubs = self._one("remote_hubs")
+
+    def _all(self, name: str) -> tuple:
+        return tuple(fn for plugin in self.plugins for fn in getattr(plugin, name))
+
+    def _one(self, name: str):
+        found = [(p.name, getattr(p, name)) for p in self.plugins if getattr(p, name) is not None]
+        if len(found) > 1:
+            raise ValueError(f"plugins {', '.join(n for n, _ in found)} all set {name}")
+        return found[0][1] if found else None
+
+    def hooks(self, name: str) -> list:
+        """Every installed plugin's `name` hook that is set, in plugin order."""
+        return [getattr(p, name) for p in self.plugins if getattr(p, name) is not None]
+
+
+def _merge_unique(into: dict, items: Mapping, what: str) -> None:
+    for key, value in items.items():
+        if key in into:
+            raise ValueError(f"{what} {key!r} is declared by two plugins")
+        into[key] = value
