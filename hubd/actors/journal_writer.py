@@ -21,7 +21,8 @@ from typing import Callable
 import structlog
 
 from hubd import faults
-from hubd.core.endpoints import Endpoints, release_sends
+from hubd.core.endpoints import Endpoints
+from hubd.core.message import CloseEndpoint, Message
 from hubd.journal.store import JournalStore
 from hubd.journal.thread import DbThread
 
@@ -42,9 +43,33 @@ class JournalFailed:
 
 def release(outcomes: list[Outcome], use_failure: bool, endpoints: Endpoints,
             frames_out: dict) -> None:
+    """Hand each outcome's (destination, item, type) sends to their endpoints,
+    in order: a destination is one endpoint id or a tuple of them; an item is
+    a Message, a callable that builds one (a failure reply, made only when
+    needed) or a CloseEndpoint. An id whose endpoint has gone is skipped."""
+    get = endpoints.get
     for outcome in outcomes:
         failed = use_failure and outcome.events
-        release_sends(outcome.failure if failed else outcome.sends, endpoints, frames_out)
+        for dest, item, type_ in outcome.failure if failed else outcome.sends:
+            if type(item) is not Message:
+                if type(item) is CloseEndpoint:
+                    for endpoint_id in (dest if type(dest) is tuple else (dest,)):
+                        endpoint = get(endpoint_id)
+                        if endpoint is not None:
+                            endpoint.close(item.code, item.reason)
+                    continue
+                item = item()
+            if type(dest) is tuple:
+                for endpoint_id in dest:
+                    endpoint = get(endpoint_id)
+                    if endpoint is not None:
+                        endpoint.deliver(item)
+                frames_out[type_] = frames_out.get(type_, 0) + len(dest)
+            else:
+                endpoint = get(dest)
+                if endpoint is not None:
+                    endpoint.deliver(item)
+                frames_out[type_] = frames_out.get(type_, 0) + 1
         if outcome.after_release is not None and not failed:
             outcome.after_release()
 

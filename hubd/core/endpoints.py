@@ -2,7 +2,8 @@
 
 An endpoint is one place a door delivers messages to (a WebSocket today). The
 Router and its outcomes name endpoints by id only; the journal writer, after a
-commit, looks each id up here and hands the endpoint its messages. An id whose
+commit, looks each id up here and hands the endpoint its messages
+(hubd/actors/journal_writer.py, `release`). An id whose
 endpoint has gone is skipped: it closed while its messages were being
 committed, exactly as a closed socket drops what it is sent.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterator, Protocol
 
-from .message import CloseEndpoint, Message
+from .message import Message
 
 _ids = itertools.count(1)
 
@@ -67,30 +68,3 @@ class Endpoints:
         endpoint = self._by_id.get(endpoint_id)
         if endpoint is not None:
             endpoint.close(code, reason)
-
-
-def release_sends(sends: list, endpoints: Endpoints, frames_out: dict) -> None:
-    """Hand each (destination, item, type) entry to its endpoints: a destination
-    is one endpoint id or a tuple of them; an item is a Message, a callable
-    that builds one (a failure reply, made only when needed) or CloseEndpoint."""
-    get = endpoints.get
-    for dest, item, type_ in sends:
-        if type(item) is not Message:
-            if type(item) is CloseEndpoint:
-                for endpoint_id in (dest if type(dest) is tuple else (dest,)):
-                    endpoint = get(endpoint_id)
-                    if endpoint is not None:
-                        endpoint.close(item.code, item.reason)
-                continue
-            item = item()
-        if type(dest) is tuple:
-            for endpoint_id in dest:
-                endpoint = get(endpoint_id)
-                if endpoint is not None:
-                    endpoint.deliver(item)
-            frames_out[type_] = frames_out.get(type_, 0) + len(dest)
-        else:
-            endpoint = get(dest)
-            if endpoint is not None:
-                endpoint.deliver(item)
-            frames_out[type_] = frames_out.get(type_, 0) + 1

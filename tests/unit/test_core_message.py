@@ -1,7 +1,9 @@
-"""The door-neutral core's messages and release: one encoding per message and
+"""The door-neutral core's messages and their release after commit: one encoding per message and
 wire however many endpoints get it; ids whose endpoint has gone are skipped."""
 
-from hubd.core.endpoints import Endpoints, release_sends
+from hubd.actors.journal_writer import release
+from hubd.actors.outcome import Outcome
+from hubd.core.endpoints import Endpoints
 from hubd.core.message import CloseEndpoint, Message
 from hubd.wire import codec
 
@@ -41,7 +43,8 @@ def test_a_message_is_encoded_once_per_wire_for_every_recipient():
     frame = {"type": "chat", "payload": "hi"}
     message = Message(frame)
     frames_out = {}
-    release_sends([((1, 2, 3, 4, 5, 99), message, "chat")], endpoints, frames_out)
+    release([Outcome(sends=[((1, 2, 3, 4, 5, 99), message, "chat")])], False, endpoints,
+            frames_out)
     assert calls == {"a": 1, "b": 1}
     assert [e.got for e in door_a] == [[b"A" + codec.encode(frame)]] * 3
     assert [e.got for e in door_b] == [[b"B" + codec.encode(frame)]] * 2
@@ -57,6 +60,7 @@ def test_json_given_is_the_json_sent():
 
 
 def test_failure_items_are_built_only_when_released_and_closes_follow_messages():
+    # a failed commit sends the failure entries instead: built only then
     endpoints = Endpoints()
     endpoint = Recorder(7, lambda m: m.json)
     endpoints.add(endpoint)
@@ -66,9 +70,13 @@ def test_failure_items_are_built_only_when_released_and_closes_follow_messages()
         built.append(1)
         return Message({"type": "error", "payload": "late"})
 
-    sends = [(7, lazily, "error"), (7, CloseEndpoint(4010, "auth"), "close")]
-    assert built == []
-    release_sends(sends, endpoints, {})
+    failure = [(7, lazily, "error"), (7, CloseEndpoint(4010, "auth"), "close")]
+    outcome = Outcome(events=["an event"], sends=[(7, Message({"type": "ok"}), "ok")],
+                      failure=failure)
+    release([outcome], False, endpoints, {})
+    assert built == [] and endpoint.got == [codec.encode({"type": "ok"})]
+    endpoint.got.clear()
+    release([outcome], True, endpoints, {})
     assert built == [1]
     assert endpoint.got == [codec.encode({"type": "error", "payload": "late"})]
     assert endpoint.closed == (4010, "auth")
@@ -79,5 +87,5 @@ def test_a_removed_endpoint_gets_nothing():
     endpoint = Recorder(3, lambda m: m.json)
     endpoints.add(endpoint)
     endpoints.remove(endpoint)
-    release_sends([(3, Message({"type": "x"}), "x")], endpoints, {})
+    release([Outcome(sends=[(3, Message({"type": "x"}), "x")])], False, endpoints, {})
     assert endpoint.got == [] and len(endpoints) == 0
