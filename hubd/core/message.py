@@ -15,16 +15,23 @@ from hubd.wire import codec
 
 
 class Message:
-    __slots__ = ("frame", "type", "_json", "_wire")
+    __slots__ = ("frame", "_json", "_wire", "_wired")
 
     def __init__(self, frame: dict, json: bytes | None = None):
         self.frame = frame
-        self.type: str = frame.get("type") or "chat"
         self._json = json
-        self._wire: dict | None = None
+        # the encoding of the first door that delivered it (nearly every
+        # message leaves through one door): its wire function and bytes; with
+        # a second door, _MANY and a dict wire -> bytes
+        self._wire = None
+        self._wired = None
 
     def __repr__(self) -> str:
         return f"<Message {self.type}>"
+
+    @property
+    def type(self) -> str:
+        return self.frame.get("type") or "chat"
 
     @property
     def json(self) -> bytes:
@@ -37,15 +44,23 @@ class Message:
     def encoded(self, wire: Callable[["Message"], bytes]) -> bytes:
         """This message as `wire` frames it, made once and kept on the message
         (a door's wire function is its cache key)."""
-        cache = self._wire
-        if cache is None:
-            data = wire(self)
-            self._wire = {wire: data}
+        if self._wire is wire:
+            return self._wired
+        if self._wire is None:
+            self._wire = wire
+            data = self._wired = wire(self)
             return data
-        data = cache.get(wire)
+        if self._wire is not _MANY:
+            self._wired = {self._wire: self._wired}
+            self._wire = _MANY
+        data = self._wired.get(wire)
         if data is None:
-            data = cache[wire] = wire(self)
+            data = self._wired[wire] = wire(self)
         return data
+
+
+# marks a message encoded for more than one door
+_MANY = object()
 
 
 class CloseEndpoint:

@@ -92,8 +92,6 @@ class Plugin:
     restored: Callable[["HubState"], None] | None = None
     # the Router rebuilt its state from the journal (not at start)
     rebuilt: Callable[["Router"], None] | None = None
-    # metrics that read the Router's state, once the Router exists
-    gauges: Callable[["Router"], None] | None = None
     # the plugin's actors, in the hub's TaskGroup
     start: Callable[["Router", "asyncio.TaskGroup"], None] | None = None
     # SIGHUP: re-read files; raise ValueError/OSError to keep the running
