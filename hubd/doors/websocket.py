@@ -79,21 +79,37 @@ class Connection:
     # -- send side (called on the event loop by the JournalWriter and the Router)
 
     def deliver(self, message: Message) -> None:
-        self.send(message.encoded(ws_text))
+        """Queue one message, framed by this door. The hot path of every
+        fan-out (one call per recipient): the message's cached frame when this
+        door framed it first (nearly always), and send's body inline."""
+        if self.closed:
+            return
+        framed = message._wired if message._wire is ws_text else message.encoded(ws_text)
+        queue = self._queue
+        if len(queue) >= SEND_QUEUE_FRAMES:
+            self._overflow()
+            return
+        queue.append(framed)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
 
     def send(self, framed: bytes) -> None:
         """Queue one WebSocket frame (already framed, see wire.wsframe)."""
         if self.closed:
             return
         if len(self._queue) >= SEND_QUEUE_FRAMES:
-            self.hub.metrics.send_queue_overflows += 1
-            log.warning("send queue full; closing slow consumer", conn=self.id,
-                        frames=len(self._queue))
-            self._queue.clear()
-            self.close(CLOSE_TRY_AGAIN, "send queue overflow")
+            self._overflow()
             return
         self._queue.append(framed)
         self._schedule_flush()
+
+    def _overflow(self) -> None:
+        self.hub.metrics.send_queue_overflows += 1
+        log.warning("send queue full; closing slow consumer", conn=self.id,
+                    frames=len(self._queue))
+        self._queue.clear()
+        self.close(CLOSE_TRY_AGAIN, "send queue overflow")
 
     def close(self, code: int, reason: str) -> None:
         """Close after the frames already queued (a refusal reaches the client first)."""

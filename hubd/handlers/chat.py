@@ -18,8 +18,7 @@ from hubd.state.chat import same_content
 from hubd.state.presence import RX_SUFFIX, Presence, Session
 from hubd.wire import codec
 from hubd.wire.envelope import finite_number, valid_client_msg_id
-from hubd.wire.targets import (RemoteTargetError, Target, names_peer_hub, parse_remote,
-                               parse_target)
+from hubd.wire.targets import RemoteTargetError, Target, parse_remote, parse_target
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
@@ -132,7 +131,8 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
     seat@HUB for a forwarded one). Returns (event, recipients, directed)."""
     stamp_chat(router, frame, sender)
     target = parse_target(frame.get("target") or "all")
-    outgoing = names_peer_hub(target.raw)  # its recipients are on the peer hub
+    # a seat on a peer hub (local names never hold '@'): its recipients are there
+    outgoing = "@" in target.raw
     directed = not target.is_broadcast and not frame.get("channel") and not outgoing
     presence = router.presence
     if directed:

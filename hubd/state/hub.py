@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hubd.wire.targets import names_peer_hub, parse_target
+from hubd.wire.targets import parse_target
 
 from . import events as ev
 from .chat import AgentsSeen, ChatState, Remembered
@@ -85,8 +85,9 @@ def _apply_chat(state: HubState, event: Event) -> None:
     state.agents.touch(sender, event.ts)
 
     target = parse_target(frame.get("target", ""))
-    # a seat on a peer hub: its recipients and mailbox are there
-    remote = names_peer_hub(target.raw)
+    # a seat on a peer hub (local names never hold '@'): its recipients and
+    # mailbox are there
+    remote = "@" in target.raw
     directed = not target.is_broadcast and not frame.get("channel") and not remote
     recipients = route.get("recipients", ())
     if directed:

@@ -86,11 +86,6 @@ class RemoteTargetError:
 _REMOTE: dict[str, "RemoteSeat | RemoteTargetError"] = {}
 
 
-def names_peer_hub(raw: str) -> bool:
-    """Does this target name a seat on a peer hub? (Local names never hold '@'.)"""
-    return "@" in raw
-
-
 def parse_remote(raw: str) -> RemoteSeat | RemoteTargetError | None:
     """`PROJECT/seat@HUB` -> RemoteSeat; None when the target is not remote."""
     if "@" not in raw:
