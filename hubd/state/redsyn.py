@@ -19,6 +19,8 @@ from collections import OrderedDict
 from itertools import islice
 from dataclasses import dataclass, field
 
+from hubd.state.events import CHAT
+from hubd.state.hub import Appliers
 from hubd.wire.redsyn.canonical import canonical_bytes
 from hubd.wire.redsyn.envelope import (DEFAULT_TTL, Address, Incoming, RedsynError, Topic, b64url,
                        parse_address, parse_topic)
@@ -906,3 +908,23 @@ def check_lease(value) -> float:
     if not 1 <= lease <= MAX_LEASE:
         raise RedsynError(400, f"lease must be 1 to {MAX_LEASE} seconds")
     return lease
+
+
+# -- the hub's projection of REDSYN events and of chats bridged to REDSYN
+# agents (the REDSYN plugin, hubd/doors/redsyn/install.py, installs them)
+
+PROJECTIONS = {"redsyn": RedsynState}
+appliers = Appliers()
+
+
+def _apply_event(state, event) -> None:
+    apply(state.extensions["redsyn"], event.kind, event.payload, event.ts)
+
+
+def _apply_chat_event(state, event) -> None:
+    apply_chat(state.extensions["redsyn"], event.payload, event.route, event.seq, event.ts)
+
+
+for _kind in KINDS:
+    appliers.applies(_kind)(_apply_event)
+appliers.applies(CHAT)(_apply_chat_event)

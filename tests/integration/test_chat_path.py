@@ -50,7 +50,9 @@ def record(way: set, libraries: set):
 
 
 async def test_a_directed_chat_reads_in_at_most_six_files(tmp_path):
-    async with running_hub(tmp_path) as server:
+    # between two WebSocket agents; with the REDSYN door serving, its commit
+    # hook (waking long polls) is on every commit too: hubd/doors/redsyn/door.py
+    async with running_hub(tmp_path, redsyn=False) as server:
         alice = await WsProbe.open(server.url)
         await alice.recv_type("welcome")
         await alice.register("p/alice")
