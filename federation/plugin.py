@@ -167,6 +167,20 @@ class Federation:
     def forward_chat(self, router, session, frame: dict, remote, retry: bool) -> None:
         self.forwarding.forward_chat(router, session, frame, remote, retry)
 
+    def refusal(self, router, hub_id: str) -> str | None:
+        if self.forwarding is None:
+            return f"hub '{hub_id}' is not a message peer of this hub"
+        return self.forwarding.refusal(router, hub_id)
+
+    def forward_from(self, router, sender: str, frame: dict, remote, retry: bool) -> None:
+        self.forwarding.forward_from(router, sender, frame, remote, retry)
+
+    def seat_on_owner(self, address: str) -> str | None:
+        owner = self.config.namespace_owners.get(address.split("/", 1)[0])
+        if owner is not None and owner != self.hub.hub_id and self.knows(owner):
+            return f"{address}@{owner}"
+        return None
+
     def remote_who(self, router, session, frame: dict, hub_id: str) -> None:
         if self.forwarding is None:
             router.error(session, f"Hub '{hub_id}' is not a configured message peer of this hub.")

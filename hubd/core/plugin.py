@@ -62,6 +62,16 @@ class RemoteHubs(Protocol):
                    hub_id: str) -> None:
         """Answer a who_request about that peer's seats."""
 
+    def refusal(self, router: "Router", hub_id: str) -> str | None:
+        """Why a chat to that peer cannot be accepted now (a full backlog), or None."""
+
+    def forward_from(self, router: "Router", sender: str, frame: dict, remote,
+                     retry: bool) -> None:
+        """Route a chat from `sender` (any door) to a seat on that peer."""
+
+    def seat_on_owner(self, address: str) -> str | None:
+        """`address@HUB` when a peer owns the address's namespace, else None."""
+
 
 @dataclass
 class Plugin:

@@ -143,11 +143,11 @@ class RedsynDoor:
             if not decision.events:
                 future.set_result(decision.answer)
                 return
-            forwarding = router.hub.forwarding
+            remote_hubs = router.installed.remote_hubs
             for chat in decision.chats:
                 remote = parse_remote(chat["frame"]["target"])
                 if remote is not None:
-                    refused = forwarding.refusal(router, remote.hub) if forwarding else \
+                    refused = remote_hubs.refusal(router, remote.hub) if remote_hubs else \
                         f"hub '{remote.hub}' is not a message peer of this hub"
                     if refused is not None:
                         future.set_exception(RedsynError(503, refused))
@@ -164,8 +164,8 @@ class RedsynDoor:
                 if remote is None:
                     route_chat(router, chat["frame"], chat["sender"], {"redsyn": 1})
                 else:
-                    forwarding.forward_from(router, chat["sender"], chat["frame"], remote,
-                                            False)
+                    remote_hubs.forward_from(router, chat["sender"], chat["frame"], remote,
+                                             False)
             router.out.failure.append((self._replies.id, lambda: future, "redsyn"))
 
             def released():
@@ -194,11 +194,10 @@ class RedsynDoor:
         a WebSocket agent online under that name; else one seen on this hub
         before, unless the address is a REDSYN agent (then its inbox)."""
         router = self.hub.router
-        owner = self.hub.config.federation.namespace_owners.get(address.split("/", 1)[0])
-        forwarding = self.hub.forwarding
-        if owner is not None and owner != self.hub.hub_id and forwarding is not None \
-                and forwarding.knows(owner):
-            return f"{address}@{owner}"  # its namespace belongs to a peer hub
+        remote_hubs = self.hub.installed.remote_hubs
+        seat = remote_hubs.seat_on_owner(address) if remote_hubs is not None else None
+        if seat is not None:
+            return seat  # its namespace belongs to a peer hub
         if address in router.presence.by_name:
             return address
         if address in router.state.agents.last_seen and not mb.known_here(state, address):
