@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 # Lowest first. A module may import modules of its own layer or of a lower one.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("wire", ("hubd.wire",)),
-    ("base", ("hubd.logs", "hubd.metrics", "hubd.state", "hubd.journal", "hubd.config")),
+    ("base", ("hubd.logs", "hubd.metrics", "hubd.faults", "hubd.state", "hubd.journal",
+              "hubd.config")),
     ("core", ("hubd.core",)),
     ("actors", ("hubd.actors",)),
     ("handlers", ("hubd.handlers",)),
