@@ -187,7 +187,7 @@ def summarise(runs: list[dict]) -> dict:
         out[variant] = {
             "runs": len(mine), "lost": sum(r["lost"] for r in mine),
             "duplicated": sum(r["duplicated"] or 0 for r in mine),
-            "drained_median_s": statistics.median(drains) if drains else None,
+            "drained_median_s": round(statistics.median(drains), 3) if drains else None,
             "drained_max_s": max(drains) if drains else None,
             "undrained_runs": len(mine) - len(drains),
         }
