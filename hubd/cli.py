@@ -19,6 +19,7 @@ import structlog
 
 from hubd import __version__, logs
 from hubd.config import (DEFAULT_DB, DEFAULT_PORT, DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS,
+                         BrokerConfig,
                          DEFAULT_QUOTA_WINDOW, HubConfig)
 from federation.config import FederationConfigError, build_federation_config
 from hubd.http.host_trust import AuthorityError, parse_advertised
@@ -166,6 +167,20 @@ def build_parser() -> argparse.ArgumentParser:
                         default=RedsynLimits.pending_bytes, metavar="BYTES",
                         help="bytes of undelivered messages one person may have waiting "
                              "(403 with quota; default 512 MiB)")
+    broker = parser.add_argument_group(
+        "local broker", "Coding-agent CLI sessions on this machine over a Unix socket "
+        "(docs/broker.md); a handle H is the seat <namespace>/H.")
+    broker.add_argument("--broker-socket", metavar="PATH",
+                        help="Unix socket of the broker (default: bus.sock in the folder of "
+                             "the journal), created with mode 0600")
+    broker.add_argument("--broker-token-file", metavar="PATH",
+                        help="the broker's token (default: bus.token beside the socket); "
+                             "created with mode 0600 and a random token when absent")
+    broker.add_argument("--no-broker", action="store_true", help="do not serve the broker")
+    broker.add_argument("--broker-namespace", default="local", metavar="NS",
+                        help="hub namespace of broker handles (default: local)")
+    broker.add_argument("--broker-no-rate-limit", action="store_true",
+                        help="lift the 20 sends per 60 s per handle limit (benchmarks only)")
     logging_ = parser.add_argument_group("logging")
     logging_.add_argument("--log-format", choices=("text", "json"), default="text")
     logging_.add_argument("--log-level", default="INFO",
@@ -236,6 +251,17 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             parser.error(f"--{name.replace('_', '-')} must be positive")
     redsyn_limits = RedsynLimits(args.redsyn_messages_per_day, args.redsyn_max_pending_messages,
                                  args.redsyn_max_pending_bytes)
+    broker = None
+    if not args.no_broker:
+        if "/" in args.broker_namespace or not args.broker_namespace.strip():
+            parser.error("--broker-namespace must be a non-empty name without '/'")
+        socket_path = Path(args.broker_socket) if args.broker_socket else \
+            Path(args.db).resolve().parent / "bus.sock"
+        token_file = Path(args.broker_token_file) if args.broker_token_file else \
+            socket_path.parent / "bus.token"
+        broker = BrokerConfig(socket_path=socket_path, token_file=token_file,
+                              namespace=args.broker_namespace,
+                              rate_limit=not args.broker_no_rate_limit)
     quota = None if args.no_durable_ingress_quota else QuotaLimits(
         args.durable_ingress_events, args.durable_ingress_bytes, args.durable_ingress_window)
     return HubConfig(
@@ -250,7 +276,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         redsyn=not args.no_redsyn,
         redsyn_allow_loopback_webhooks=args.redsyn_allow_loopback_webhooks,
         redsyn_webhook_first_retry=args.redsyn_webhook_first_retry,
-        redsyn_limits=redsyn_limits)
+        redsyn_limits=redsyn_limits, broker=broker)
 
 
 async def serve(config: HubConfig) -> int:

@@ -22,6 +22,17 @@ DEFAULT_QUOTA_WINDOW = 60.0
 
 
 @dataclass(frozen=True)
+class BrokerConfig:
+    """The local broker door (docs/broker.md). The `hubd` command turns it on by
+    default beside the journal; a HubConfig built in code has none unless given."""
+
+    socket_path: Path
+    token_file: Path
+    namespace: str = "local"
+    rate_limit: bool = True  # off only for benchmarks (--broker-no-rate-limit)
+
+
+@dataclass(frozen=True)
 class HubConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
@@ -50,6 +61,7 @@ class HubConfig:
     redsyn_allow_loopback_webhooks: bool = False
     redsyn_webhook_first_retry: float = 10.0
     redsyn_limits: RedsynLimits = field(default_factory=RedsynLimits)
+    broker: BrokerConfig | None = None
 
     def token_matches(self, presented: str) -> bool:
         if self.token is None:

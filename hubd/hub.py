@@ -68,6 +68,7 @@ class Hub:
             from hubd.doors.redsyn.door import RedsynDoor
 
             self.redsyn = RedsynDoor(self)
+        self.broker = None  # hubd.doors.broker.server.BrokerDoor, unless --no-broker
         self.ready = False
         self.started = time.time()
         self.corrupt_rows: list[CorruptRow] = []

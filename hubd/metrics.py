@@ -40,6 +40,14 @@ class HubMetrics:
         self.checkpoint_seconds = 0.0
         self.reloads = 0
         self.reload_failures = 0
+        # the local broker door (hubd/doors/broker)
+        self.broker_requests: dict[str, int] = {}  # verb -> requests answered
+        self.broker_errors: dict[str, int] = {}  # error code -> answers
+        self.broker_refused_lines = 0
+        self.broker_refused_connections = 0
+        self.broker_bad_tokens = 0
+        self.broker_slow_consumers = 0
+        self.broker_pushes = 0
         self.commit_batch = Histogram(
             "hubd_journal_commit_batch_events", "Events per journal commit (group commit size).",
             buckets=BATCH_SIZE_BUCKETS, registry=self.registry)
@@ -136,6 +144,33 @@ class _Collector:
         yield CounterMetricFamily("hubd_config_reload_failures",
                                   "SIGHUP reloads refused (the old configuration was kept).",
                                   value=m.reload_failures)
+        from hubd.wire import broker as broker_wire
+
+        requests = CounterMetricFamily("hubd_broker_requests", "Broker lines answered, by type.",
+                                       labels=["type"])
+        for type_, n in sorted(_bounded_types(m.broker_requests,
+                                              frozenset(broker_wire.VERBS)).items()):
+            requests.add_metric([type_], n)
+        yield requests
+        errors = CounterMetricFamily("hubd_broker_errors", "Broker error answers, by code.",
+                                     labels=["code"])
+        for code, n in sorted(_bounded_types(m.broker_errors,
+                                             frozenset(broker_wire.ERROR_CODES)).items()):
+            errors.add_metric([code], n)
+        yield errors
+        yield CounterMetricFamily("hubd_broker_refused_lines",
+                                  "Broker lines refused before reaching the Router (malformed, "
+                                  "over 1 MiB, bad fields).", value=m.broker_refused_lines)
+        yield CounterMetricFamily("hubd_broker_refused_connections",
+                                  "Broker connections refused at the connection bound or while "
+                                  "closing.", value=m.broker_refused_connections)
+        yield CounterMetricFamily("hubd_broker_bad_tokens", "Broker connections with a wrong token.",
+                                  value=m.broker_bad_tokens)
+        yield CounterMetricFamily("hubd_broker_slow_consumers",
+                                  "Broker connections closed because they did not read.",
+                                  value=m.broker_slow_consumers)
+        yield CounterMetricFamily("hubd_broker_pushes", "Push events written to listening "
+                                  "broker connections.", value=m.broker_pushes)
         for name, (help_text, read, label) in m.gauges.items():
             value = read()
             if label is None:

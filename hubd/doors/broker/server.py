@@ -1,0 +1,359 @@
+"""The broker door's IO: the Unix socket, its token, and one reader per connection.
+
+A connection's lines are handled strictly in order: each request goes to the
+Router as a command carrying a future, and the next line is read only after
+its answer is written. Pushes and notifications are written by the Router's
+release path through `BrokerConnection.send`, independently of the reader.
+
+Bounds: at most MAX_CONNECTIONS connections (past it a newcomer gets
+broker_closed and is closed); a connection must authenticate within
+AUTH_SECONDS; a connection whose unsent output passes MAX_WRITE_BUFFER (a
+listener that does not read) is closed; lines are at most 1 MiB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import secrets
+import socket
+import stat
+from functools import partial
+from pathlib import Path
+
+import orjson
+import structlog
+
+from hubd.config import BrokerConfig
+from hubd.core.commands import Call
+from hubd.core.endpoints import next_endpoint_id
+from hubd.core.message import Message
+from hubd.wire import broker as wire
+from hubd.wire.broker import LineSplitter, LineTooLong, Request, WireError, parse_line
+
+log = structlog.get_logger("hubd.broker")
+
+MAX_CONNECTIONS = 256
+AUTH_SECONDS = 10.0
+MAX_WRITE_BUFFER = 16 * 1024 * 1024
+READ_CHUNK = 256 * 1024
+NATIVE_CONNECT_SECONDS = 2.0
+# AF_UNIX paths are at most 107 bytes on Linux; a longer one is bound through
+# its folder's /proc/self/fd entry (still the same file on disk).
+UNIX_PATH_MAX = 107
+
+class TokenFileError(RuntimeError):
+    pass
+
+
+def load_or_create_token(path: Path) -> str:
+    """The broker token: read it, or create the file (0600) with a random one."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        info = path.stat()
+        if info.st_mode & 0o077:
+            raise TokenFileError(f"broker token file {path} is readable by others "
+                                 f"(mode {stat.S_IMODE(info.st_mode):o}); chmod 600 it")
+        token = path.read_text(encoding="utf-8").strip()
+        if not token:
+            raise TokenFileError(f"broker token file {path} is empty")
+        return token
+    token = secrets.token_hex(32)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(token + "\n")
+    log.info("broker token created", path=str(path))
+    return token
+
+
+def broker_line(message: Message) -> bytes:
+    """A door-neutral message as one broker line (made once per message)."""
+    return message.json + b"\n"
+
+
+class BrokerConnection:
+    """One client of the broker: an endpoint of the hub. The Router's answers,
+    pushes and notifications arrive through `deliver` after their commit; an
+    answer also releases the reader, which waits for it before the next line."""
+
+    __slots__ = ("id", "writer", "door", "closed", "last_id", "pending")
+
+    def __init__(self, writer: asyncio.StreamWriter, door: "BrokerDoor"):
+        self.id = next_endpoint_id()
+        self.writer = writer
+        self.door = door
+        self.closed = False
+        self.last_id = 0
+        self.pending: asyncio.Future | None = None
+
+    def __repr__(self) -> str:
+        return f"<BrokerConnection {self.id}>"
+
+    def deliver(self, message: Message) -> None:
+        self.write(message.encoded(broker_line))
+        if "id" in message.frame:
+            pending = self.pending
+            if pending is not None and not pending.done():
+                pending.set_result(None)
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        transport = self.writer.transport
+        if transport.is_closing():
+            return
+        if transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
+            self.door.metrics.broker_slow_consumers += 1
+            log.warning("broker connection not reading; closing it", conn=self.id)
+            self.abort()
+            return
+        self.writer.write(data)
+
+    def close(self, code: int = 0, reason: str = "") -> None:
+        if not self.closed:
+            self.closed = True
+            self.writer.close()
+        pending = self.pending
+        if pending is not None and not pending.done():
+            pending.set_result(None)
+
+    def write_stalled_for(self, now: float) -> float:
+        return 0.0  # bounded by MAX_WRITE_BUFFER instead
+
+    def abort(self) -> None:
+        self.closed = True
+        self.writer.transport.abort()
+        pending = self.pending
+        if pending is not None and not pending.done():
+            pending.set_result(None)
+
+
+class NativeEndpoint:
+    """A CLI's own socket (native-register): pushes for its handle are written to
+    it after an auth line carrying its token."""
+
+    __slots__ = ("handle", "path", "writer")
+
+    def __init__(self, handle: str, path: str, writer: asyncio.StreamWriter):
+        self.handle, self.path, self.writer = handle, path, writer
+
+    @classmethod
+    async def connect(cls, handle: str, path: str, token: str) -> "NativeEndpoint":
+        async with asyncio.timeout(NATIVE_CONNECT_SECONDS):
+            _, writer = await asyncio.open_unix_connection(path)
+        writer.write(orjson.dumps({"v": wire.PROTOCOL_VERSION, "id": 1, "type": "auth",
+                                   "token": token}) + b"\n")
+        return cls(handle, path, writer)
+
+    def deliver(self, message: Message) -> None:
+        transport = self.writer.transport
+        if transport.is_closing() or transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
+            return
+        self.writer.write(message.encoded(broker_line))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class BrokerDoor:
+    def __init__(self, hub, config: BrokerConfig):
+        self.hub = hub
+        self.config = config
+        self.metrics = hub.metrics
+        self.token = ""
+        self.server: asyncio.AbstractServer | None = None
+        self.connections: set[BrokerConnection] = set()
+        self.closing = False
+        self._dir_fd: int | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- lifetime
+
+    async def start(self) -> None:
+        path = self.config.socket_path
+        self.token = load_or_create_token(self.config.token_file)
+        if path.exists() or path.is_symlink():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise TokenFileError(f"{path} exists and is not a socket; refusing to replace it")
+            if _socket_answers(path):
+                raise TokenFileError(f"another process serves the broker socket {path}")
+            path.unlink()  # a stale socket from a hub that was killed
+        bind_path = str(path)
+        if len(os.fsencode(bind_path)) > UNIX_PATH_MAX:
+            self._dir_fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+            bind_path = f"/proc/self/fd/{self._dir_fd}/{path.name}"
+        old_umask = os.umask(0o177)  # the socket is 0600 from its first moment
+        try:
+            self.server = await asyncio.start_unix_server(self._serve, bind_path,
+                                                          limit=READ_CHUNK)
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        from hubd.handlers import broker as verbs
+
+        self._tasks.add(asyncio.get_running_loop().create_task(verbs.ticker(self.hub),
+                                                               name="broker-ticker"))
+        log.info("broker listening", socket=str(path), namespace=self.config.namespace)
+
+    async def close(self) -> None:
+        self.closing = True
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.connections):
+            conn.write(wire.encode_error(None, wire.BROKER_CLOSED, "The hub is shutting down."))
+            conn.close()
+        for task in self._tasks:
+            task.cancel()
+        if self.server is not None:
+            try:
+                await asyncio.wait_for(self.server.wait_closed(), 2.0)
+            except TimeoutError:
+                pass
+        try:
+            self.config.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
+
+    # -- one connection
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = BrokerConnection(writer, self)
+        if self.closing or len(self.connections) >= MAX_CONNECTIONS:
+            self.metrics.broker_refused_connections += 1
+            writer.write(wire.encode_error(None, wire.BROKER_CLOSED,
+                                           "The broker is shutting down." if self.closing else
+                                           f"The broker serves at most {MAX_CONNECTIONS} "
+                                           "connections; try again later."))
+            writer.close()
+            return
+        self.connections.add(conn)
+        self.hub.endpoints.add(conn)
+        try:
+            await self._read(conn, reader)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.connections.discard(conn)
+            self.hub.endpoints.remove(conn)
+            conn.close()
+            if self.hub.router is not None and not self.closing:
+                from hubd.handlers import broker as verbs
+
+                self.hub.router.post_control(Call(partial(verbs.endpoint_closed,
+                                                          endpoint=conn.id)))
+
+    async def _read(self, conn: BrokerConnection, reader: asyncio.StreamReader) -> None:
+        splitter = LineSplitter()
+        authenticated = False
+        while not conn.closed:
+            try:
+                if authenticated:
+                    data = await reader.read(READ_CHUNK)
+                else:
+                    async with asyncio.timeout(AUTH_SECONDS):
+                        data = await reader.read(READ_CHUNK)
+            except TimeoutError:
+                conn.write(wire.encode_error(None, wire.TIMEOUT, f"No auth line within "
+                                                                f"{AUTH_SECONDS:g} s."))
+                return
+            if not data:
+                return
+            for item in splitter.feed(data):
+                if conn.closed:
+                    return
+                if isinstance(item, LineTooLong):
+                    self.metrics.broker_refused_lines += 1
+                    error = wire.too_long_error(item.size)
+                    conn.write(wire.encode_error(None, error.code, error.message))
+                    continue
+                parsed = parse_line(item)
+                if isinstance(parsed, WireError):
+                    self.metrics.broker_refused_lines += 1
+                    conn.write(wire.encode_error(parsed.id, parsed.code, parsed.message))
+                    continue
+                if not authenticated:
+                    authenticated = self._authenticate(conn, parsed)
+                    continue
+                if parsed.id <= conn.last_id:
+                    conn.write(wire.encode_error(parsed.id, wire.BAD_REQUEST,
+                                                f"id {parsed.id} does not follow {conn.last_id}: "
+                                                "ids grow on each line of a connection."))
+                    continue
+                conn.last_id = parsed.id
+                await self._answer(conn, parsed)
+
+    def _authenticate(self, conn: BrokerConnection, request: Request) -> bool:
+        if request.type != "auth":
+            conn.write(wire.encode_error(request.id, wire.AUTH_REQUIRED,
+                                        "The first line must be auth with the broker's token."))
+            return False
+        if not hmac.compare_digest(request.fields["token"].encode("utf-8", "surrogatepass"),
+                                   self.token.encode()):
+            self.metrics.broker_bad_tokens += 1
+            conn.write(wire.encode_error(request.id, wire.BAD_TOKEN, "Wrong broker token."))
+            conn.close()
+            return False
+        conn.last_id = request.id
+        conn.write(wire.encode_ok(request.id, {}))
+        return True
+
+    async def _answer(self, conn: BrokerConnection, request: Request) -> None:
+        """Hand one request to the Router and wait until its answer is written."""
+        from hubd.handlers import broker as verbs
+
+        if self.closing:
+            conn.write(wire.encode_error(request.id, wire.BROKER_CLOSED,
+                                         "The hub is shutting down."))
+            return
+        native = None
+        spec = request.fields.get("native") if request.type == "session" else None
+        if request.type == "native-register" or spec is not None:
+            handle = request.fields.get("handle")
+            path = spec["socketPath"] if spec else request.fields["socketPath"]
+            token = spec["token"] if spec else request.fields["token"]
+            try:
+                native = await NativeEndpoint.connect(handle or "", path, token)
+            except (OSError, TimeoutError) as exc:
+                self.metrics.broker_errors[wire.NATIVE_FAILED] = \
+                    self.metrics.broker_errors.get(wire.NATIVE_FAILED, 0) + 1
+                conn.write(wire.encode_error(request.id, wire.NATIVE_FAILED,
+                                             f"Cannot connect to the native socket {path}: "
+                                             f"{exc}."))
+                return
+        loop = asyncio.get_running_loop()
+        answered = conn.pending = loop.create_future()
+        handled = loop.create_future()
+
+        def failed(done: asyncio.Future) -> None:
+            # the Router logged the exception and rebuilt its state; the client
+            # hears `internal` and nothing of its request remains
+            if not done.cancelled() and done.exception() is not None and not answered.done():
+                conn.write(wire.encode_error(request.id, wire.INTERNAL,
+                                             "The broker failed on this request; nothing was "
+                                             "changed."))
+                answered.set_result(None)
+
+        handled.add_done_callback(failed)
+        await self.hub.router.inbox.put(Call(partial(verbs.handle, endpoint=conn.id,
+                                                     request=request, native=native), handled))
+        await answered
+        conn.pending = None
+
+
+def _socket_answers(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        target = str(path)
+        if len(os.fsencode(target)) > UNIX_PATH_MAX:
+            return False
+        probe.connect(target)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
