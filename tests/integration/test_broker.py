@@ -118,3 +118,228 @@ async def test_every_verb_and_its_result_shape(hub, tmp_path):
     assert again["ok"] is False and again["error"]["code"] == "bad_request"
     for c in (owner, a, b):
         await c.close()
+
+
+async def test_two_sessions_hold_a_thread_with_verdicts_collect_and_wait(hub, tmp_path):
+    owner = await client(tmp_path)
+    await owner.call("register", clientKind="cli", handle="renn", owner=True,
+                     ancestors=[7001])
+    a, a_handle = await session(tmp_path, "s-a", 7001, title="Parser Work")
+    b, b_handle = await session(tmp_path, "s-b", 7002, title="Reviewer")
+    assert (a_handle, b_handle) == ("parser-work", "reviewer")
+    # the owner's connection resolves its via from its ancestors: the session on pid 7001
+    await owner.close()
+    owner = await client(tmp_path)
+    reg = await owner.call("register", clientKind="cli", handle="renn", owner=True,
+                           ancestors=[1, 7001])
+    assert reg["via"] == "parser-work"
+    sent = await owner.call("send", threadId=None, to=["parser-work", "reviewer"],
+                            body="Merge the parser change?")
+    thread_id, ask = sent["threadId"], sent["messageId"]
+    assert sent["via"] == "parser-work"
+    # parser-work is both a recipient and the via: one delivery
+    assert [d["to"] for d in sent["deliveries"]] == ["parser-work", "reviewer"]
+    push_b = (await b.event("push"))["payload"]
+    assert push_b["text"] == (
+        f"[murmur m{ask} from renn via parser-work | thread {thread_id} #1]\n"
+        "Merge the parser change?\n"
+        f"(reply with messageId {ask}, verdict agree, disagree or info; "
+        f"the reply goes to everyone in thread {thread_id})")
+    assert push_b["message"]["via"] == "parser-work" and push_b["mode"] == "push"
+    await a.event("push")
+
+    # a wait that is met before its timeout
+    waiter = await client(tmp_path)
+    await waiter.call("register", clientKind="cli", handle="watcher")
+    wait_id = waiter.take_id()
+    await waiter.send_line({"v": 2, "id": wait_id, "type": "wait", "threadId": thread_id,
+                            "until": "all_replied", "timeoutMs": 300000})
+    r1 = await a.call("reply", messageId=ask, body="Yes, tests pass.", verdict="agree")
+    # the reply goes to every sender, recipient and via minus the replier
+    push = (await b.event("push"))["payload"]
+    assert push["message"]["from"] == "parser-work" and push["message"]["verdict"] == "agree"
+    assert push["text"].startswith(f"[murmur m{r1['messageId']} from parser-work | thread "
+                                   f"{thread_id} #2 | reply to m{ask} | agree]")
+    assert waiter.answers.empty()  # not all replied yet
+    await b.call("reply", messageId=ask, body="One nit.", verdict="disagree")
+    done = await waiter.answer(timeout=10)
+    assert done["id"] == wait_id and done["ok"]
+    assert done["result"]["conditionMet"] is True and done["result"]["timedOut"] is False
+    assert [(row["handle"], row["state"], row["verdict"]) for row in done["result"]["matrix"]] \
+        == [("parser-work", "replied", "agree"), ("reviewer", "replied", "disagree")]
+
+    collect = await owner.call("collect", threadId=thread_id)
+    assert collect["askMessageId"] == ask
+    assert collect["verdictTally"] == {"agree": 1, "disagree": 1, "info": 0, "none": 0}
+
+    # a wait that times out: a new thread nobody answers
+    quiet = await owner.call("send", threadId=None, to="reviewer", body="Anyone?")
+    timed = await owner.call("wait", threadId=quiet["threadId"], until="any_replied",
+                             timeoutMs=300)
+    assert timed == {"threadId": quiet["threadId"], "conditionMet": False, "timedOut": True,
+                     "matrix": [{"handle": "reviewer", "state": "sent", "verdict": None,
+                                 "replyId": None}]}
+
+    # thread views: sinceSeq, full, messageId
+    view = await owner.call("thread", threadId=thread_id, sinceSeq=None, full=False)
+    assert view["latestSeq"] == 3 and [m["seq"] for m in view["messages"]] == [1, 2, 3]
+    assert "body" not in view["messages"][0]
+    since = await owner.call("thread", threadId=thread_id, sinceSeq=2, full=True)
+    assert [m["body"] for m in since["messages"]] == ["One nit."]
+    r3 = await owner.call("reply", messageId=r1["messageId"], body="Thanks")
+    only = await owner.call("thread", threadId=thread_id, sinceSeq=None, full=False,
+                            messageId=r1["messageId"])
+    assert [m["messageId"] for m in only["messages"]] == [r1["messageId"], r3["messageId"]]
+    assert only["messages"][1]["body"] == "Thanks"
+    bad = await owner.request("thread", threadId=thread_id, sinceSeq=None, full=False,
+                              messageId=quiet["messageId"])
+    assert bad["error"]["code"] == "bad_request"
+
+    # unread counts: reviewer's reply answered the ask and r1 (replied); r3 and
+    # "Anyone?" are unread
+    inbox = await b.call("inbox", unreadOnly=True)
+    assert inbox["handle"] == "reviewer" and inbox["unreadTotal"] == 2
+    assert sorted(m["messageId"] for t in inbox["threads"] for m in t["messages"]) == sorted([
+        r3["messageId"], quiet["messageId"]])
+    await b.call("ack", ids=[r3["messageId"]])
+    assert (await b.call("inbox", unreadOnly=True))["unreadTotal"] == 1
+    for c in (owner, a, b, waiter):
+        await c.close()
+
+
+async def test_unread_and_thread_caps_are_answered(unlimited_hub, tmp_path):
+    sender = await client(tmp_path)
+    await sender.call("register", clientKind="cli", handle="flood")
+    target = await client(tmp_path)
+    await target.call("register", clientKind="cli", handle="inbox-owner")
+    first = await sender.call("send", threadId=None, to="inbox-owner", body="m0")
+    for i in range(1, 200):
+        await sender.call("send", threadId=None, to="inbox-owner", body=f"m{i}")
+    assert (await target.call("inbox", unreadOnly=True))["unreadTotal"] == 200
+    full = await sender.request("send", threadId=None, to="inbox-owner", body="one more")
+    assert full["error"]["code"] == "cap_inbox"
+    assert (await target.call("inbox", unreadOnly=True))["unreadTotal"] == 200
+    await target.call("ack", ids=[first["messageId"]])
+    await sender.call("send", threadId=None, to="inbox-owner", body="fits again")
+    # the thread cap: 500 messages (the other side acks as it goes)
+    third = await client(tmp_path)
+    await third.call("register", clientKind="cli", handle="third")
+    ask = await sender.call("send", threadId=None, to="third", body="long thread")
+    ids = [ask["messageId"]]
+    for i in range(499):
+        r = await sender.call("send", threadId=ask["threadId"], to="third", body=f"n{i}")
+        ids.append(r["messageId"])
+        if len(ids) >= 150:
+            await third.call("ack", ids=ids)
+            ids = []
+    capped = await third.request("reply", messageId=ask["messageId"], body="too late")
+    assert capped["error"]["code"] == "cap_thread"
+    view = await sender.call("thread", threadId=ask["threadId"], sinceSeq=495, full=False)
+    assert view["latestSeq"] == 500
+    for c in (sender, target, third):
+        await c.close()
+
+
+async def test_socket_token_limits_and_bad_lines(hub, tmp_path):
+    sock, token_file = tmp_path / "bus.sock", tmp_path / "bus.token"
+    assert stat.S_ISSOCK(sock.stat().st_mode)
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    token = token_file.read_text().strip()
+    assert len(token) >= 32
+
+    # the first line must be auth; a wrong token is refused and the connection closed
+    c = await BrokerClient.connect(str(sock))
+    first = await c.request("status")
+    assert first["error"]["code"] == "auth_required"
+    wrong = await c.request("auth", token="not-the-token")
+    assert wrong["error"]["code"] == "bad_token"
+    await asyncio.wait_for(c.closed.wait(), 5)
+
+    c = await BrokerClient.connect(str(sock), token)
+    await c.call("register", clientKind="cli", handle="alice")
+    other = await client(tmp_path)
+    await other.call("register", clientKind="cli", handle="bob")
+    # duplicate window
+    await c.call("send", threadId=None, to="bob", body="same words")
+    dup = await c.request("send", threadId=None, to="bob", body="same words")
+    assert dup["error"]["code"] == "duplicate" and dup["error"]["messageId"] >= 1
+    # rate: 20 sends per 60 s per handle (the first send counted)
+    for i in range(19):
+        await c.call("send", threadId=None, to="bob", body=f"n{i}")
+    limited = await c.request("send", threadId=None, to="bob", body="twenty-first")
+    assert limited["error"]["code"] == "rate_limited"
+    assert (await other.call("inbox", unreadOnly=True))["unreadTotal"] == 20
+
+    # malformed lines, unknown verbs and bad fields: typed errors, connection usable
+    await c.send_raw(b"{not json\n")
+    assert (await c.answer())["error"]["code"] == "bad_request"
+    await c.send_line({"v": 2, "id": 900, "type": "frobnicate"})
+    bad = await c.answer()
+    assert bad["id"] == 900 and bad["error"]["code"] == "bad_request"
+    await c.send_line({"v": 2, "id": 5, "type": "status"})
+    stale = await c.answer()
+    assert stale["id"] == 5 and "does not follow" in stale["error"]["message"]
+    c.next_id = 1000
+    unknown = await c.request("send", threadId=None, to="nobody-here", body="x")
+    assert unknown["error"]["code"] == "unknown_handle"
+    # a line over 1 MiB is refused, and the next line is served
+    await c.send_raw(b'{"v":2,"id":2000,"type":"send","body":"' + b"x" * (1024 * 1024) +
+                     b'"}\n')
+    too_long = await c.answer(timeout=20)
+    assert too_long["ok"] is False and too_long["error"]["code"] == "bad_request"
+    assert too_long["id"] is None and "exceeds" in too_long["error"]["message"]
+    c.next_id = 2001
+    assert (await c.call("status"))["peers"]
+    for x in (c, other):
+        await x.close()
+
+
+async def test_sigkill_mid_thread_loses_no_answered_message(tmp_path):
+    proc = hubd_process(tmp_path, "--broker-no-rate-limit").start()
+    answered: list[tuple[int, int, str]] = []
+    try:
+        asker = await client(tmp_path)
+        await asker.call("register", clientKind="cli", handle="asker")
+        peers = []
+        for n in range(3):
+            p = await client(tmp_path)
+            await p.call("register", clientKind="cli", handle=f"peer-{n}")
+            peers.append(p)
+        ask = await asker.call("send", threadId=None, to=["peer-0", "peer-1", "peer-2"],
+                               body="count with me")
+        thread_id = ask["threadId"]
+        answered.append((ask["messageId"], ask["seq"], "count with me"))
+
+        async def replier(p, n):
+            i = 0
+            while True:
+                body = f"peer-{n} says {i}"
+                r = await p.call("reply", messageId=ask["messageId"], body=body)
+                answered.append((r["messageId"], r["seq"], body))
+                i += 1
+
+        tasks = [asyncio.ensure_future(replier(p, n)) for n, p in enumerate(peers)]
+        while len(answered) < 60:
+            await asyncio.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.proc.wait()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for x in [asker, *peers]:
+            x.writer.transport.abort()
+    finally:
+        proc.stop()
+    restarted = hubd_process(tmp_path, "--broker-no-rate-limit").start()
+    try:
+        reader = await client(tmp_path)
+        view = await reader.call("thread", threadId=thread_id, sinceSeq=None, full=True)
+        by_id = {}
+        for m in view["messages"]:
+            assert m["messageId"] not in by_id, "a message is in its thread twice"
+            by_id[m["messageId"]] = (m["seq"], m["body"])
+        for message_id, seq, body in answered:
+            assert by_id.get(message_id) == (seq, body), message_id
+        assert [m["seq"] for m in view["messages"]] == list(range(1, len(view["messages"]) + 1))
+        await reader.close()
+    finally:
+        restarted.stop()
