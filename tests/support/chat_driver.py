@@ -6,6 +6,10 @@ as JSON lines.
         --count 200 --prefix east- [--rate 100]
     python -m tests.support.chat_driver receive --url URL --name P/b --expect 400 [--timeout 60]
     python -m tests.support.chat_driver get --url http://127.0.0.1:8876/metrics
+    python -m tests.support.chat_driver answer --url URL --name P/b --verdict agree \
+        --text "yes" [--timeout 60]
+        (answers the first chat carrying a broker tag `[murmur m<id>` with a chat
+        `m<id> <verdict>: <text>` back to its sender, as docs/broker.md defines)
 """
 
 from __future__ import annotations
@@ -118,6 +122,36 @@ async def receive(args) -> int:
     return 0
 
 
+async def answer(args) -> int:
+    import re
+
+    session, ws = await _open(args.url, args.name)
+    emit(event="ready")
+    try:
+        async with asyncio.timeout(args.timeout):
+            while True:
+                msg = await ws.receive()
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    emit(event="closed")
+                    return 1
+                frame = json.loads(msg.data)
+                if frame.get("type") != "chat" or frame.get("target") != args.name:
+                    continue
+                found = re.search(r"\[murmur m(\d+)", str(frame.get("payload")))
+                if found is None:
+                    continue
+                emit(event="asked", sender=frame.get("sender"), message_id=int(found.group(1)))
+                reply = {"sender": args.name, "target": frame["sender"], "type": "chat",
+                         "payload": f"m{found.group(1)} {args.verdict}: {args.text}"}
+                await ws.send_str(json.dumps(reply))
+                emit(event="answered")
+                await asyncio.sleep(args.linger)
+                return 0
+    finally:
+        await ws.close()
+        await session.close()
+
+
 def get(args) -> int:
     import ssl
 
@@ -148,10 +182,18 @@ def main() -> int:
     r.add_argument("--linger", type=float, default=1.0)
     g = sub.add_parser("get")
     g.add_argument("--url", required=True)
+    a = sub.add_parser("answer")
+    a.add_argument("--url", required=True)
+    a.add_argument("--name", required=True)
+    a.add_argument("--verdict", default="agree")
+    a.add_argument("--text", default="yes")
+    a.add_argument("--timeout", type=float, default=60.0)
+    a.add_argument("--linger", type=float, default=1.0)
     args = parser.parse_args()
     if args.command == "get":
         return get(args)
-    return asyncio.run(send(args) if args.command == "send" else receive(args))
+    runs = {"send": send, "receive": receive, "answer": answer}
+    return asyncio.run(runs[args.command](args))
 
 
 if __name__ == "__main__":
