@@ -71,6 +71,10 @@ class BrokerLive:
         return binding[1] if binding else None
 
     def bind(self, endpoint: int, handle: str, via: str | None) -> None:
+        binding = self.bindings.get(endpoint)
+        if binding is not None and binding[0] == handle:
+            binding[1] = via if via != handle else None  # still its listener, if it was
+            return
         self.unbind(endpoint)
         self.bindings[endpoint] = [handle, via if via != handle else None]
         self.connected[handle] = self.connected.get(handle, 0) + 1

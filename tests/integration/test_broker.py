@@ -343,3 +343,77 @@ async def test_sigkill_mid_thread_loses_no_answered_message(tmp_path):
         await reader.close()
     finally:
         restarted.stop()
+
+
+async def test_pipelined_lines_are_answered_strictly_in_order(hub, tmp_path):
+    c = await client(tmp_path)
+    other = await client(tmp_path)
+    await other.call("register", clientKind="cli", handle="bob")
+    lines = [
+        {"v": 2, "id": 10, "type": "register", "clientKind": "cli", "handle": "alice"},
+        {"v": 2, "id": 11, "type": "send", "threadId": None, "to": "bob", "body": "one"},
+        {"v": 2, "id": 12, "type": "send", "threadId": None, "to": "ghost", "body": "x"},
+        "garbage",
+        {"v": 2, "id": 13, "type": "send", "threadId": 1, "to": "bob", "body": "two"},
+        {"v": 2, "id": 14, "type": "thread", "threadId": 1, "sinceSeq": None, "full": True},
+        {"v": 2, "id": 15, "type": "wait", "threadId": 1, "until": "any_replied",
+         "timeoutMs": 200},
+        {"v": 2, "id": 16, "type": "status"},
+    ]
+    data = b"".join((line.encode() if isinstance(line, str) else json.dumps(line).encode())
+                    + b"\n" for line in lines)
+    await c.send_raw(data)
+    answers = [await c.answer() for _ in lines]
+    assert [a["id"] for a in answers] == [10, 11, 12, None, 13, 14, 15, 16]
+    assert [a["ok"] for a in answers] == [True, True, False, False, True, True, True, True]
+    assert answers[2]["error"]["code"] == "unknown_handle"
+    # the thread view saw both sends: lines were handled in order
+    assert [m["body"] for m in answers[5]["result"]["messages"]] == ["one", "two"]
+    assert answers[6]["result"]["timedOut"] is True
+    await c.close()
+    await other.close()
+
+
+async def test_queued_messages_are_pushed_on_listen_and_senders_notified(hub, tmp_path):
+    sender, sender_handle = await session(tmp_path, "s-send", 8001, handle="sender")
+    late = await client(tmp_path)
+    await late.call("register", clientKind="adapter", handle="late")
+    sent = await sender.call("send", threadId=None, to="late", body="while you were away")
+    assert sent["deliveries"] == [{"to": "late", "state": "queued"}]
+    offline = (await sender.event("notification"))["payload"]
+    assert offline == [{"kind": "peer_offline", "handle": "late", "threadId": sent["threadId"],
+                        "messageId": sent["messageId"],
+                        "text": f"late is not listening; m{sent['messageId']} (thread "
+                                f"{sent['threadId']}) is queued for it"}]
+    silent = await sender.call("send", threadId=None, to="late", body="no push", mode="silent")
+    # late starts listening: the queued push-mode message arrives, the silent one does not
+    await late.close()
+    late, _ = await session(tmp_path, "s-late", 8002, handle="late")
+    push = (await late.event("push"))["payload"]
+    assert push["message"]["messageId"] == sent["messageId"]
+    assert late.pending_events() == []
+    inbox = await late.call("inbox", unreadOnly=True)
+    assert sorted(m["state"] for t in inbox["threads"] for m in t["messages"]) == [
+        "queued", "sent"]
+    # the sender's next notification is held by the 60 s batch window: a queued
+    # delivery becoming sent is still visible in the thread and collect
+    collect = await sender.call("collect", threadId=sent["threadId"])
+    assert collect["recipients"][0]["state"] == "sent"
+    assert silent["deliveries"] == [{"to": "late", "state": "queued"}]
+    # a renamed session's connection follows its handle
+    renamed = await late.call("session", event="prompt", client="claude", cliSessionId="s-late",
+                              host={"hostPid": 8002, "hostStart": 1}, title="Late Arrival")
+    assert renamed == {"handle": "late"}  # pinned by the explicit handle: no rename
+    auto, auto_handle = await session(tmp_path, "s-auto", 8003)
+    renamed = await auto.call("session", event="prompt", client="claude", cliSessionId="s-auto",
+                              host={"hostPid": 8003, "hostStart": 1}, title="Late Arrival")
+    assert renamed == {"handle": "late-arrival"}
+    await sender.call("send", threadId=None, to="late-arrival", body="after the rename")
+    push = (await auto.event("push"))["payload"]["message"]
+    assert push["to"] == ["late-arrival"] and push["body"] == "after the rename"
+    status = await sender.call("status")
+    peer = {p["handle"]: p for p in status["peers"]}
+    assert auto_handle not in peer and peer["late-arrival"]["listening"] is True
+    assert peer["late-arrival"]["presence"] == "busy"
+    for c in (sender, late, auto):
+        await c.close()

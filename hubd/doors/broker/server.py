@@ -19,6 +19,7 @@ import os
 import secrets
 import socket
 import stat
+from collections import deque
 from functools import partial
 from pathlib import Path
 
@@ -39,6 +40,9 @@ AUTH_SECONDS = 10.0
 MAX_WRITE_BUFFER = 16 * 1024 * 1024
 READ_CHUNK = 256 * 1024
 NATIVE_CONNECT_SECONDS = 2.0
+# requests of one connection in flight at once (answered in order)
+PIPELINE = 64
+SEQUENTIAL = frozenset({"wait"})
 # AF_UNIX paths are at most 107 bytes on Linux; a longer one is bound through
 # its folder's /proc/self/fd entry (still the same file on disk).
 UNIX_PATH_MAX = 107
@@ -77,7 +81,7 @@ class BrokerConnection:
     pushes and notifications arrive through `deliver` after their commit; an
     answer also releases the reader, which waits for it before the next line."""
 
-    __slots__ = ("id", "writer", "door", "closed", "last_id", "pending")
+    __slots__ = ("id", "writer", "door", "closed", "last_id", "inflight")
 
     def __init__(self, writer: asyncio.StreamWriter, door: "BrokerDoor"):
         self.id = next_endpoint_id()
@@ -85,17 +89,25 @@ class BrokerConnection:
         self.door = door
         self.closed = False
         self.last_id = 0
-        self.pending: asyncio.Future | None = None
+        # requests handed to the Router whose answers are not written yet, oldest
+        # first: (id, future resolved when its answer is written)
+        self.inflight: deque = deque()
 
     def __repr__(self) -> str:
         return f"<BrokerConnection {self.id}>"
 
     def deliver(self, message: Message) -> None:
         self.write(message.encoded(broker_line))
-        if "id" in message.frame:
-            pending = self.pending
-            if pending is not None and not pending.done():
-                pending.set_result(None)
+        answered = message.frame.get("id")
+        if answered is not None:
+            inflight = self.inflight
+            while inflight:
+                id_, future = inflight[0]
+                if id_ > answered:
+                    break
+                inflight.popleft()
+                if not future.done():
+                    future.set_result(None)
 
     def write(self, data: bytes) -> None:
         if self.closed:
@@ -114,9 +126,18 @@ class BrokerConnection:
         if not self.closed:
             self.closed = True
             self.writer.close()
-        pending = self.pending
-        if pending is not None and not pending.done():
-            pending.set_result(None)
+        self._release_all()
+
+    def _release_all(self) -> None:
+        while self.inflight:
+            _, future = self.inflight.popleft()
+            if not future.done():
+                future.set_result(None)
+
+    async def settled(self) -> None:
+        """Every request handed to the Router so far has its answer written."""
+        while self.inflight:
+            await self.inflight[-1][1]
 
     def write_stalled_for(self, now: float) -> float:
         return 0.0  # bounded by MAX_WRITE_BUFFER instead
@@ -124,9 +145,7 @@ class BrokerConnection:
     def abort(self) -> None:
         self.closed = True
         self.writer.transport.abort()
-        pending = self.pending
-        if pending is not None and not pending.done():
-            pending.set_result(None)
+        self._release_all()
 
 
 class NativeEndpoint:
@@ -261,6 +280,11 @@ class BrokerDoor:
                                                                 f"{AUTH_SECONDS:g} s."))
                 return
             if not data:
+                try:  # the client half-closed: its answers still go out
+                    async with asyncio.timeout(AUTH_SECONDS):
+                        await conn.settled()
+                except TimeoutError:
+                    pass
                 return
             for item in splitter.feed(data):
                 if conn.closed:
@@ -268,17 +292,20 @@ class BrokerDoor:
                 if isinstance(item, LineTooLong):
                     self.metrics.broker_refused_lines += 1
                     error = wire.too_long_error(item.size)
+                    await conn.settled()  # answers leave in line order
                     conn.write(wire.encode_error(None, error.code, error.message))
                     continue
                 parsed = parse_line(item)
                 if isinstance(parsed, WireError):
                     self.metrics.broker_refused_lines += 1
+                    await conn.settled()
                     conn.write(wire.encode_error(parsed.id, parsed.code, parsed.message))
                     continue
                 if not authenticated:
                     authenticated = self._authenticate(conn, parsed)
                     continue
                 if parsed.id <= conn.last_id:
+                    await conn.settled()
                     conn.write(wire.encode_error(parsed.id, wire.BAD_REQUEST,
                                                 f"id {parsed.id} does not follow {conn.last_id}: "
                                                 "ids grow on each line of a connection."))
@@ -302,46 +329,70 @@ class BrokerDoor:
         return True
 
     async def _answer(self, conn: BrokerConnection, request: Request) -> None:
-        """Hand one request to the Router and wait until its answer is written."""
+        """Hand one request to the Router. Requests are handled in line order by
+        the Router and their answers are written in that order (they are released
+        in journal order), so a connection may have up to PIPELINE of them in
+        flight; a wait, and a request that first connects a native socket, go
+        alone (a wait answers later than the lines behind it would)."""
         from hubd.handlers import broker as verbs
 
+        native_spec = request.fields.get("native") if request.type == "session" else None
+        alone = request.type in SEQUENTIAL or native_spec is not None
+        if alone or self.closing:
+            await conn.settled()
         if self.closing:
             conn.write(wire.encode_error(request.id, wire.BROKER_CLOSED,
                                          "The hub is shutting down."))
             return
         native = None
-        spec = request.fields.get("native") if request.type == "session" else None
-        if request.type == "native-register" or spec is not None:
-            handle = request.fields.get("handle")
-            path = spec["socketPath"] if spec else request.fields["socketPath"]
-            token = spec["token"] if spec else request.fields["token"]
+        if request.type == "native-register" or native_spec is not None:
+            spec = native_spec or request.fields
             try:
-                native = await NativeEndpoint.connect(handle or "", path, token)
+                native = await NativeEndpoint.connect(request.fields.get("handle") or "",
+                                                      spec["socketPath"], spec["token"])
             except (OSError, TimeoutError) as exc:
                 self.metrics.broker_errors[wire.NATIVE_FAILED] = \
                     self.metrics.broker_errors.get(wire.NATIVE_FAILED, 0) + 1
                 conn.write(wire.encode_error(request.id, wire.NATIVE_FAILED,
-                                             f"Cannot connect to the native socket {path}: "
-                                             f"{exc}."))
+                                             f"Cannot connect to the native socket "
+                                             f"{spec['socketPath']}: {exc}."))
                 return
         loop = asyncio.get_running_loop()
-        answered = conn.pending = loop.create_future()
+        answered = loop.create_future()
+        earlier = [future for _, future in conn.inflight]
+        conn.inflight.append((request.id, answered))
         handled = loop.create_future()
 
         def failed(done: asyncio.Future) -> None:
             # the Router logged the exception and rebuilt its state; the client
-            # hears `internal` and nothing of its request remains
-            if not done.cancelled() and done.exception() is not None and not answered.done():
-                conn.write(wire.encode_error(request.id, wire.INTERNAL,
-                                             "The broker failed on this request; nothing was "
-                                             "changed."))
-                answered.set_result(None)
+            # hears `internal` (after the answers before it) and nothing of its
+            # request remains
+            if done.cancelled() or done.exception() is None or answered.done():
+                return
+
+            async def answer_internal() -> None:
+                for future in earlier:
+                    await future
+                if not answered.done():
+                    conn.write(wire.encode_error(request.id, wire.INTERNAL,
+                                                 "The broker failed on this request; nothing "
+                                                 "was changed."))
+                    if conn.inflight and conn.inflight[0][0] == request.id:
+                        conn.inflight.popleft()
+                    answered.set_result(None)
+            self._tasks.add(loop.create_task(answer_internal()))
 
         handled.add_done_callback(failed)
-        await self.hub.router.inbox.put(Call(partial(verbs.handle, endpoint=conn.id,
-                                                     request=request, native=native), handled))
-        await answered
-        conn.pending = None
+        command = Call(partial(verbs.handle, endpoint=conn.id, request=request, native=native),
+                       handled)
+        try:
+            self.hub.router.inbox.put_nowait(command)
+        except asyncio.QueueFull:
+            await self.hub.router.inbox.put(command)  # back-pressure: stop reading
+        if alone:
+            await answered
+        elif len(conn.inflight) > PIPELINE:
+            await conn.inflight[0][1]
 
 
 def _socket_answers(path: Path) -> bool:
