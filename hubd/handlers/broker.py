@@ -235,9 +235,32 @@ def _push(router: Router, live: BrokerLive, handle_: str, message: bs.Message,
     if endpoint is not None:
         router.out.sends.append((endpoint, encoded[0], PUSH))
         router.metrics.broker_pushes += 1
+        _expect_proof(router, handle_, message.id)
     if native is not None:
         push = encoded[0]
         router.after_release(lambda: native.deliver(push))
+
+
+def _expect_proof(router: Router, handle_: str, message_id: int) -> None:
+    """Once the push is out, watch the session's transcript for its tag."""
+    session = router.state.broker.session_of(handle_)
+    door = router.hub.broker
+    if session is None or not session.transcript_path or door is None:
+        return
+    path = session.transcript_path
+    router.after_release(lambda: door.proofs.expect(handle_, message_id, path))
+
+
+def proven(router: Router, proven: dict) -> None:
+    """Tags found in transcripts: those deliveries are delivered (if they still
+    are the handle's and not further along)."""
+    live = live_of(router)
+    state = router.state.broker
+    for handle_, ids in proven.items():
+        table = state.deliveries.get(handle_, {})
+        ids = [i for i in ids if i in table]
+        if ids:
+            _journal(router, live, rules.decide_advance(state, handle_, ids, "delivered"))
 
 
 def _notify(router: Router, live: BrokerLive, handle_: str, item: dict) -> None:
@@ -509,6 +532,7 @@ def v_session(router, live, endpoint, f, native):
                 router.out.sends.append((endpoint, event_message(
                     "push", views.push_payload(message)), PUSH))
                 router.metrics.broker_pushes += 1
+                _expect_proof(router, handle_, message.id)
     return decision.result
 
 

@@ -417,3 +417,72 @@ async def test_queued_messages_are_pushed_on_listen_and_senders_notified(hub, tm
     assert peer["late-arrival"]["presence"] == "busy"
     for c in (sender, late, auto):
         await c.close()
+
+
+def test_broker_flags(tmp_path):
+    # --no-broker: no socket, no token file
+    off = hubd_process(tmp_path / "off", "--no-broker").start()
+    try:
+        assert not (tmp_path / "off" / "bus.sock").exists()
+        assert not (tmp_path / "off" / "bus.token").exists()
+    finally:
+        off.stop()
+    # a token file others can read is refused at start
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "bus.token").write_text("secret\n")
+    os.chmod(loose / "bus.token", 0o644)
+    refused = hubd_process(loose)
+    with pytest.raises(RuntimeError):
+        refused.start()
+    assert "readable by others" in refused.log()
+    refused.stop()
+
+
+async def test_custom_socket_token_and_namespace(tmp_path):
+    sock = tmp_path / "elsewhere" / "b.sock"
+    sock.parent.mkdir()
+    token_file = tmp_path / "tok"
+    token_file.write_text("given-token\n")
+    os.chmod(token_file, 0o600)
+    proc = hubd_process(tmp_path / "hub", "--broker-socket", str(sock), "--broker-token-file",
+                        str(token_file), "--broker-namespace", "team").start()
+    try:
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+        c = await BrokerClient.connect(str(sock), "given-token")
+        await c.call("register", clientKind="cli", handle="alice")
+        other = await BrokerClient.connect(str(sock), "given-token")
+        await other.call("register", clientKind="cli", handle="bob")
+        sent = await c.call("send", threadId=None, to="team/bob", body="namespaced")
+        assert sent["deliveries"] == [{"to": "bob", "state": "queued"}]
+        await c.close()
+        await other.close()
+    finally:
+        proc.stop()
+    assert not sock.exists()  # removed on a clean stop
+
+
+async def test_delivery_proof_from_the_transcript(hub, tmp_path):
+    transcript = tmp_path / "transcript.jsonl"
+    transcript.write_text('{"role":"user","content":"hello"}\n')
+    s, handle = await session(tmp_path, "s-proof", 9001, transcriptPath=str(transcript))
+    sender = await client(tmp_path)
+    await sender.call("register", clientKind="cli", handle="asker")
+    first = await sender.call("send", threadId=None, to=handle, body="prove it")
+    second = await sender.call("send", threadId=None, to=handle, body="and this")
+    await s.event("push")
+    await s.event("push")
+    # the CLI shows the first message in its session: its tag lands in the transcript
+    with transcript.open("a") as out:
+        out.write(json.dumps({"role": "user", "content": f"[murmur m{first['messageId']} from "
+                                                         "asker | thread 1 #1]\nprove it"}) + "\n")
+    for _ in range(200):
+        inbox = await s.call("inbox", unreadOnly=False)
+        states = {m["messageId"]: m["state"] for t in inbox["threads"] for m in t["messages"]}
+        if states[first["messageId"]] == "delivered":
+            break
+        await asyncio.sleep(0.05)
+    assert states[first["messageId"]] == "delivered"
+    assert states[second["messageId"]] == "sent"  # its tag never appeared
+    await s.close()
+    await sender.close()

@@ -508,3 +508,11 @@ def test_parse_hub_reply(frame, body, expected):
         assert parsed is None
     else:
         assert (parsed.message_id, parsed.verdict, parsed.body) == expected
+
+
+def test_proof_tags_match_whole_ids():
+    from hubd.doors.broker.proof import found_tags
+
+    text = "x [murmur m12 from a] y [murmur m1234 from b]"
+    assert found_tags(text, [12, 123, 1234, 5]) == {12, 1234}
+    assert found_tags("", [1]) == set()

@@ -186,6 +186,9 @@ class BrokerDoor:
         self.closing = False
         self._dir_fd: int | None = None
         self._tasks: set[asyncio.Task] = set()
+        from .proof import ProofWatcher
+
+        self.proofs = ProofWatcher(hub)
 
     # -- lifetime
 
@@ -211,6 +214,8 @@ class BrokerDoor:
         os.chmod(path, 0o600)
         from hubd.handlers import broker as verbs
 
+        self._tasks.add(asyncio.get_running_loop().create_task(self.proofs.run(),
+                                                               name="broker-proof"))
         self._tasks.add(asyncio.get_running_loop().create_task(verbs.ticker(self.hub),
                                                                name="broker-ticker"))
         log.info("broker listening", socket=str(path), namespace=self.config.namespace)

@@ -1,0 +1,87 @@
+"""Delivery proof: a pushed message counts as delivered once its tag appears in
+the session's transcript (docs/broker.md, "Delivery proof").
+
+After a push to a session that gave a `transcriptPath`, the door looks for
+`[murmur m<id>` in the tail of that file every PROOF_CHECK_SECONDS, for at most
+the proof poll (120 s). A tag found moves the delivery to `delivered` through
+the Router (journaled like a `delivered` line); one not found leaves it `sent`.
+Bounded: at most MAX_PENDING proofs are watched (past it the oldest is dropped
+and counted), and only the last TAIL_BYTES of a transcript are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import OrderedDict
+from functools import partial
+
+import structlog
+
+from hubd.core.commands import Call
+from hubd.state import broker as bs
+
+log = structlog.get_logger("hubd.broker")
+
+PROOF_CHECK_SECONDS = 1.0
+MAX_PENDING = 4096
+TAIL_BYTES = 256 * 1024
+
+
+def read_tail(path: str, size: int = TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            end = f.tell()
+            f.seek(max(0, end - size))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def found_tags(text: str, message_ids) -> set[int]:
+    """Which of the message ids have their tag in the text (m12 is not m123)."""
+    present = {int(m) for m in re.findall(r"\[murmur m(\d+)(?!\d)", text)}
+    return present & set(message_ids)
+
+
+class ProofWatcher:
+    def __init__(self, hub, poll_seconds: float = bs.PROOF_POLL_SECONDS):
+        self.hub = hub
+        self.poll_seconds = poll_seconds
+        # (handle, message id) -> (transcript path, deadline on the loop clock)
+        self.pending: OrderedDict = OrderedDict()
+        self.dropped = 0
+
+    def expect(self, handle: str, message_id: int, path: str) -> None:
+        loop = asyncio.get_running_loop()
+        self.pending[(handle, message_id)] = (path, loop.time() + self.poll_seconds)
+        while len(self.pending) > MAX_PENDING:
+            self.pending.popitem(last=False)
+            self.dropped += 1
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(PROOF_CHECK_SECONDS)
+            if not self.pending:
+                continue
+            now = loop.time()
+            by_path: dict[str, list] = {}
+            for key, (path, deadline) in list(self.pending.items()):
+                if now > deadline:
+                    del self.pending[key]
+                    continue
+                by_path.setdefault(path, []).append(key)
+            proven: dict[str, list[int]] = {}
+            for path, keys in by_path.items():
+                text = await asyncio.to_thread(read_tail, path)
+                hits = found_tags(text, [message_id for _, message_id in keys])
+                for handle, message_id in keys:
+                    if message_id in hits:
+                        self.pending.pop((handle, message_id), None)
+                        proven.setdefault(handle, []).append(message_id)
+            if proven and self.hub.router is not None:
+                from hubd.handlers import broker as verbs
+
+                await self.hub.router.inbox.put(Call(partial(verbs.proven, proven=proven)))
