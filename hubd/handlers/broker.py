@@ -33,7 +33,9 @@ from hubd.wire.targets import RemoteTargetError, parse_remote
 
 log = structlog.get_logger("hubd.broker")
 
-MAX_LISTENERS = 256
+# listening connections: a share of the door's 256 connections, so listeners
+# can never crowd out the connections of one-shot CLI commands
+MAX_LISTENERS = 128
 HOOK_MESSAGES = 20
 ANSWER = "broker_answer"
 PUSH = "broker_push"

@@ -136,6 +136,8 @@ class BrokerState:
     peers: dict = field(default_factory=dict)  # handle -> Peer
     owner: str | None = None
     sessions: dict = field(default_factory=dict)  # (client, cliSessionId) -> CliSession
+    # handle -> key of its most recently updated session
+    session_keys: dict = field(default_factory=dict)
     messages: dict = field(default_factory=dict)  # id -> Message
     threads: dict = field(default_factory=dict)  # id -> Thread
     # recipient -> {message id: state}, in delivery order
@@ -162,11 +164,9 @@ class BrokerState:
 
     def session_of(self, handle: str) -> CliSession | None:
         """The handle's most recently updated session, if it has one."""
-        found = None
-        for session in self.sessions.values():
-            if session.handle == handle and (found is None or session.updated >= found.updated):
-                found = session
-        return found
+        key = self.session_keys.get(handle)
+        session = self.sessions.get(key) if key is not None else None
+        return session if session is not None and session.handle == handle else None
 
     def unread_of(self, recipient: str) -> int:
         return self.unread.get(recipient, 0)
@@ -214,6 +214,8 @@ def _apply_session(state: BrokerState, p: dict, route: dict, ts: float) -> None:
         session = state.sessions[key] = CliSession(
             p["client"], p["cliSessionId"], handle, None, None, p["host"], None, None, False,
             "online", started, ts)
+    if session.handle != handle and state.session_keys.get(session.handle) == key:
+        del state.session_keys[session.handle]  # the session moved to another handle
     session.handle = handle
     session.display = p.get("display")
     session.title = p.get("title")
@@ -223,6 +225,7 @@ def _apply_session(state: BrokerState, p: dict, route: dict, ts: float) -> None:
     session.pinned = bool(p.get("pinned"))
     session.state = p["state"]
     session.updated = ts
+    state.session_keys[handle] = key
     peer = state.peers.get(handle)
     if peer is None:
         peer = state.peers[handle] = Peer(handle, client_kind="adapter", created=ts)
@@ -247,6 +250,8 @@ def _rename(state: BrokerState, old: str, new: str) -> None:
     for session in state.sessions.values():
         if session.handle == old:
             session.handle = new
+    if old in state.session_keys:
+        state.session_keys[new] = state.session_keys.pop(old)
     for table in (state.deliveries, state.unread, state.sent_by, state.recent):
         if old in table:
             table[new] = table.pop(old)

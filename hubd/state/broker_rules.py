@@ -223,8 +223,10 @@ def _check_limits(state: BrokerState, sender: str, fingerprint: str | None,
                                        "its cap; start a new thread.")
     if limits.rate_sends is not None:
         window = state.recent.get(sender, ())
-        recent = sum(1 for ts in window if ts > now - limits.rate_window)
-        if recent >= limits.rate_sends:
+        # the window holds the sender's latest hub times, oldest first: it is
+        # full when the rate_sends-th latest is still inside the window
+        if len(window) >= limits.rate_sends and \
+                window[-limits.rate_sends] > now - limits.rate_window:
             raise Refusal(wire.RATE_LIMITED,
                           f"'{sender}' sent {limits.rate_sends} messages in the last "
                           f"{limits.rate_window:g} s; retry later.")

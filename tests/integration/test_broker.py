@@ -486,3 +486,30 @@ async def test_delivery_proof_from_the_transcript(hub, tmp_path):
     assert states[second["messageId"]] == "sent"  # its tag never appeared
     await s.close()
     await sender.close()
+
+
+async def test_connections_and_listening_sessions_are_bounded(hub, tmp_path):
+    path, token = broker_of(None, tmp_path)
+    held = []
+    for i in range(256):
+        held.append(await BrokerClient.connect(path, token))
+    extra = await BrokerClient.connect(path)
+    refused = await extra.answer()
+    assert refused["id"] is None and refused["error"]["code"] == "broker_closed"
+    await asyncio.wait_for(extra.closed.wait(), 5)
+    # at most 128 of them may listen
+    results = []
+    for i, c in enumerate(held[:129]):
+        results.append(await c.request("session", event="session-start", client="other",
+                                       cliSessionId=f"l{i}",
+                                       host={"hostPid": 20000 + i, "hostStart": 1},
+                                       listen=True))
+    assert all(r["ok"] for r in results[:128])
+    assert results[128]["error"]["code"] == "bad_request"
+    assert "128 listening" in results[128]["error"]["message"]
+    # without listen the same request is served
+    alone = await held[128].call("session", event="session-start", client="other",
+                                 cliSessionId="l128", host={"hostPid": 20128, "hostStart": 1})
+    assert alone["handle"]
+    for c in held:
+        await c.close()

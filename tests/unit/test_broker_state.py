@@ -516,3 +516,21 @@ def test_proof_tags_match_whole_ids():
     text = "x [murmur m12 from a] y [murmur m1234 from b]"
     assert found_tags(text, [12, 123, 1234, 5]) == {12, 1234}
     assert found_tags("", [1]) == set()
+
+
+def test_events_from_before_via_and_pinned_replay_with_their_defaults():
+    """messages.via and sessions.pinned are fields of the journaled events; an
+    event written without them (an older journal) replays as via null and
+    pinned false."""
+    state = BrokerState()
+    state.apply(bs.PEER, {"handle": "alice"}, None, 1.0)
+    state.apply(bs.PEER, {"handle": "bob"}, None, 1.0)
+    state.apply(bs.SESSION, {"client": "claude", "cliSessionId": "s", "handle": "bob",
+                             "host": {"hostPid": 1, "hostStart": 1}, "state": "online"},
+                None, 2.0)
+    state.apply(bs.MESSAGE, {"id": 1, "threadId": 1, "seq": 1, "from": "alice", "to": ["bob"],
+                             "body": "old", "bodyLength": 3, "mode": "push"},
+                {"states": {"bob": "queued"}}, 3.0)
+    assert state.messages[1].via is None
+    assert state.session_of("bob").pinned is False
+    assert views.message_view(state.messages[1], True)["via"] is None
