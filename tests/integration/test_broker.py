@@ -8,14 +8,12 @@ import json
 import os
 import signal
 import stat
-from pathlib import Path
 
 import pytest
 
 from tests.support.broker_client import BrokerClient, BrokerError
 from tests.support.procs import hubd_process
 
-HOST = {"hostPid": 4242, "hostStart": 17}
 
 
 @pytest.fixture
@@ -32,13 +30,13 @@ def unlimited_hub(tmp_path):
     proc.stop()
 
 
-def broker_of(proc, tmp_path) -> tuple[str, str]:
+def broker_of(tmp_path) -> tuple[str, str]:
     path = tmp_path / "bus.sock"
     return str(path), (tmp_path / "bus.token").read_text().strip()
 
 
 async def client(tmp_path) -> BrokerClient:
-    path, token = broker_of(None, tmp_path)
+    path, token = broker_of(tmp_path)
     return await BrokerClient.connect(path, token)
 
 
@@ -489,7 +487,7 @@ async def test_delivery_proof_from_the_transcript(hub, tmp_path):
 
 
 async def test_connections_and_listening_sessions_are_bounded(hub, tmp_path):
-    path, token = broker_of(None, tmp_path)
+    path, token = broker_of(tmp_path)
     held = []
     for i in range(256):
         held.append(await BrokerClient.connect(path, token))

@@ -1,7 +1,6 @@
 """A broker session on east asks a seat on west (two hubs in network
 namespaces, forwarding both ways over mTLS) and gets the answer in its thread."""
 
-import asyncio
 import json
 import os
 import subprocess
@@ -55,7 +54,7 @@ async def test_broker_session_asks_a_seat_on_a_peer_hub(tmp_path):
             procs[site] = topo.popen(site, python(
                 "-m", "hubd", *common, "--db", str(tmp_path / site / "hub.db"), "--hub-id", site,
                 *flags.serve, *flags.connect,
-                "--message-peer", f"{other}=wss://{topo.addr(other, f'east-west')}:{PORT}/",
+                "--message-peer", f"{other}=wss://{topo.addr(other, 'east-west')}:{PORT}/",
                 "--message-peer-pin", f"{other}={pki.server_pin(other)}"),
                 cwd=REPO, env=env(), stdout=open(tmp_path / f"{site}.log", "w"),
                 stderr=subprocess.STDOUT)
