@@ -231,7 +231,9 @@ class Sites:
         site = site_flags(self.pki, hub, self.policies[hub])
         argv = python("-m", "hubd", "--host", "0.0.0.0", "--port", str(PORT), "--db",
                       str(self.db(hub)), "--hub-id", hub, "--lease-min-ttl", "1",
-                      *site.serve, *site.connect, "--namespace-owner", f"PROJ={owner}")
+                      *site.serve, *site.connect, "--namespace-owner", f"PROJ={owner}",
+                      # the hubs share one folder: one broker socket (bus.sock) each would clash
+                      "--no-broker")
         if watches:
             for peer in HUBS:
                 if peer != hub:

@@ -63,7 +63,9 @@ def test_cut_and_restore_east_west_link(tmp_path):
     with Topology() as topo:
         topo.link("east", "west", "203.0.113.0/30")
         topo.link("north", "west", "203.0.113.4/30")
-        common = ["--host", "0.0.0.0", "--port", str(PORT), "--no-durable-ingress-quota"]
+        # the hubs share one folder: one broker socket (bus.sock) each would clash
+        common = ["--host", "0.0.0.0", "--port", str(PORT), "--no-durable-ingress-quota",
+                  "--no-broker"]
         hubs = {}
         west = site_flags(pki, "west", policy)
         hubs["west"] = topo.popen("west", python(
