@@ -362,6 +362,9 @@ def hub_target_check(router: Router):
         forwarding = router.hub.forwarding
         if forwarding is None or not forwarding.knows(remote.hub):
             return f"Hub '{remote.hub}' is not a configured message peer of this hub."
+        refused = forwarding.refusal(router, remote.hub)
+        if refused is not None:  # the forward backlog is full: nothing is journaled
+            raise Refusal(wire.RATE_LIMITED, refused)
         return None
     return check
 
@@ -391,16 +394,8 @@ def _to_hub(router: Router, live: BrokerLive, message: bs.Message, target: str) 
     if remote is None:
         route_chat(router, frame, seat)
     else:
-        router.hub.forwarding.forward_chat(router, _BrokerSeat(seat), frame, remote, False)
-
-
-class _BrokerSeat:
-    """Stands in for a session where the forwarding path wants one: its errors
-    (a full forward backlog) are logged; broker seats have no WebSocket."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.endpoint = None
+        # the backlog was checked when the message was decided (hub_target_check)
+        router.hub.forwarding.forward_from(router, seat, frame, remote, False)
 
 
 def broker_seat(router: Router, item: str) -> str | None:
