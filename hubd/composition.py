@@ -7,17 +7,20 @@ from federation.config import FederationConfig
 from federation.plugin import Federation
 from hubd.config import HubConfig
 from hubd.core.plugin import Plugin
+from hubd.doors.broker.install import broker_plugin
 from hubd.doors.redsyn.install import redsyn_plugin
 from hubd.handlers import core_plugin
 from hubd.hub import Hub
 
 
 def plugins_for(config: HubConfig) -> list[Plugin]:
-    """The core, federation and the REDSYN mailbox, always (a hub without
-    peers still replays forwards it journaled earlier and answers peer verbs
-    with their refusals; one with --no-redsyn replays its REDSYN events)."""
+    """The core, federation, the REDSYN mailbox and the broker, always (a hub
+    without peers still replays forwards it journaled earlier and answers peer
+    verbs with their refusals; one with --no-redsyn or --no-broker replays
+    those doors' events)."""
     federation = config.federation if config.federation is not None else FederationConfig()
-    return [core_plugin(), Federation(federation).plugin(), redsyn_plugin()]
+    return [core_plugin(), Federation(federation).plugin(), redsyn_plugin(),
+            broker_plugin(config.broker)]
 
 
 def build_hub(config: HubConfig) -> Hub:

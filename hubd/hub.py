@@ -68,7 +68,6 @@ class Hub:
             from hubd.doors.redsyn.door import RedsynDoor
 
             self.redsyn = RedsynDoor(self)
-        self.broker = None  # hubd.doors.broker.server.BrokerDoor, unless --no-broker
         self.ready = False
         self.started = time.time()
         self.corrupt_rows: list[CorruptRow] = []
@@ -190,6 +189,16 @@ class Hub:
         self.metrics.gauge("hubd_up", "1 while the hub serves.", lambda: 1)
         log.info("journal replayed", events=state.last_seq,
                  seconds=round(time.perf_counter() - started, 3), hub_id=self.hub_id)
+
+    async def open_doors(self) -> None:
+        """After the replay: the plugins open what they serve on their own
+        (OSError or ValueError: the hub must not start)."""
+        for opening in self.installed.hooks("opening"):
+            await opening(self)
+
+    async def close_doors(self) -> None:
+        for closing in self.installed.hooks("closing"):
+            await closing()
 
     async def run(self) -> None:
         """Run the actors until stop() is called or one of them fails."""

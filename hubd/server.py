@@ -74,18 +74,14 @@ class HubServer:
             log.info("open hub: any process that can reach this port may connect; "
                      "use --token to require a shared secret")
         await self.hub.replay()
-        if config.broker is not None:
-            from hubd.doors.broker.server import BrokerDoor, TokenFileError
-
-            door = BrokerDoor(self.hub, config.broker)
-            try:
-                await door.start()
-            except (TokenFileError, OSError) as exc:
-                await self._site.stop()
-                await self._runner.cleanup()
-                await self.hub.shutdown()
-                raise StartupError(f"broker: {exc}") from exc
-            self.hub.broker = door
+        try:
+            await self.hub.open_doors()
+        except (ValueError, OSError) as exc:  # the broker's socket or token file
+            await self.hub.close_doors()
+            await self._site.stop()
+            await self._runner.cleanup()
+            await self.hub.shutdown()
+            raise StartupError(str(exc)) from exc
         self._run = asyncio.get_running_loop().create_task(self._supervise())
         while not self.hub.ready and not self._run.done():
             await asyncio.sleep(0.001)
@@ -115,8 +111,7 @@ class HubServer:
         return await self.wait()
 
     async def _close(self) -> None:
-        if self.hub.broker is not None:
-            await self.hub.broker.close()
+        await self.hub.close_doors()
         if self._site is not None:
             await self._site.stop()
         await self.hub.shutdown()

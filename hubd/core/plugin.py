@@ -14,7 +14,8 @@ replay builds depends on what the hub installs, not on what was imported.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Mapping, Protocol,
+                    Sequence)
 
 if TYPE_CHECKING:  # the annotations only: plugins sit below the actors that run them
     import asyncio
@@ -92,6 +93,12 @@ class Plugin:
     state_sections: Mapping[str, Callable] = field(default_factory=dict)
     # /health sections: name -> fn(hub)
     health_sections: Mapping[str, Callable[[Any], object]] = field(default_factory=dict)
+    # a directed chat to seats this plugin serves outside presence (the broker's
+    # <ns>/<handle>), asked before the chat is journaled: fn(router, frame,
+    # sender, target) -> None, or a plan with `.seats` (added to the chat's
+    # recipients) and `.journal(router)` (records the plugin's side of it,
+    # right after the chat's event, in the same command)
+    directed_chat: Sequence[Callable[["Router", dict, str, Any], Any]] = ()
     # claim-family verbs first pass here; True when it handled the frame
     claim_gate: Callable[["Router", "Session", dict, str], bool] | None = None
     # targets on peer hubs
@@ -102,6 +109,11 @@ class Plugin:
     restored: Callable[["HubState"], None] | None = None
     # the Router rebuilt its state from the journal (not at start)
     rebuilt: Callable[["Router"], None] | None = None
+    # after the replay, before the hub runs: open what the plugin serves on its
+    # own (a socket); raise OSError or ValueError to refuse to start
+    opening: Callable[[Any], Awaitable[None]] | None = None
+    # the hub is stopping: close what `opening` opened (before the endpoints close)
+    closing: Callable[[], Awaitable[None]] | None = None
     # the plugin's actors, in the hub's TaskGroup
     start: Callable[["Router", "asyncio.TaskGroup"], None] | None = None
     # SIGHUP: re-read files; raise ValueError/OSError to keep the running
@@ -143,6 +155,7 @@ class Installed:
         self.on_unregister = self._all("on_unregister")
         self.periodic = self._all("periodic")
         self.peer_claims = self._all("peer_claims")
+        self.directed_chat = self._all("directed_chat")
         self.claim_gate = self._one("claim_gate")
         self.remote_hubs = self._one("remote_hubs")
 

@@ -40,7 +40,6 @@ HOOK_MESSAGES = 20
 ANSWER = "broker_answer"
 PUSH = "broker_push"
 NOTIFICATION = "broker_notification"
-TICK_SECONDS = 1.0
 
 
 @dataclass
@@ -63,6 +62,8 @@ class BrokerLive:
     waiters: dict = field(default_factory=dict)  # thread id -> [Waiter]
     batcher: views.NotificationBatcher = field(default_factory=views.NotificationBatcher)
     request_id: int = 0  # the request being handled (a wait answers it later)
+    # the door's transcript watcher (hubd/doors/broker/proof.py), once it serves
+    proofs: object | None = None
 
     def handle_of(self, endpoint: int) -> str | None:
         binding = self.bindings.get(endpoint)
@@ -207,13 +208,6 @@ def tick(router: Router) -> None:
                                      NOTIFICATION))
 
 
-async def ticker(hub) -> None:
-    while True:
-        await asyncio.sleep(TICK_SECONDS)
-        if hub.router is not None:
-            await hub.router.inbox.put(Call(tick))
-
-
 # -- journaling and what follows from each event
 
 def _journal(router: Router, live: BrokerLive, decision: rules.Decision) -> dict:
@@ -245,19 +239,19 @@ def _push(router: Router, live: BrokerLive, handle_: str, message: bs.Message,
 
 def _expect_proof(router: Router, handle_: str, message_id: int) -> None:
     """Once the push is out, watch the session's transcript for its tag."""
-    session = router.state.broker.session_of(handle_)
-    door = router.hub.broker
-    if session is None or not session.transcript_path or door is None:
+    session = bs.of(router.state).session_of(handle_)
+    proofs = live_of(router).proofs
+    if session is None or not session.transcript_path or proofs is None:
         return
     path = session.transcript_path
-    router.after_release(lambda: door.proofs.expect(handle_, message_id, path))
+    router.after_release(lambda: proofs.expect(handle_, message_id, path))
 
 
 def proven(router: Router, proven: dict) -> None:
     """Tags found in transcripts: those deliveries are delivered (if they still
     are the handle's and not further along)."""
     live = live_of(router)
-    state = router.state.broker
+    state = bs.of(router.state)
     for handle_, ids in proven.items():
         table = state.deliveries.get(handle_, {})
         ids = [i for i in ids if i in table]
@@ -275,7 +269,7 @@ def _notify(router: Router, live: BrokerLive, handle_: str, item: dict) -> None:
 
 
 def _after_message(router: Router, live: BrokerLive, message_id: int, states: dict) -> None:
-    state = router.state.broker
+    state = bs.of(router.state)
     message = state.messages[message_id]
     encoded: list = []
     for recipient in message.to:
@@ -301,7 +295,7 @@ def _mark_sent(router: Router, live: BrokerLive, handle_: str, ids: list[int],
                target: str) -> list[bs.Message]:
     """Journal that these deliveries left (pushed, fetched or hooked), and tell
     the senders whose messages had been queued."""
-    state = router.state.broker
+    state = bs.of(router.state)
     table = state.deliveries[handle_]
     was_queued = [i for i in ids if table[i] == "queued"]
     router.event(bs.DELIVERIES, {"handle": handle_, "ids": ids, "state": target})
@@ -319,7 +313,7 @@ def _mark_sent(router: Router, live: BrokerLive, handle_: str, ids: list[int],
 def _check_waiters(router: Router, live: BrokerLive, thread_id: int, waiters: list) -> None:
     kept = []
     for waiter in waiters:
-        met, matrix = views.wait_condition(router.state.broker, thread_id, waiter.until)
+        met, matrix = views.wait_condition(bs.of(router.state), thread_id, waiter.until)
         if met:
             if waiter.timer is not None:
                 waiter.timer.cancel()
@@ -343,7 +337,7 @@ def _wait_expired(waiter: Waiter):
         waiters.remove(waiter)
         if not waiters:
             live.waiters.pop(waiter.thread_id, None)
-        met, matrix = views.wait_condition(router.state.broker, waiter.thread_id, waiter.until)
+        met, matrix = views.wait_condition(bs.of(router.state), waiter.thread_id, waiter.until)
         router.out.sends.append((waiter.endpoint, answer_message(waiter.request_id, {
             "threadId": waiter.thread_id, "conditionMet": met, "timedOut": True,
             "matrix": matrix}), ANSWER))
@@ -359,10 +353,10 @@ def hub_target_check(router: Router):
             return None  # a seat on this hub: delivered, mailboxed or dead-lettered as a chat
         if isinstance(remote, RemoteTargetError):
             return remote.text
-        forwarding = router.hub.forwarding
-        if forwarding is None or not forwarding.knows(remote.hub):
+        remote_hubs = router.installed.remote_hubs
+        if remote_hubs is None or not remote_hubs.knows(remote.hub):
             return f"Hub '{remote.hub}' is not a configured message peer of this hub."
-        refused = forwarding.refusal(router, remote.hub)
+        refused = remote_hubs.refusal(router, remote.hub)
         if refused is not None:  # the forward backlog is full: nothing is journaled
             raise Refusal(wire.RATE_LIMITED, refused)
         return None
@@ -381,7 +375,7 @@ def hub_text(message: bs.Message, namespace: str) -> str:
 
 def _to_hub(router: Router, live: BrokerLive, message: bs.Message, target: str) -> None:
     """A broker message for a hub seat: an ordinary chat from <ns>/<sender>."""
-    state = router.state.broker
+    state = bs.of(router.state)
     if message.sender not in state.peers:
         return  # a hub seat's reply is not relayed to other hub seats (docs/broker.md)
     from hubd.handlers.chat import route_chat
@@ -395,14 +389,14 @@ def _to_hub(router: Router, live: BrokerLive, message: bs.Message, target: str) 
         route_chat(router, frame, seat)
     else:
         # the backlog was checked when the message was decided (hub_target_check)
-        router.hub.forwarding.forward_from(router, seat, frame, remote, False)
+        router.installed.remote_hubs.forward_from(router, seat, frame, remote, False)
 
 
 def broker_seat(router: Router, item: str) -> str | None:
     """The handle a hub target item names, when it is <ns>/<handle> of a peer."""
     live = live_of(router)
     head, sep, rest = item.partition("/")
-    if sep and head == live.namespace and rest in router.state.broker.peers:
+    if sep and head == live.namespace and rest in bs.of(router.state).peers:
         return rest
     return None
 
@@ -430,7 +424,7 @@ def plan_hub_chat(router: Router, frame: dict, sender: str, target) -> HubChatPl
     if not handles:
         return None
     live = live_of(router)
-    state = router.state.broker
+    state = bs.of(router.state)
     payload = frame.get("payload")
     body = payload if isinstance(payload, str) and payload.strip() else wire_text(payload)
     reply = rules.parse_hub_reply(frame, body)
@@ -440,7 +434,7 @@ def plan_hub_chat(router: Router, frame: dict, sender: str, target) -> HubChatPl
             fields["verdict"] = reply.verdict
 
         def make_reply() -> rules.Decision:
-            return rules.decide_reply(router.state.broker, sender, None, fields, router.now,
+            return rules.decide_reply(bs.of(router.state), sender, None, fields, router.now,
                                       live.listeners, live.limits, from_hub=True)
         try:
             reached = set(make_reply().events[0][1]["to"])
@@ -454,7 +448,7 @@ def plan_hub_chat(router: Router, frame: dict, sender: str, target) -> HubChatPl
     seats, decide = [], []
     for handle_ in handles:
         def make_chat(handle_=handle_) -> rules.Decision:
-            return rules.decide_hub_chat(router.state.broker, sender, handle_, body, router.now,
+            return rules.decide_hub_chat(bs.of(router.state), sender, handle_, body, router.now,
                                          live.listeners, live.limits)
         try:
             make_chat()
@@ -501,7 +495,7 @@ def v_auth(router, live, endpoint, f, native):
 
 
 def v_register(router, live, endpoint, f, native):
-    state = router.state.broker
+    state = bs.of(router.state)
     result = _journal(router, live, rules.decide_register(state, f, router.now))
     via = rules.resolve_via(state, f.get("ancestors") or ())
     live.bind(endpoint, result["handle"], via)
@@ -509,7 +503,7 @@ def v_register(router, live, endpoint, f, native):
 
 
 def v_session(router, live, endpoint, f, native):
-    state = router.state.broker
+    state = bs.of(router.state)
     decision = rules.decide_session(state, f, router.now)
     handle_ = decision.result["handle"]
     previous = decision.events[0][1].get("renamedFrom")
@@ -542,14 +536,14 @@ def _set_native(live: BrokerLive, handle_: str, native) -> None:
 
 def v_delivered(router, live, endpoint, f, native):
     handle_ = _bound(live, endpoint)
-    _journal(router, live, rules.decide_advance(router.state.broker, handle_, f["ids"],
+    _journal(router, live, rules.decide_advance(bs.of(router.state), handle_, f["ids"],
                                                 "delivered"))
     return {"delivered": list(dict.fromkeys(f["ids"]))}
 
 
 def v_ack(router, live, endpoint, f, native):
     handle_ = _bound(live, endpoint)
-    _journal(router, live, rules.decide_advance(router.state.broker, handle_, f["ids"],
+    _journal(router, live, rules.decide_advance(bs.of(router.state), handle_, f["ids"],
                                                 "acknowledged"))
     return {"acknowledged": list(dict.fromkeys(f["ids"]))}
 
@@ -557,30 +551,30 @@ def v_ack(router, live, endpoint, f, native):
 def v_send(router, live, endpoint, f, native):
     handle_ = _bound(live, endpoint)
     return _journal(router, live, rules.decide_send(
-        router.state.broker, handle_, live.via_of(endpoint), f, router.now, live.listeners,
+        bs.of(router.state), handle_, live.via_of(endpoint), f, router.now, live.listeners,
         live.namespace, hub_target_check(router), live.limits))
 
 
 def v_reply(router, live, endpoint, f, native):
     handle_ = _bound(live, endpoint)
     return _journal(router, live, rules.decide_reply(
-        router.state.broker, handle_, live.via_of(endpoint), f, router.now, live.listeners,
+        bs.of(router.state), handle_, live.via_of(endpoint), f, router.now, live.listeners,
         live.limits))
 
 
 def v_read(router, live, endpoint, f, native):
-    state = router.state.broker
+    state = bs.of(router.state)
     _journal(router, live, rules.decide_read(state, live.handle_of(endpoint), f["ids"]))
     return {"messages": [views.message_view(state.messages[i], True)
                          for i in dict.fromkeys(f["ids"])]}
 
 
 def v_inbox(router, live, endpoint, f, native):
-    return views.inbox_view(router.state.broker, _bound(live, endpoint), f["unreadOnly"])
+    return views.inbox_view(bs.of(router.state), _bound(live, endpoint), f["unreadOnly"])
 
 
 def v_thread(router, live, endpoint, f, native):
-    state = router.state.broker
+    state = bs.of(router.state)
     thread = _thread(state, f["threadId"])
     message_id = f.get("messageId")
     if message_id is not None and message_id not in thread.messages:
@@ -589,12 +583,12 @@ def v_thread(router, live, endpoint, f, native):
 
 
 def v_collect(router, live, endpoint, f, native):
-    state = router.state.broker
+    state = bs.of(router.state)
     return views.collect_view(state, _thread(state, f["threadId"]).id)
 
 
 def v_wait(router, live, endpoint, f, native):
-    state = router.state.broker
+    state = bs.of(router.state)
     thread = _thread(state, f["threadId"])
     timeout_ms = f.get("timeoutMs", bs.WAIT_DEFAULT_MS)
     met, matrix = views.wait_condition(state, thread.id, f["until"])
@@ -610,19 +604,19 @@ def v_wait(router, live, endpoint, f, native):
 
 
 def v_groups(router, live, endpoint, f, native):
-    return _journal(router, live, rules.decide_groups(router.state.broker, f))
+    return _journal(router, live, rules.decide_groups(bs.of(router.state), f))
 
 
 def v_status(router, live, endpoint, f, native):
-    return views.status_view(router.state.broker, router.now, live.connected, live.listeners)
+    return views.status_view(bs.of(router.state), router.now, live.connected, live.listeners)
 
 
 def v_prune(router, live, endpoint, f, native):
-    return _journal(router, live, rules.decide_prune(router.state.broker, live.connected))
+    return _journal(router, live, rules.decide_prune(bs.of(router.state), live.connected))
 
 
 def v_hook(router, live, endpoint, f, native):
-    state = router.state.broker
+    state = bs.of(router.state)
     handle_ = f.get("handle")
     if handle_ is None and f.get("sessionHint"):
         for session in state.sessions.values():
@@ -642,13 +636,13 @@ def v_hook(router, live, endpoint, f, native):
 
 
 def v_native_register(router, live, endpoint, f, native):
-    _known(router.state.broker, f["handle"])
+    _known(bs.of(router.state), f["handle"])
     _set_native(live, f["handle"], native)
     return {}
 
 
 def v_fetch_push(router, live, endpoint, f, native):
-    state = router.state.broker
+    state = bs.of(router.state)
     handle_ = _known(state, f["handle"])
     ids = rules.pending_pushes(state, handle_, f["limit"])
     messages = _mark_sent(router, live, handle_, ids, "sent") if ids else []

@@ -135,15 +135,14 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
     outgoing = "@" in target.raw
     directed = not target.is_broadcast and not frame.get("channel") and not outgoing
     presence = router.presence
-    broker_plan = None
+    plans = ()
     if directed:
         recipients = resolve_recipients(presence, target, sender)
-        if router.hub.broker is not None:
-            from hubd.handlers.broker import plan_hub_chat
-
-            broker_plan = plan_hub_chat(router, frame, sender, target)
-            if broker_plan:
-                recipients = sorted(set(recipients) | set(broker_plan.seats))
+        hooks = router.installed.directed_chat
+        if hooks:  # seats a plugin serves outside presence (the broker's <ns>/<handle>)
+            plans = [plan for hook in hooks if (plan := hook(router, frame, sender, target))]
+            if plans:
+                recipients = sorted(set(recipients).union(*(plan.seats for plan in plans)))
     elif outgoing:
         recipients = []  # its recipients are on the peer hub
     else:
@@ -153,8 +152,8 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
     if route_extra:
         route.update(route_extra)  # copied: RETRY_ROUTE is shared
     event = router.event(ev.CHAT, frame, route, payload_text=text)
-    if broker_plan:
-        broker_plan.journal(router)  # local/<handle> seats: their broker inboxes
+    for plan in plans:
+        plan.journal(router)
     message = Message(frame, text)
     metrics = router.metrics
     metrics.chats_routed += 1

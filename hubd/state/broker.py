@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from hubd.state.hub import Appliers
+
 PEER = "broker_peer"
 SESSION = "broker_session"
 MESSAGE = "broker_message"
@@ -365,3 +367,23 @@ def _apply_prune(state: BrokerState, p: dict, route: dict, ts: float) -> None:
 
 _APPLIERS = {PEER: _apply_peer, SESSION: _apply_session, MESSAGE: _apply_message,
              DELIVERIES: _apply_deliveries, GROUP: _apply_group, PRUNE: _apply_prune}
+
+
+# -- the hub's projection of broker events (the broker plugin,
+# hubd/doors/broker/install.py, installs it whether or not the door serves)
+
+PROJECTIONS = {"broker": BrokerState}
+appliers = Appliers()
+
+
+def of(hub_state) -> BrokerState:
+    """The broker's projection inside the hub's state."""
+    return hub_state.extensions["broker"]
+
+
+def _apply_event(hub_state, event) -> None:
+    hub_state.extensions["broker"].apply(event.kind, event.payload, event.route, event.ts)
+
+
+for _kind in KINDS:
+    appliers.applies(_kind)(_apply_event)

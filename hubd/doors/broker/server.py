@@ -212,12 +212,8 @@ class BrokerDoor:
         finally:
             os.umask(old_umask)
         os.chmod(path, 0o600)
-        from hubd.handlers import broker as verbs
-
         self._tasks.add(asyncio.get_running_loop().create_task(self.proofs.run(),
                                                                name="broker-proof"))
-        self._tasks.add(asyncio.get_running_loop().create_task(verbs.ticker(self.hub),
-                                                               name="broker-ticker"))
         log.info("broker listening", socket=str(path), namespace=self.config.namespace)
 
     async def close(self) -> None:
