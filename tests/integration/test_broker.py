@@ -437,6 +437,26 @@ def test_broker_flags(tmp_path):
     refused.stop()
 
 
+async def test_a_second_hub_on_a_live_socket_refuses_and_leaves_it_serving(tmp_path):
+    first = hubd_process(tmp_path / "first", hub_id="first").start()
+    try:
+        sock = tmp_path / "first" / "bus.sock"
+        second = hubd_process(tmp_path / "second", "--broker-socket", str(sock),
+                              "--broker-token-file", str(tmp_path / "first" / "bus.token"),
+                              hub_id="second")
+        with pytest.raises(RuntimeError):
+            second.start()
+        assert "another process serves the broker socket" in second.log()
+        second.stop()
+        # the refused hub closed what it opened, not the first hub's socket
+        assert sock.exists()
+        c = await client(tmp_path / "first")
+        assert (await c.call("status"))["peers"] == []
+        await c.close()
+    finally:
+        first.stop()
+
+
 async def test_custom_socket_token_and_namespace(tmp_path):
     sock = tmp_path / "elsewhere" / "b.sock"
     sock.parent.mkdir()

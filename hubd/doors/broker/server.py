@@ -230,10 +230,11 @@ class BrokerDoor:
                 await asyncio.wait_for(self.server.wait_closed(), 2.0)
             except TimeoutError:
                 pass
-        try:
-            self.config.socket_path.unlink()
-        except FileNotFoundError:
-            pass
+        if self.server is not None:  # ours: never a live socket another hub serves
+            try:
+                self.config.socket_path.unlink()
+            except FileNotFoundError:
+                pass
         if self._dir_fd is not None:
             os.close(self._dir_fd)
             self._dir_fd = None
