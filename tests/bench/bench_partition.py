@@ -107,7 +107,7 @@ def run_one(variant: str, args, pki, policy, work: Path, hubd_src: Path | None) 
         else:
             west_flags += ["--host", "0.0.0.0"]
             east_dials = f"wss://{addr}:{PORT}/"
-        common = ["--port", str(PORT), "--no-durable-ingress-quota"]
+        common = ["--port", str(PORT), "--no-durable-ingress-quota", "--no-broker"]
         procs = {
             "west": topo.popen("west", [sys.executable, "-m", "hubd", *common, "--db",
                                         str(work / "west.db"), "--hub-id", "west", *west_flags],

@@ -70,7 +70,8 @@ def wait_for(what, check, timeout=30.0):
 
 def start_hub(topo, tmp_path, site, flags):
     return topo.popen(site, python("-m", "hubd", "--db", str(tmp_path / f"{site}.db"),
-                                   "--hub-id", site, "--no-durable-ingress-quota", *flags),
+                                   "--hub-id", site, "--no-durable-ingress-quota", "--no-broker",
+                                   *flags),
                       cwd=REPO, env=env(), stdout=open(tmp_path / f"{site}.log", "a"),
                       stderr=open(tmp_path / f"{site}.err", "a"))
 

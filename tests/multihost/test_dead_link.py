@@ -64,12 +64,12 @@ def test_black_holed_link_is_noticed_redialled_and_drained(tmp_path):
         west_addr = topo.addr("west", "east-west")
         west = topo.popen("west", python(
             "-m", "hubd", "--host", "0.0.0.0", "--port", str(PORT), "--db",
-            str(tmp_path / "west.db"), "--hub-id", "west", "--no-durable-ingress-quota",
+            str(tmp_path / "west.db"), "--hub-id", "west", "--no-durable-ingress-quota", "--no-broker",
             *site_flags(pki, "west", policy).serve), cwd=REPO, env=env(),
             stdout=open(tmp_path / "west.log", "w"), stderr=open(tmp_path / "west.err", "w"))
         east = topo.popen("east", python(
             "-m", "hubd", "--host", "127.0.0.1", "--port", str(PORT), "--db",
-            str(tmp_path / "east.db"), "--hub-id", "east", "--no-durable-ingress-quota",
+            str(tmp_path / "east.db"), "--hub-id", "east", "--no-durable-ingress-quota", "--no-broker",
             *site_flags(pki, "east", None).connect,
             "--message-peer", f"west=wss://{west_addr}:{PORT}/",
             "--message-peer-pin", f"west={pki.server_pin('west')}"), cwd=REPO, env=env(),

@@ -45,7 +45,7 @@ def test_a_redsyn_agent_asks_the_complete_agent_at_another_site(tmp_path):
             flags = site_flags(pki, site, policy)
             hubs[site] = topo.popen(site, [
                 sys.executable, "-m", "hubd", "--host", "0.0.0.0", "--port", str(PORT),
-                "--db", str(db), "--hub-id", site, *flags.serve, *flags.connect,
+                "--db", str(db), "--hub-id", site, "--no-broker", *flags.serve, *flags.connect,
                 "--message-peer", f"{peer}=wss://{topo.addr(peer, 'east-west')}:{PORT}/",
                 "--message-peer-pin", f"{peer}={pki.server_pin(peer)}",
                 "--namespace-owner", "acme=east", "--namespace-owner", "globex=west"],
@@ -108,7 +108,7 @@ def test_a_redsyn_agent_and_a_websocket_agent_at_different_sites(tmp_path):
             flags = site_flags(pki, site, policy)
             topo.popen(site, [
                 sys.executable, "-m", "hubd", "--host", "0.0.0.0", "--port", str(PORT),
-                "--db", str(db), "--hub-id", site, *flags.serve, *flags.connect,
+                "--db", str(db), "--hub-id", site, "--no-broker", *flags.serve, *flags.connect,
                 "--message-peer", f"{peer}=wss://{topo.addr(peer, 'east-west')}:{PORT}/",
                 "--message-peer-pin", f"{peer}={pki.server_pin(peer)}",
                 "--namespace-owner", "acme=east", "--namespace-owner", "globex=west"],
