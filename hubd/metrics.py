@@ -84,6 +84,13 @@ def _bounded_types(counts: dict[str, int], known: frozenset[str]) -> dict[str, i
     return out
 
 
+def _by_label(name: str, help_text: str, label: str, counts: dict[str, int]):
+    family = CounterMetricFamily(name, help_text, labels=[label])
+    for key, n in sorted(counts.items()):
+        family.add_metric([key], n)
+    return family
+
+
 class _Collector:
     def __init__(self, metrics: HubMetrics):
         self.metrics = metrics
@@ -95,27 +102,18 @@ class _Collector:
         from hubd.wire.verbs import KNOWN_TYPES
 
         m = self.metrics
-        frames = CounterMetricFamily("hubd_frames_received", "Frames received from sockets, by type.",
-                                     labels=["type"])
-        for type_, n in sorted(_bounded_types(m.frames_in, KNOWN_TYPES | {"invalid"}).items()):
-            frames.add_metric([type_], n)
-        yield frames
-        out = CounterMetricFamily("hubd_frames_sent", "Frames queued to sockets, by type.",
-                                  labels=["type"])
-        for type_, n in sorted(m.frames_out.items()):
-            out.add_metric([type_], n)
-        yield out
+        yield _by_label("hubd_frames_received", "Frames received from sockets, by type.", "type",
+                        _bounded_types(m.frames_in, KNOWN_TYPES | {"invalid"}))
+        yield _by_label("hubd_frames_sent", "Frames queued to sockets, by type.", "type",
+                        m.frames_out)
         yield CounterMetricFamily("hubd_received_bytes", "Bytes of frames received.",
                                   value=m.frames_in_bytes)
         yield CounterMetricFamily("hubd_chats_routed", "Chats accepted and routed.",
                                   value=m.chats_routed)
         yield CounterMetricFamily("hubd_dead_letters", "Directed chats that reached no live recipient.",
                                   value=m.dead_letters)
-        quota = CounterMetricFamily("hubd_quota_refusals", "Frames refused by the ingress quota.",
-                                    labels=["reason"])
-        for reason, n in sorted(m.quota_refusals.items()):
-            quota.add_metric([reason], n)
-        yield quota
+        yield _by_label("hubd_quota_refusals", "Frames refused by the ingress quota.", "reason",
+                        m.quota_refusals)
         yield CounterMetricFamily("hubd_auth_denied", "Connections refused for a missing or wrong token.",
                                   value=m.auth_denied)
         yield CounterMetricFamily("hubd_name_conflicts", "Registrations refused with name_conflict.",
@@ -146,18 +144,10 @@ class _Collector:
                                   value=m.reload_failures)
         from hubd.wire import broker as broker_wire
 
-        requests = CounterMetricFamily("hubd_broker_requests", "Broker lines answered, by type.",
-                                       labels=["type"])
-        for type_, n in sorted(_bounded_types(m.broker_requests,
-                                              frozenset(broker_wire.VERBS)).items()):
-            requests.add_metric([type_], n)
-        yield requests
-        errors = CounterMetricFamily("hubd_broker_errors", "Broker error answers, by code.",
-                                     labels=["code"])
-        for code, n in sorted(_bounded_types(m.broker_errors,
-                                             frozenset(broker_wire.ERROR_CODES)).items()):
-            errors.add_metric([code], n)
-        yield errors
+        yield _by_label("hubd_broker_requests", "Broker lines answered, by type.", "type",
+                        _bounded_types(m.broker_requests, frozenset(broker_wire.VERBS)))
+        yield _by_label("hubd_broker_errors", "Broker error answers, by code.", "code",
+                        _bounded_types(m.broker_errors, frozenset(broker_wire.ERROR_CODES)))
         yield CounterMetricFamily("hubd_broker_refused_lines",
                                   "Broker lines refused before reaching the Router (malformed, "
                                   "over 1 MiB, bad fields).", value=m.broker_refused_lines)
