@@ -8,7 +8,7 @@ import time
 import pytest
 
 from federation.tls import peer_client_context
-from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.federation import fake_peer_hub, make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
 from tests.support.wsprobe import WsProbe
 
@@ -364,55 +364,35 @@ def test_log_pull_is_served_only_to_a_pinned_granted_peer(tmp_path, pki):
 def test_a_peer_older_than_v5_refuses_once_and_is_not_retried(tmp_path, pki):
     """No pre-v5 hub can be installed here, so this peer is a small server that
     answers as one does: the forward verb is an unknown type."""
-    from aiohttp import web
-
-    from federation.tls import server_context
-
     seen = []
 
-    async def scenario():
-        async def old_hub(request):
-            ws = web.WebSocketResponse()
-            await ws.prepare(request)
-            await ws.send_json({"sender": "SynapseHub", "target": "self", "type": "welcome",
-                                "payload": "Welcome", "hub_id": "west", "protocol_version": 4,
-                                "timestamp": time.time()})
-            async for msg in ws:
-                frame = json.loads(msg.data)
-                if frame.get("type") == "multihub_message_forward":
-                    seen.append(frame["forward_id"])
-                    await ws.send_json({"sender": "SynapseHub", "target": "east",
-                                        "type": "error", "hub_id": "west",
-                                        "payload": "Unknown message type "
-                                                   "'multihub_message_forward'."})
-            return ws
+    async def old_hub(ws, frame):
+        if frame.get("type") == "multihub_message_forward":
+            seen.append(frame["forward_id"])
+            await ws.send_json({"sender": "SynapseHub", "target": "east",
+                                "type": "error", "hub_id": "west",
+                                "payload": "Unknown message type "
+                                           "'multihub_message_forward'."})
 
-        app = web.Application()
-        app.router.add_get("/", old_hub)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        context = server_context(pki.file("west", "server", "cert"),
-                                 pki.file("west", "server", "key"))
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
-        await site.start()
-        port = runner.addresses[0][1]
-        east = hubd_process(tmp_path / "east", "--message-peer", f"west=wss://127.0.0.1:{port}/",
-                            "--message-peer-pin", f"west={pki.server_pin('west')}",
-                            *site_flags(pki, "east", None).connect, hub_id="east")
-        await asyncio.get_running_loop().run_in_executor(None, east.start)
-        try:
-            alice = await joined(east.url, "PROJ/alice")
-            await alice.chat("PROJ/alice", "PROJ/bob@west", "hello old hub",
-                             receipt_requested=True)
-            receipt = await alice.recv_type("delivery_receipt", timeout=10)
-            # the refusal settled the row: nothing is left that could be retried
-            health = await asyncio.to_thread(east.get_json, "/health")
-            assert health["message_forward"]["west"]["pending"] == 0
-            await alice.close()
-            return receipt
-        finally:
-            east.stop()
-            await runner.cleanup()
+    async def scenario():
+        async with fake_peer_hub(pki, "west", 4, old_hub) as port:
+            east = hubd_process(tmp_path / "east",
+                                "--message-peer", f"west=wss://127.0.0.1:{port}/",
+                                "--message-peer-pin", f"west={pki.server_pin('west')}",
+                                *site_flags(pki, "east", None).connect, hub_id="east")
+            await asyncio.to_thread(east.start)
+            try:
+                alice = await joined(east.url, "PROJ/alice")
+                await alice.chat("PROJ/alice", "PROJ/bob@west", "hello old hub",
+                                 receipt_requested=True)
+                receipt = await alice.recv_type("delivery_receipt", timeout=10)
+                # the refusal settled the row: nothing is left that could be retried
+                health = await asyncio.to_thread(east.get_json, "/health")
+                assert health["message_forward"]["west"]["pending"] == 0
+                await alice.close()
+                return receipt
+            finally:
+                east.stop()
 
     receipt = asyncio.run(scenario())
     assert receipt["forward_state"] == "refused" and receipt["refusal_code"] == "peer_rejected"

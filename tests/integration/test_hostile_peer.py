@@ -19,10 +19,9 @@ import sqlite3
 import time
 
 import pytest
-from aiohttp import web
 
-from federation.tls import peer_client_context, server_context
-from tests.support.federation import make_pki, site_flags, write_serving_policy
+from federation.tls import peer_client_context
+from tests.support.federation import fake_peer_hub, make_pki, site_flags, write_serving_policy
 from tests.support.procs import free_port, hubd_process
 from tests.support.wsprobe import WsProbe
 
@@ -160,55 +159,38 @@ def test_malformed_log_snapshots_are_refused_and_the_watcher_serves_on(tmp_path,
     log pull with the next malformed snapshot; east watches it."""
     served: list[int] = []
 
-    async def scenario():
-        async def hostile(request):
-            ws = web.WebSocketResponse()
-            await ws.prepare(request)
-            await ws.send_json({"sender": "SynapseHub", "target": "self", "type": "welcome",
-                                "payload": "Welcome", "hub_id": "west", "protocol_version": 5,
-                                "timestamp": time.time()})
-            async for msg in ws:
-                frame = json.loads(msg.data)
-                if frame.get("type") == "multihub_log_request":
-                    bad = BAD_SNAPSHOTS[min(len(served), len(BAD_SNAPSHOTS) - 1)][0]
-                    served.append(1)
-                    await ws.send_json({"sender": "SynapseHub", "target": frame.get("sender"),
-                                        "type": "multihub_log_snapshot", "payload": "",
-                                        "hub_id": "west", **bad})
-            return ws
+    async def hostile(ws, frame):
+        if frame.get("type") == "multihub_log_request":
+            bad = BAD_SNAPSHOTS[min(len(served), len(BAD_SNAPSHOTS) - 1)][0]
+            served.append(1)
+            await ws.send_json({"sender": "SynapseHub", "target": frame.get("sender"),
+                                "type": "multihub_log_snapshot", "payload": "",
+                                "hub_id": "west", **bad})
 
-        app = web.Application()
-        app.router.add_get("/", hostile)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        context = server_context(pki.file("west", "server", "cert"),
-                                 pki.file("west", "server", "key"))
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
-        await site.start()
-        port = runner.addresses[0][1]
-        east = hubd_process(tmp_path / "east", "--namespace-owner", "PROJ=east",
-                            "--multihub-watch", f"west=wss://127.0.0.1:{port}/",
-                            "--multihub-watch-pin", f"west={pki.server_pin('west')}",
-                            "--multihub-watch-interval", "1",
-                            *site_flags(pki, "east", None).connect, hub_id="east")
-        await asyncio.to_thread(east.start)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                status = (await asyncio.to_thread(east.get_json, "/health"))["multihub"]
-                watch = status["watches"]["west"]
-                # a refused snapshot moves nothing: no cursor, no success, no fold
-                assert watch["cursor"] == 0 and watch["last_success"] is None, watch
-                assert status["partitioned"] == [] and status["quarantined"] == []
-                if len(served) > len(BAD_SNAPSHOTS) and watch["polls"] > len(BAD_SNAPSHOTS):
-                    break  # every malformed snapshot was served and its poll finished
-                assert time.monotonic() < deadline, (len(served), watch)
-                await asyncio.sleep(0.2)
-            await serves_on(east.url)
-        finally:
-            east.stop()
-            await runner.cleanup()
-        return east.log()
+    async def scenario():
+        async with fake_peer_hub(pki, "west", 5, hostile) as port:
+            east = hubd_process(tmp_path / "east", "--namespace-owner", "PROJ=east",
+                                "--multihub-watch", f"west=wss://127.0.0.1:{port}/",
+                                "--multihub-watch-pin", f"west={pki.server_pin('west')}",
+                                "--multihub-watch-interval", "1",
+                                *site_flags(pki, "east", None).connect, hub_id="east")
+            await asyncio.to_thread(east.start)
+            try:
+                deadline = time.monotonic() + 60
+                while True:
+                    status = (await asyncio.to_thread(east.get_json, "/health"))["multihub"]
+                    watch = status["watches"]["west"]
+                    # a refused snapshot moves nothing: no cursor, no success, no fold
+                    assert watch["cursor"] == 0 and watch["last_success"] is None, watch
+                    assert status["partitioned"] == [] and status["quarantined"] == []
+                    if len(served) > len(BAD_SNAPSHOTS) and watch["polls"] > len(BAD_SNAPSHOTS):
+                        break  # every malformed snapshot was served and its poll finished
+                    assert time.monotonic() < deadline, (len(served), watch)
+                    await asyncio.sleep(0.2)
+                await serves_on(east.url)
+            finally:
+                east.stop()
+            return east.log()
 
     log = asyncio.run(scenario())
     # (polls before the link first came up fail "link down"; those are not answers)

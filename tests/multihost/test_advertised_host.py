@@ -8,34 +8,16 @@ cross. West bound to 0.0.0.0 with --advertised-host trusts only that
 authority, loopback names included."""
 
 import json
-import os
-import socket
 import ssl
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.netns import Topology, require_nft
+from tests.support.sitecmd import REPO, driver, env, python
 
-REPO = Path(__file__).resolve().parents[2]
 PORT = 8876
 OUTSIDE_PORT = 8443
-
-
-def python(*args):
-    return [sys.executable, *args]
-
-
-def driver(*args):
-    return python("-m", "tests.support.chat_driver", *args)
-
-
-def env():
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO)
-    return e
 
 
 def https_status(topo, site, addr, port, host_header, path="/readyz"):

@@ -33,15 +33,14 @@ import os
 import signal
 import ssl
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.netns import Topology, require_netns
+from tests.support.sitecmd import REPO, env, python
 
-REPO = Path(__file__).resolve().parents[2]
 PORT = 8876
 HUBS = ("east", "west", "north")
 LINKS = {("east", "west"): "203.0.113.0/30", ("east", "north"): "203.0.113.4/30",
@@ -157,14 +156,6 @@ def test_the_oracle_finds_an_overlap():
 
 
 # -- the sites
-
-def python(*args):
-    return [sys.executable, *args]
-
-
-def env():
-    return {**os.environ, "PYTHONPATH": str(REPO)}
-
 
 def link_name(a: str, b: str) -> str:
     return f"{a}-{b}" if (a, b) in LINKS else f"{b}-{a}"

@@ -2,28 +2,15 @@
 namespaces, forwarding both ways over mTLS) and gets the answer in its thread."""
 
 import json
-import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 from tests.support.broker_client import BrokerClient
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.netns import Topology, require_netns
+from tests.support.sitecmd import REPO, env, python
 
-REPO = Path(__file__).resolve().parents[2]
 PORT = 8876
-
-
-def python(*args):
-    return [sys.executable, *args]
-
-
-def env():
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO)
-    return e
 
 
 def wait_ready(topo, site, timeout=30):

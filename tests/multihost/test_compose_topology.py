@@ -32,19 +32,12 @@ import pytest
 
 from tests.support.compose import COMPOSE_DIR, REPO, SUBNETS, ComposeProject, image_user
 from tests.support.netns import Topology, require_netns
+from tests.support.sitecmd import driver, env
 
 PER_SENDER = 100
 PORT = 8876
 FORWARD_GAUGES = ("synapse_message_forward_pending", "synapse_message_forward_oldest_pending_seconds",
                   "hubd_peer_link_up", "hubd_forward_last_success_timestamp_seconds")
-
-
-def driver(*args):
-    return [sys.executable, "-m", "tests.support.chat_driver", *args]
-
-
-def driver_env():
-    return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def http_get(topo, site, path) -> tuple[int, bytes]:
@@ -201,7 +194,7 @@ def test_compose_topology_forwards_across_a_cut(mount_root, tmp_path):
             site: topo.popen(site, driver(
                 "receive", "--url", f"wss://127.0.0.1:{PORT}/", "--name", f"PROJ/{seat}",
                 "--expect", str(PER_SENDER), "--timeout", "90", "--linger", "1.5"),
-                cwd=REPO, env=driver_env(), stdout=subprocess.PIPE, text=True)
+                cwd=REPO, env=env(), stdout=subprocess.PIPE, text=True)
             for site, seat in (("north", "bob"), ("east", "carol"))}
         for proc in receivers.values():
             assert json.loads(proc.stdout.readline())["event"] == "ready"
@@ -209,7 +202,7 @@ def test_compose_topology_forwards_across_a_cut(mount_root, tmp_path):
         senders = {site: topo.popen(site, driver(
             "send", "--url", f"wss://127.0.0.1:{PORT}/", "--name", f"PROJ/{site}-agent",
             "--target", target, "--count", str(PER_SENDER), "--prefix", f"{site}-",
-            "--rate", "40", "--timeout", "90"), cwd=REPO, env=driver_env(),
+            "--rate", "40", "--timeout", "90"), cwd=REPO, env=env(),
             stdout=subprocess.PIPE, text=True) for site, target in routes.items()}
 
         time.sleep(0.8)
@@ -271,7 +264,7 @@ def test_compose_topology_forwards_across_a_cut(mount_root, tmp_path):
 
 def claims(topo, site, *args):
     out = topo.run(site, [sys.executable, "-m", "tests.support.claim_driver", *args,
-                          "--url", f"wss://127.0.0.1:{PORT}/"], env=driver_env(), timeout=60)
+                          "--url", f"wss://127.0.0.1:{PORT}/"], env=env(), timeout=60)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

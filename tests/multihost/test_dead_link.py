@@ -5,32 +5,15 @@ and redials; after the rule is lifted everything arrives once and east's
 backlog drains. East's /health and /metrics say what happened."""
 
 import json
-import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.netns import Topology, require_nft
+from tests.support.sitecmd import REPO, driver, env, python
 
-REPO = Path(__file__).resolve().parents[2]
 PORT = 8876
 COUNT = 200  # at 20 chats/s: 10 s of sending
-
-
-def python(*args):
-    return [sys.executable, *args]
-
-
-def driver(*args):
-    return python("-m", "tests.support.chat_driver", *args)
-
-
-def env():
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO)
-    return e
 
 
 def get(topo, site, path):

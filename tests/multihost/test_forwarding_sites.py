@@ -3,31 +3,14 @@ east->west and north->west while the east-west link is cut and restored.
 Every chat arrives once, and east's Prometheus backlog rises and falls."""
 
 import json
-import os
-import sys
 import time
-from pathlib import Path
 
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.netns import Topology, require_netns
+from tests.support.sitecmd import REPO, driver, env, python
 
-REPO = Path(__file__).resolve().parents[2]
 PORT = 8876
 PER_SENDER = 150
-
-
-def python(*args):
-    return [sys.executable, *args]
-
-
-def driver(*args):
-    return python("-m", "tests.support.chat_driver", *args)
-
-
-def env():
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO)
-    return e
 
 
 def metric(topo, site, name, peer):

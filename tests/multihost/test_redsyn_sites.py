@@ -12,14 +12,9 @@ from pathlib import Path
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.netns import Topology, require_netns
 from tests.support.redsyn_client import login
+from tests.support.sitecmd import REPO, env
 
-REPO = Path(__file__).resolve().parents[2]
 PORT = 8876
-
-
-def env(**extra):
-    e = dict(os.environ, PYTHONPATH=str(REPO), **extra)
-    return e
 
 
 def wait_for_line(path: Path, text: str, proc, timeout=60.0):

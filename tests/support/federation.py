@@ -4,11 +4,13 @@ hub needs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,3 +96,34 @@ def site_flags(pki: Pki, hub: str, policy: Path | None) -> Site:
     site.connect = ["--multihub-client-certfile", pki.file(hub, "client", "cert"),
                     "--multihub-client-keyfile", pki.file(hub, "client", "key")]
     return site
+
+
+@contextlib.asynccontextmanager
+async def fake_peer_hub(pki: Pki, hub_id: str, protocol_version: int, on_frame):
+    """A hand-written peer hub serving wss:// with `hub_id`'s certificate on a
+    free port (yielded): it sends a welcome at `protocol_version`, then hands
+    every frame it reads to `await on_frame(ws, frame)`."""
+    from aiohttp import web
+
+    from federation.tls import server_context
+
+    async def serve(request):
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_json({"sender": "SynapseHub", "target": "self", "type": "welcome",
+                            "payload": "Welcome", "hub_id": hub_id,
+                            "protocol_version": protocol_version, "timestamp": time.time()})
+        async for msg in ws:
+            await on_frame(ws, json.loads(msg.data))
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    context = server_context(pki.file(hub_id, "server", "cert"), pki.file(hub_id, "server", "key"))
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()

@@ -2,7 +2,6 @@
 property that the live state equals a replay of its events."""
 
 import json
-import time
 from itertools import count
 
 import pytest
