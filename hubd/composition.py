@@ -19,7 +19,7 @@ def plugins_for(config: HubConfig) -> list[Plugin]:
     verbs with their refusals; one with --no-redsyn or --no-broker replays
     those doors' events)."""
     federation = config.federation if config.federation is not None else FederationConfig()
-    return [core_plugin(), Federation(federation).plugin(), redsyn_plugin(),
+    return [core_plugin(), Federation(federation).plugin(), redsyn_plugin(config.redsyn),
             broker_plugin(config.broker)]
 
 

@@ -63,11 +63,6 @@ class Hub:
                                     self._journal_failed, self._journal_committed)
         self.checkpointer = Checkpointer(config.db, self.metrics)
         self.router: Router | None = None
-        self.redsyn = None  # hubd.doors.redsyn.door.RedsynDoor, unless --no-redsyn
-        if config.redsyn:
-            from hubd.doors.redsyn.door import RedsynDoor
-
-            self.redsyn = RedsynDoor(self)
         self.ready = False
         self.started = time.time()
         self.corrupt_rows: list[CorruptRow] = []
@@ -129,8 +124,8 @@ class Hub:
     def _journal_committed(self) -> None:
         if self.router is not None:
             self.router.journal_committed()
-        if self.redsyn is not None:
-            self.redsyn.committed()
+        for committed in self.installed.committed:
+            committed()
 
     def _journal_failed(self, failure) -> None:
         if self.router is not None:
@@ -210,8 +205,6 @@ class Hub:
             group.create_task(self.checkpointer.run(), name="wal-checkpoint")
             for start in self.installed.hooks("start"):
                 start(self.router, group)
-            if self.redsyn is not None:
-                await self.redsyn.start(group)
             self.ready = True
             await self._stopping.wait()
             self.ready = False
@@ -236,8 +229,6 @@ class Hub:
         if self.router is not None:
             for endpoint in self.router.presence.endpoints:
                 self.endpoints.close(endpoint, CLOSE_GOING_AWAY, "hub shutting down")
-        if self.redsyn is not None:
-            await self.redsyn.close()
         await self.checkpointer.close()
         await self.writer.close()
         if self._reader is not None:

@@ -1,5 +1,6 @@
-"""The aiohttp application: the probes on their paths, the REDSYN door under
-/redsyn/v1 (unless --no-redsyn), the WebSocket door on every other path."""
+"""The aiohttp application: the probes on their paths, the plugins' routes
+(the REDSYN door under /redsyn/v1 unless --no-redsyn), the WebSocket door on
+every other path."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hubd.doors.probes import add_probes
 def make_app(hub) -> web.Application:
     app = web.Application()
     add_probes(app, hub)
-    if hub.redsyn is not None:
-        hub.redsyn.add_routes(app)  # before the WebSocket door's catch-all
+    for add_routes in hub.installed.hooks("http_routes"):
+        add_routes(app)  # before the WebSocket door's catch-all
     app.router.add_get("/{tail:.*}", websocket.make_handler(hub))
     return app

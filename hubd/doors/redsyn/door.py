@@ -95,9 +95,11 @@ class RedsynDoor:
 
     # -- lifetime
 
-    async def start(self, group: asyncio.TaskGroup) -> None:
+    async def open(self) -> None:
         await asyncio.to_thread(self.tokens.refresh)
         self.hub.endpoints.add(self._replies)
+
+    def start(self, group: asyncio.TaskGroup) -> None:
         group.create_task(self._refresh_tokens(), name="redsyn-tokens")
         group.create_task(self._webhooks(), name="redsyn-webhooks")
 
@@ -441,12 +443,11 @@ class RedsynDoor:
             self._webhook_wake.set()
 
 
-def sweep(router) -> None:
+def sweep(door: RedsynDoor, router) -> None:
     """Once a second (a Router timer): give up what expired or was taken ten
     times untouched, and tell the senders."""
-    door = getattr(router.hub, "redsyn", None)
     state = router.state.extensions.get("redsyn")
-    if door is None or state is None or router.mutations_refused():
+    if state is None or router.mutations_refused():
         return
     events = mb.sweep(state, router.now)
     woken = set()
