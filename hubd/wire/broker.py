@@ -22,6 +22,8 @@ from typing import Callable
 
 import orjson
 
+from hubd.wire.codec import nests_deeper
+
 PROTOCOL_VERSION = 2
 MAX_LINE_BYTES = 1024 * 1024
 MAX_DEPTH = 32
@@ -350,20 +352,6 @@ VERBS: dict[str, dict[str, tuple[bool, Check]]] = {
 }
 
 
-def _depth_exceeds(value, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node if \
-            isinstance(node, list) else ()
-        for child in children:
-            if isinstance(child, (dict, list)):
-                stack.append((child, depth + 1))
-    return False
-
-
 def parse_line(line: bytes | str) -> Request | WireError:
     """One client line -> a Request with its fields checked, or why not."""
     try:
@@ -374,7 +362,7 @@ def parse_line(line: bytes | str) -> Request | WireError:
         return WireError(BAD_REQUEST, "A line must be a JSON object.")
     raw_id = value.get("id")
     id_ = raw_id if _integer(raw_id) and 0 < raw_id <= MAX_ID else None
-    if _depth_exceeds(value, MAX_DEPTH):
+    if nests_deeper(line, value, MAX_DEPTH):
         return WireError(BAD_REQUEST, f"JSON nests deeper than {MAX_DEPTH} levels.", id_)
     if id_ is None:
         return WireError(BAD_REQUEST, "Every line carries id, a positive integer.")

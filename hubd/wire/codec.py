@@ -57,15 +57,21 @@ def decode_frame(data: str | bytes, max_depth: int | None = MAX_DEPTH) -> dict |
         return DecodeError(NOT_AN_OBJECT)
     if max_depth is None:
         return value  # a trusted peer's frame: orjson's own 1024-level bound applies
-    # Nesting needs an opening bracket per level, so a frame with few of them
-    # (nearly all) cannot be too deep; only the rest are walked.
+    if nests_deeper(data, value, max_depth):
+        return DecodeError(MALFORMED_JSON)
+    return value
+
+
+def nests_deeper(data: str | bytes, value, limit: int) -> bool:
+    """True when `value` (parsed from `data`) nests containers deeper than limit.
+
+    Nesting needs an opening bracket per level, so a text with few of them
+    (nearly all) cannot be too deep; only the rest are walked."""
     if isinstance(data, str):
         brackets = data.count("{") + data.count("[")
     else:
         brackets = data.count(b"{") + data.count(b"[")
-    if brackets > max_depth and _depth_exceeds(value, max_depth):
-        return DecodeError(MALFORMED_JSON)
-    return value
+    return brackets > limit and _depth_exceeds(value, limit)
 
 
 def encode(frame: dict) -> bytes:
