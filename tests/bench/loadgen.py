@@ -34,7 +34,7 @@ import os
 import secrets
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import aiohttp
 

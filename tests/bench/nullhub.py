@@ -28,7 +28,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 

@@ -5,23 +5,13 @@ a journaled partition (refusing even locally) and a journaled heal."""
 import asyncio
 import json
 import sqlite3
-import time
 
 import pytest
 
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import free_port, hubd_process
 from tests.support.wsprobe import WsProbe
-
-
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
+from tests.support.waiting import wait_for
 
 
 def rows(hub_dir, kind):

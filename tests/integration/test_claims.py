@@ -11,17 +11,9 @@ import time
 from hubd.actors.outcome import Flush
 from hubd.state.claims import LeaseLimits
 from tests.support.inproc import running_hub
-from tests.support.wsprobe import WsProbe
+from tests.support.wsprobe import joined
 
 FAST = LeaseLimits(min_ttl=0.05)
-
-
-async def joined(url, name):
-    probe = await WsProbe.open(url)
-    await probe.recv_type("welcome")
-    await probe.register(name)
-    await probe.recv_type("presence_update", agent=name)
-    return probe
 
 
 def frame(name, type_, **fields):

@@ -12,15 +12,7 @@ import sqlite3
 from federation.tls import peer_client_context
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
-from tests.support.wsprobe import WsProbe
-
-
-async def joined(url, name, **extra):
-    probe = await WsProbe.open(url)
-    await probe.recv_type("welcome")
-    await probe.register(name, **extra)
-    await probe.recv_type("presence_update", agent=name)
-    return probe
+from tests.support.wsprobe import WsProbe, joined
 
 
 def journal(db_path):

@@ -37,19 +37,10 @@ from federation.quarantine import MULTIHUB_EQUIVOCATION, equivocation_payload
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import REPO, free_port, hubd_process
 from tests.support.wsprobe import WsProbe
+from tests.support.waiting import wait_for
 
 
 MARKER = "TAMPERED-5d1e0c-rewritten-history"
-
-
-def wait_for(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met in {timeout:.0f}s")
 
 
 def journal(hub_dir):
@@ -283,7 +274,7 @@ def test_journal_restored_from_older_backup_quarantines_the_peer(tmp_path, pair)
 def test_journaled_quarantine_survives_restart_and_recovery_repolls_from_zero(tmp_path, pair):
     make, url = pair
     east_dir, west_dir = tmp_path / "east", tmp_path / "west"
-    west = make("west").start()
+    make("west").start()
     east = make("east").start()
     asyncio.run(west_history(url["west"]))
     wait_for(lambda: caught_up(east, west_dir), what="east caught up with west")

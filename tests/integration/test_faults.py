@@ -9,15 +9,7 @@ import pytest
 from hubd.state import events as ev
 from tests.support.inproc import running_hub
 from tests.support.prereq import missing, need_root
-from tests.support.wsprobe import WsProbe
-
-
-async def joined(url, name):
-    probe = await WsProbe.open(url)
-    await probe.recv_type("welcome")
-    await probe.register(name)
-    await probe.recv_type("presence_update", agent=name)
-    return probe
+from tests.support.wsprobe import joined
 
 
 async def test_unexpected_handler_exception_closes_only_that_connection(tmp_path, monkeypatch):

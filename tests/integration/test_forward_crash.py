@@ -26,7 +26,7 @@ import pytest
 
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import HubProcess, hubd_process
-from tests.support.wsprobe import WsProbe
+from tests.support.wsprobe import WsProbe, joined
 
 SETTLED = ("accepted", "duplicate", "refused", "expired")
 
@@ -121,14 +121,6 @@ def east_settled(east: HubProcess) -> bool:
         return east.get_json("/health")["message_forward"]["west"]["pending"] == 0
     except OSError:
         return False
-
-
-async def joined(url, name, **extra) -> WsProbe:
-    probe = await WsProbe.open(url)
-    await probe.recv_type("welcome")
-    await probe.register(name, **extra)
-    await probe.recv_type("presence_update", agent=name)
-    return probe
 
 
 async def round_trip(probe: WsProbe, name: str) -> None:

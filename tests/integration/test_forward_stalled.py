@@ -4,29 +4,11 @@ refusal east keeps retrying with backoff)."""
 
 import json
 
-import time
 
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
-from tests.support.wsprobe import WsProbe
-
-
-async def joined(url, name):
-    probe = await WsProbe.open(url)
-    await probe.recv_type("welcome")
-    await probe.register(name)
-    await probe.recv_type("presence_update", agent=name)
-    return probe
-
-
-def wait_for(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"condition not met within {timeout}s")
+from tests.support.wsprobe import joined
+from tests.support.waiting import wait_for
 
 
 def test_up_link_without_success_is_stalled_in_health_and_metrics(tmp_path):

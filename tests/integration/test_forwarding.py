@@ -10,7 +10,8 @@ import pytest
 from federation.tls import peer_client_context
 from tests.support.federation import fake_peer_hub, make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
-from tests.support.wsprobe import WsProbe
+from tests.support.wsprobe import WsProbe, joined
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
@@ -33,24 +34,6 @@ def start_pair(tmp_path, pki, *, grants=None, east_extra=(), pin=None, client_ce
     east = hubd_process(tmp_path / "east", *flags, *east_extra, hub_id="east")
     east.start()
     return east, west
-
-
-async def joined(url, name, **extra):
-    probe = await WsProbe.open(url)
-    await probe.recv_type("welcome")
-    await probe.register(name, **extra)
-    await probe.recv_type("presence_update", agent=name)
-    return probe
-
-
-def wait_for(predicate, timeout=10.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def test_chat_east_to_west_with_receipt(tmp_path, pki):

@@ -23,20 +23,12 @@ import pytest
 from federation.tls import peer_client_context
 from tests.support.federation import fake_peer_hub, make_pki, site_flags, write_serving_policy
 from tests.support.procs import free_port, hubd_process
-from tests.support.wsprobe import WsProbe
+from tests.support.wsprobe import WsProbe, joined
 
 
 @pytest.fixture
 def pki(tmp_path):
     return make_pki(tmp_path / "pki", ["east", "west", "north"])
-
-
-async def joined(url, name):
-    probe = await WsProbe.open(url)
-    await probe.recv_type("welcome")
-    await probe.register(name)
-    await probe.recv_type("presence_update", agent=name)
-    return probe
 
 
 async def serves_on(url, name="PROJ/zed"):

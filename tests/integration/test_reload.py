@@ -6,21 +6,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
 from tests.support.wsprobe import WsProbe
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+from tests.support.waiting import wait_for
 
 
 def link(east):

@@ -40,6 +40,7 @@ from pathlib import Path
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.netns import Topology, require_netns
 from tests.support.sitecmd import REPO, env, python
+from tests.support.waiting import wait_for
 
 PORT = 8876
 HUBS = ("east", "west", "north")
@@ -193,16 +194,6 @@ def wait_ready(topo, site, proc, timeout=30.0):
             pass
         assert time.monotonic() < deadline, f"{site} not ready after {timeout}s"
         time.sleep(0.1)
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout:.0f}s")
 
 
 class Sites:

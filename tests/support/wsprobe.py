@@ -203,3 +203,13 @@ class _ProbeCM:
     async def __aexit__(self, *exc: Any) -> None:
         if self.probe is not None:
             await self.probe.close()
+
+
+async def joined(url: str, name: str, **extra: Any) -> WsProbe:
+    """A probe registered as `name` (extra registration fields allowed), once
+    the hub has announced it."""
+    probe = await WsProbe.open(url)
+    await probe.recv_type("welcome")
+    await probe.register(name, **extra)
+    await probe.recv_type("presence_update", agent=name)
+    return probe
