@@ -243,12 +243,10 @@ class Hub:
         while True:
             await asyncio.sleep(SWEEP_SECONDS)
             now = loop.time()
-            for endpoint_id in self.router.presence.endpoints:
-                endpoint = self.endpoints.get(endpoint_id)
-                if endpoint is not None and \
-                        endpoint.write_stalled_for(now) > SEND_DEADLINE_SECONDS:
+            for endpoint in self.endpoints:  # the hub's table, not the Router's presence
+                if endpoint.write_stalled_for(now) > SEND_DEADLINE_SECONDS:
                     self.metrics.send_timeouts += 1
-                    log.warning("write stalled; closing slow consumer", conn=endpoint_id)
+                    log.warning("write stalled; closing slow consumer", conn=endpoint.id)
                     endpoint.abort()
             for timer in self.installed.periodic:
                 await self.router.inbox.put(Call(timer))
