@@ -30,6 +30,7 @@ from federation.state import PendingForward, outbox_of
 from hubd.actors.router import Router
 from hubd.handlers.chat import route_chat
 from hubd.handlers.mailbox import deliver_notifications
+from hubd.state import delivery
 from hubd.state.presence import Session
 from hubd.wire.targets import RemoteSeat
 
@@ -261,30 +262,13 @@ class Forwarding:
 
     def receipt(self, router: Router, item: PendingForward, state: str, reason: str,
                 detail: str, result: dict, deferred: bool) -> dict:
-        peer = item.peer
-        qualified = [f"{r}@{peer}" for r in result.get("recipients", []) if isinstance(r, str)]
-        delivered = state in (ACCEPTED, DUPLICATE) and result.get("delivered") is True
-        if state in (ACCEPTED, DUPLICATE):
-            reason_out = str(result.get("reason") or "")
-            dead = result.get("dead_lettered") is True
-            text = (f"delivered to {', '.join(qualified)} (forwarded to {peer})" if delivered else
-                    f"accepted by {peer}; {item.target_seat} is not online there, it waits in "
-                    "that hub's mailbox")
-        elif state == "pending":
-            reason_out, dead = "forward_pending", False
-            text = f"forward to {peer} pending ({detail}); retrying"
-        else:
-            reason_out = "forward_expired" if state == EXPIRED else "forward_refused"
-            dead = False
-            text = f"forward to {peer} {state}" + (f" ({reason}: {detail})" if detail else "")
-        return router.frame(
-            "delivery_receipt", item.sender, text, client_msg_id=item.client_msg_id,
-            delivered=delivered, deferred=deferred, dead_lettered=dead, reason=reason_out,
-            recipients=qualified, matched_recipients=qualified, stale_recipients=[],
-            message_id=item.msg_id, message_seq=item.seq, message_target=item.target,
-            forward_id=item.forward_id, forwarded_to=peer, forward_state=state,
-            refusal_code=reason if state == REFUSED else "",
-            receipt_notification_id=f"delivery-receipt:{item.seq}:forward-{state}")
+        kind = delivery.FORWARD_PENDING if state == "pending" else delivery.SETTLED_RECEIPT[state]
+        chat_ref = delivery.ChatRef(item.sender, item.seq, item.msg_id, item.target,
+                                    item.client_msg_id)
+        facts = delivery.ForwardFacts(item.peer, item.forward_id, item.target_seat, reason,
+                                      detail, result, told_pending=deferred)
+        text, fields = delivery.receipt(kind, chat_ref, forward=facts)
+        return router.frame("delivery_receipt", item.sender, text, **fields)
 
     def remote_who(self, router: Router, session: Session, frame: dict, hub_id: str) -> None:
         """who_request naming a peer: asked over the link, answered when it replies."""

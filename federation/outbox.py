@@ -10,40 +10,32 @@ Retries: a forward that timed out or was refused for a transient reason waits
 and came back drains everything at once: the backoff clock is for a peer that
 answers "not now", not for a peer that was away. The attempt counter of a
 forward resets only after its link has been up for a while, so a flapping link
-cannot turn into a tight retry loop.
+cannot turn into a tight retry loop. A sign of life from the peer sends the
+forwards that got no answer again at once, but not those the peer refused for
+now (hubd/state/delivery.py: WAITING vs HELD).
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-import random
-import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
 import structlog
 
+from federation.clock import SYSTEM, next_retry
 from federation.state import PendingForward
+from hubd.state import delivery as dl
+from hubd.state.delivery import ACCEPTED, DUPLICATE, EXPIRED, REFUSED, forward_step
 
 log = structlog.get_logger("hubd.federation.outbox")
 
 WINDOW = 1024  # forwards in flight per peer
 BATCH = 256  # forwards per frame, to a peer that takes batches
 ANSWER_TIMEOUT = 10.0
-RETRY_START = 1.0
-RETRY_MAX = 300.0
-STABLE_LINK = 30.0
 SWEEP = 0.5
-
-# dispositions a peer answers
-ACCEPTED = "accepted"
-DUPLICATE = "duplicate"
-REFUSED = "refused"
-EXPIRED = "expired"
-# refusals a later attempt may overcome (the seed: "succeeds on a later retry")
-TRANSIENT = frozenset({"chat_refused", "journal_recovery_required", "quota_exceeded"})
 
 
 @dataclass(slots=True)
@@ -51,9 +43,11 @@ class Attempt:
     item: PendingForward
     attempts: int = 0
     sent_at: float | None = None  # monotonic time of the attempt in flight
-    # waiting because the peer said "not now" (its quota, its journal), not
-    # because no answer came: a sign of life does not cut that backoff short
-    refused_for_now: bool = False
+    state: str = dl.QUEUED  # hubd.state.delivery's forward states
+
+    def step(self, event: str) -> str:
+        self.state = forward_step(self.state, event)
+        return self.state
 
 
 @dataclass
@@ -69,8 +63,9 @@ class PeerQueue:
 class ForwardOutbox:
     def __init__(self, origin_hub: str, links: dict, metrics,
                  settle: Callable[[PendingForward, str, str, str, dict], None],
-                 pending_notice: Callable[[PendingForward, str], None]):
+                 pending_notice: Callable[[PendingForward, str], None], clock=SYSTEM):
         self.origin = origin_hub
+        self.clock = clock
         self.links = links
         self.metrics = metrics
         self._settle = settle
@@ -99,28 +94,30 @@ class ForwardOutbox:
 
     def link_up(self, peer: str) -> None:
         """Everything pending goes out now, whatever its backoff said."""
-        self._release_delayed(peer)
+        self._release_delayed(peer, dl.LINK_UP)
 
     def peer_alive(self, peer: str) -> None:
         """The peer showed life (its inbound link, a forward, a log pull):
         retries waiting out a backoff because no answer came go now, if the
         link is up (else link_up() sends them when it is). Retries the peer
-        itself asked to wait keep their backoff."""
+        itself asked to wait keep their backoff (the table keeps them HELD)."""
         link = self.links.get(peer)
         if peer in self.queues and link is not None and link.up and self.queues[peer].delayed:
-            self._release_delayed(peer, unanswered_only=True)
+            self._release_delayed(peer, dl.PEER_ALIVE)
 
-    def _release_delayed(self, peer: str, unanswered_only: bool = False) -> None:
+    def _release_delayed(self, peer: str, event: str) -> None:
+        """Step every backing-off forward with `event`; those the table sends
+        back to QUEUED go out now, the rest stay in the heap with their due time."""
         queue = self.queues[peer]
         keep = []
         for due, forward_id in queue.delayed:
             attempt = queue.items.get(forward_id)
-            if attempt is None or forward_id in queue.in_flight:
-                continue
-            if unanswered_only and attempt.refused_for_now:
+            if attempt is None or attempt.state not in dl.BACKING_OFF:
+                continue  # a stale entry: settled, or queued again since
+            if attempt.step(event) == dl.QUEUED:
+                queue.ready.append(forward_id)
+            else:
                 keep.append((due, forward_id))
-                continue
-            queue.ready.append(forward_id)
         heapq.heapify(keep)
         queue.delayed = keep
         queue.wake.set()
@@ -134,6 +131,7 @@ class ForwardOutbox:
         for forward_id in reversed(returning):
             attempt = queue.items.get(forward_id)
             if attempt is not None:
+                attempt.step(dl.LINK_DOWN)
                 attempt.sent_at = None
                 queue.ready.appendleft(forward_id)
         for attempt in queue.items.values():
@@ -150,32 +148,37 @@ class ForwardOutbox:
         detail = str(frame.get("detail") or "")[:512]
         result = frame.get("result") if isinstance(frame.get("result"), dict) else {}
         started = attempt.sent_at
-        if disposition in (ACCEPTED, DUPLICATE):
-            queue.last_success = time.time()
+        event = dl.answer_event(disposition, reason)
+        state = attempt.step(event)
+        if state in (ACCEPTED, DUPLICATE):
+            queue.last_success = self.clock.wall()
             if started is not None:
-                self.metrics.forward_latency(peer, time.monotonic() - started)
-            self._finish(queue, attempt, disposition, "", detail, result)
-        elif disposition == REFUSED and reason in TRANSIENT:
+                self.metrics.forward_latency(peer, self.clock.monotonic() - started)
+            self._finish(queue, attempt, "", detail, result)
+        elif state == dl.HELD:
             self.metrics.forward_outcome(peer, "retried")
-            attempt.refused_for_now = True
             self._retry_later(queue, attempt, f"{peer} refused for now: {reason} {detail}".strip())
-        elif disposition == REFUSED:
-            self._finish(queue, attempt, REFUSED, reason or "refused", detail, result)
+        elif event == dl.ANSWER_REFUSED:
+            self._finish(queue, attempt, reason or "refused", detail, result)
         else:
-            self._finish(queue, attempt, REFUSED, "peer_invalid_answer",
+            self._finish(queue, attempt, "peer_invalid_answer",
                          f"{peer} answered disposition {disposition!r}", {})
 
     def peer_rejected(self, peer: str, text: str) -> None:
         """A peer older than wire v5: every forward to it is refused, no retries."""
         queue = self.queues[peer]
         for attempt in list(queue.items.values()):
-            self._finish(queue, attempt, REFUSED, "peer_rejected", text[:512], {})
+            attempt.step(dl.PEER_REJECTED)
+            self._finish(queue, attempt, "peer_rejected", text[:512], {})
 
     # -- internals
 
-    def _finish(self, queue: PeerQueue, attempt: Attempt, state: str, reason: str, detail: str,
+    def _finish(self, queue: PeerQueue, attempt: Attempt, reason: str, detail: str,
                 result: dict) -> None:
+        """Settle a forward that reached one of the table's settled states."""
         item = attempt.item
+        state = attempt.state
+        assert state in dl.SETTLED, state
         queue.items.pop(item.forward_id, None)
         queue.in_flight.pop(item.forward_id, None)
         self.metrics.forward_outcome(item.peer, state)
@@ -184,12 +187,9 @@ class ForwardOutbox:
     def _retry_later(self, queue: PeerQueue, attempt: Attempt, why: str) -> None:
         attempt.sent_at = None
         link = self.links[attempt.item.peer]
-        if link.up_since is not None and time.monotonic() - link.up_since > STABLE_LINK \
-                and attempt.attempts > 6:
-            attempt.attempts = 0  # a steady link that still says "not now": start over
-        delay = min(RETRY_START * 2 ** attempt.attempts, RETRY_MAX)
-        attempt.attempts += 1
-        due = time.monotonic() + delay * (0.75 + random.random() / 2)
+        now = self.clock.monotonic()
+        up_for = now - link.up_since if link.up_since is not None else None
+        due, attempt.attempts = next_retry(attempt.attempts, now, up_for, self.clock.jitter())
         heapq.heappush(queue.delayed, (due, attempt.item.forward_id))
         self._pending_notice(attempt.item, why)
 
@@ -204,13 +204,14 @@ class ForwardOutbox:
             while queue.ready and len(queue.in_flight) < WINDOW and link.up:
                 batch = []
                 limit = BATCH if link.batching else 1
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 while queue.ready and len(batch) < limit and \
                         len(queue.in_flight) < WINDOW:
                     forward_id = queue.ready.popleft()
                     attempt = queue.items.get(forward_id)
-                    if attempt is None or forward_id in queue.in_flight:
-                        continue
+                    if attempt is None or attempt.state != dl.QUEUED:
+                        continue  # a stale entry: settled, or queued again since
+                    attempt.step(dl.SEND)
                     attempt.sent_at = now
                     queue.in_flight[forward_id] = attempt
                     batch.append(attempt)
@@ -225,6 +226,10 @@ class ForwardOutbox:
                 if not await link.send(frame):
                     for attempt in reversed(batch):
                         queue.in_flight.pop(attempt.item.forward_id, None)
+                        if attempt.state == dl.IN_FLIGHT:
+                            attempt.step(dl.SEND_FAILED)
+                        elif attempt.state != dl.QUEUED:
+                            continue  # settled meanwhile (expired, or the peer was rejected)
                         attempt.sent_at = None
                         queue.ready.appendleft(attempt.item.forward_id)
                     break
@@ -234,36 +239,42 @@ class ForwardOutbox:
         for forward_id, attempt in list(queue.in_flight.items()):
             if now_mono - attempt.sent_at > ANSWER_TIMEOUT:
                 del queue.in_flight[forward_id]
+                attempt.step(dl.ANSWER_TIMEOUT)
                 self.metrics.forward_outcome(peer, "timeout")
-                attempt.refused_for_now = False
                 self._retry_later(queue, attempt,
                                   f"{peer} did not answer within {ANSWER_TIMEOUT:g}s")
 
     async def sweep(self) -> None:
         """Twice a second: answers that never came, due retries, expired rows."""
         while True:
-            await asyncio.sleep(SWEEP)
-            now_mono = time.monotonic()
-            now = time.time()
-            for peer, queue in self.queues.items():
-                self.time_out_unanswered(peer, now_mono)
-                while queue.delayed and queue.delayed[0][0] <= now_mono:
-                    _, forward_id = heapq.heappop(queue.delayed)
-                    if forward_id in queue.items and forward_id not in queue.in_flight:
-                        queue.ready.append(forward_id)
-                        queue.wake.set()
-                for attempt in list(queue.items.values()):
-                    if attempt.item.expires_at > now:
-                        break  # rows are in creation order, and so in expiry order
-                    self._finish(queue, attempt, EXPIRED, "forward_expired",
-                                 f"not accepted by {peer} within its TTL", {})
-                if queue.ready:
+            await self.clock.sleep(SWEEP)
+            self.sweep_once()
+
+    def sweep_once(self) -> None:
+        now_mono = self.clock.monotonic()
+        now = self.clock.wall()
+        for peer, queue in self.queues.items():
+            self.time_out_unanswered(peer, now_mono)
+            while queue.delayed and queue.delayed[0][0] <= now_mono:
+                _, forward_id = heapq.heappop(queue.delayed)
+                attempt = queue.items.get(forward_id)
+                if attempt is not None and attempt.state in dl.BACKING_OFF:
+                    attempt.step(dl.RETRY_DUE)
+                    queue.ready.append(forward_id)
                     queue.wake.set()
+            for attempt in list(queue.items.values()):
+                if attempt.item.expires_at > now:
+                    break  # rows are in creation order, and so in expiry order
+                attempt.step(dl.TTL)
+                self._finish(queue, attempt, "forward_expired",
+                             f"not accepted by {peer} within its TTL", {})
+            if queue.ready:
+                queue.wake.set()
 
     # -- figures
 
     def backlog(self, peer: str) -> tuple[int, float]:
         queue = self.queues[peer]
         first = next(iter(queue.items.values()), None)
-        oldest = time.time() - first.item.created if first is not None else 0.0
+        oldest = self.clock.wall() - first.item.created if first is not None else 0.0
         return len(queue.items), max(oldest, 0.0)

@@ -13,6 +13,7 @@ from fnmatch import fnmatchcase
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
 from hubd.core.message import Message
+from hubd.state import delivery
 from hubd.state import events as ev
 from hubd.state.chat import same_content
 from hubd.state.presence import RX_SUFFIX, Presence, Session
@@ -22,8 +23,6 @@ from hubd.wire.targets import RemoteTargetError, Target, parse_remote, parse_tar
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
-
-NO_ONLINE_RECIPIENT = "no_online_recipient"
 
 
 def resolve_recipients(presence: Presence, target: Target, sender: str) -> list[str]:
@@ -185,28 +184,19 @@ def stamp_chat(router: Router, frame: dict, sender: str) -> None:
 
 def send_receipt(router: Router, session: Session, frame: dict, seq: int,
                  recipients: list[str], directed: bool) -> None:
-    target_raw = frame.get("target") or "all"
-    delivered = bool(recipients)
-    dead_lettered = directed and not delivered
-    if delivered:
-        payload = "delivered to " + ", ".join(recipients)
-        notification = f"delivery-receipt:{seq}:immediate_delivered"
+    if recipients:
+        kind = delivery.IMMEDIATE_DELIVERED
     elif directed:
-        payload = f"delivery failed: no online recipient matched {target_raw}"
-        notification = f"delivery-receipt:{seq}:pending"
+        kind = delivery.DEAD_LETTERED
     else:
-        payload = "delivered to nobody: no other agent is online"
-        notification = f"delivery-receipt:{seq}:immediate_undelivered"
+        kind = delivery.IMMEDIATE_UNDELIVERED
     by_name = router.presence.by_name
     wake = {}
     for name in recipients:
         peer = by_name.get(name)
         wake[name] = (peer.wake_capability if peer is not None and peer.wake_capability
                       else "unknown")
-    router.reply(session, "delivery_receipt", payload,
-                 client_msg_id=frame.get("client_msg_id"), delivered=delivered, deferred=False,
-                 dead_lettered=dead_lettered,
-                 reason=NO_ONLINE_RECIPIENT if dead_lettered else "",
-                 recipients=recipients, matched_recipients=recipients, stale_recipients=[],
-                 message_id=frame["msg_id"], message_seq=seq, message_target=target_raw,
-                 receipt_notification_id=notification, recipient_wake_capabilities=wake)
+    chat_ref = delivery.ChatRef(session.name, seq, frame["msg_id"], frame.get("target") or "all",
+                                frame.get("client_msg_id"))
+    text, fields = delivery.receipt(kind, chat_ref, recipients, wake=wake)
+    router.reply(session, "delivery_receipt", text, **fields)

@@ -8,6 +8,7 @@ import asyncio
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
 from hubd.core.message import Message
+from hubd.state import delivery
 from hubd.state import events as ev
 from hubd.state.presence import RX_SUFFIX, Session
 from hubd.wire import codec
@@ -86,12 +87,10 @@ def ack(router: Router, session: Session, frame: dict, size: int) -> None:
     pending = state.receipts.pending.get(seq)
     if pending is None or not parse_target(pending.target).matches(identity, roles):
         return
-    receipt = router.frame(
-        "delivery_receipt", pending.sender, f"delivered to {identity} on reconnect",
-        client_msg_id=pending.client_msg_id, delivered=True, deferred=True, dead_lettered=False,
-        reason="", recipients=[identity], matched_recipients=[identity], stale_recipients=[],
-        message_id=pending.msg_id, message_seq=seq, message_target=pending.target,
-        receipt_notification_id=f"delivery-receipt:{seq}:deferred")
+    chat_ref = delivery.ChatRef(pending.sender, seq, pending.msg_id, pending.target,
+                                pending.client_msg_id)
+    text, fields = delivery.receipt(delivery.DEFERRED, chat_ref, [identity])
+    receipt = router.frame("delivery_receipt", pending.sender, text, **fields)
     router.event(ev.RECEIPT_DEFERRED, {"chat_seq": seq, "recipient": identity, "receipt": receipt})
     sender = router.presence.session_of(pending.sender)
     if sender is not None:

@@ -1,0 +1,248 @@
+"""Delivery state machines as tables: a forward's life and the receipts a sender gets.
+
+Every transition a forward can make, and every receipt a sender can be told,
+is in this one file (as h11 keeps every HTTP/1.1 transition in one table), so
+"what can happen to my chat" is answered by reading two tables, not by
+following callbacks through the outbox, the link and the Router.
+
+Nothing here does IO or keeps state: the ForwardOutbox asks `forward_step`
+for the next state of a forward and raises on a transition the table does not
+have; the chat, mailbox and forwarding code all build their delivery_receipt
+with `receipt`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# -- a forward's life (federation.outbox owns the instances, one per row)
+#
+#   QUEUED ──send──▶ IN_FLIGHT ──answer accepted───▶ ACCEPTED    (settled)
+#     ▲                 │  │ ───answer duplicate──▶ DUPLICATE   (settled)
+#     │                 │  │ ───answer refused────▶ REFUSED     (settled)
+#     │   link down ────┘  │ ───invalid answer────▶ REFUSED     (settled)
+#     │   (front of queue) │
+#     │                    ├──no answer in time──▶ WAITING ─due / link up / peer alive─▶ QUEUED
+#     │                    └──transient refusal──▶ HELD ────due / link up──────────────▶ QUEUED
+#     └─ send failed (link went down between pick and write)
+#
+#   any unsettled state ──ttl──▶ EXPIRED; ──peer older than wire v5──▶ REFUSED
+#
+# A forward in flight when its link drops goes back to the front of the queue:
+# the peer may or may not have it, and a resend is answered `duplicate` if it
+# did. The back-off is for a peer that answered "not now" or not at all; a
+# peer that was away gets everything at once when it returns (link up).
+#
+# WAITING and HELD differ only in what a sign of life from the peer (its
+# inbound link, a forward from it, a log pull) does: a forward that got no
+# answer (WAITING) goes again at once, since the peer is evidently there; a
+# forward the peer itself refused for now (its quota, its journal: HELD)
+# keeps its backoff, so two-way traffic cannot turn a "not now" into a retry
+# storm. HELD takes PEER_ALIVE and stays HELD.
+
+QUEUED = "queued"
+IN_FLIGHT = "in_flight"
+WAITING = "waiting"  # no answer came: retried at once on a sign of life
+HELD = "held"  # the peer said "not now": a sign of life does not cut its backoff short
+ACCEPTED = "accepted"
+DUPLICATE = "duplicate"
+REFUSED = "refused"
+EXPIRED = "expired"
+SETTLED = frozenset({ACCEPTED, DUPLICATE, REFUSED, EXPIRED})
+
+# events
+SEND = "send"
+SEND_FAILED = "send_failed"
+LINK_DOWN = "link_down"
+LINK_UP = "link_up"
+PEER_ALIVE = "peer_alive"  # a sign of life from the peer other than an answer
+ANSWER_ACCEPTED = "answer_accepted"
+ANSWER_DUPLICATE = "answer_duplicate"
+ANSWER_REFUSED = "answer_refused"
+ANSWER_TRANSIENT = "answer_transient"
+ANSWER_INVALID = "answer_invalid"
+ANSWER_TIMEOUT = "answer_timeout"
+RETRY_DUE = "retry_due"
+TTL = "ttl"
+PEER_REJECTED = "peer_rejected"
+
+_UNSETTLED = (QUEUED, IN_FLIGHT, WAITING, HELD)
+BACKING_OFF = frozenset({WAITING, HELD})  # in the delayed heap, waiting for a retry
+
+FORWARD_TRANSITIONS: dict[tuple[str, str], str] = {
+    (QUEUED, SEND): IN_FLIGHT,
+    (IN_FLIGHT, SEND_FAILED): QUEUED,
+    (IN_FLIGHT, LINK_DOWN): QUEUED,
+    (IN_FLIGHT, ANSWER_ACCEPTED): ACCEPTED,
+    (IN_FLIGHT, ANSWER_DUPLICATE): DUPLICATE,
+    (IN_FLIGHT, ANSWER_REFUSED): REFUSED,
+    (IN_FLIGHT, ANSWER_INVALID): REFUSED,
+    (IN_FLIGHT, ANSWER_TRANSIENT): HELD,
+    (IN_FLIGHT, ANSWER_TIMEOUT): WAITING,
+    (WAITING, RETRY_DUE): QUEUED,
+    (WAITING, LINK_UP): QUEUED,
+    (WAITING, PEER_ALIVE): QUEUED,
+    (HELD, RETRY_DUE): QUEUED,
+    (HELD, LINK_UP): QUEUED,
+    (HELD, PEER_ALIVE): HELD,
+    **{(state, TTL): EXPIRED for state in _UNSETTLED},
+    **{(state, PEER_REJECTED): REFUSED for state in _UNSETTLED},
+}
+
+# Refusals a later attempt may overcome (the seed: "succeeds on a later retry").
+TRANSIENT_REFUSALS = frozenset({"chat_refused", "journal_recovery_required", "quota_exceeded"})
+
+
+class InvalidTransition(RuntimeError):
+    """A forward was asked to make a move the table does not have: a bug."""
+
+
+def forward_step(state: str, event: str) -> str:
+    try:
+        return FORWARD_TRANSITIONS[(state, event)]
+    except KeyError:
+        raise InvalidTransition(f"forward in state {state!r} cannot take {event!r}") from None
+
+
+def answer_event(disposition, reason_code: str) -> str:
+    """What a peer's multihub_message_result means for the forward."""
+    if disposition == ACCEPTED:
+        return ANSWER_ACCEPTED
+    if disposition == DUPLICATE:
+        return ANSWER_DUPLICATE
+    if disposition == REFUSED:
+        return ANSWER_TRANSIENT if reason_code in TRANSIENT_REFUSALS else ANSWER_REFUSED
+    return ANSWER_INVALID
+
+
+# -- receipts: what a sender that asked (receipt_requested) is told
+#
+# A local directed chat gets one receipt at once: immediate_delivered when a
+# recipient was online, or `pending` (dead-lettered: nobody online; it waits in
+# the mailbox) followed by `deferred` when a recipient reads it and acks. A
+# broadcast that reached nobody is immediate_undelivered. A forwarded chat gets
+# its settled receipt (forward-accepted/-duplicate/-refused/-expired), or
+# forward-pending first when the peer has not answered within a second, and
+# the settled one later through the durable notification outbox.
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptKind:
+    notification: str  # the receipt_notification_id suffix
+    delivered: bool | None  # None: as the peer's result says
+    deferred: bool | None  # None: whether the sender was told `pending` before
+    reason: str | None  # None: as the peer's result says
+    forward_state: str | None  # set on receipts of forwarded chats
+
+
+IMMEDIATE_DELIVERED = "immediate_delivered"
+IMMEDIATE_UNDELIVERED = "immediate_undelivered"
+DEAD_LETTERED = "pending"
+DEFERRED = "deferred"
+FORWARD_PENDING = "forward-pending"
+FORWARD_ACCEPTED = "forward-accepted"
+FORWARD_DUPLICATE = "forward-duplicate"
+FORWARD_REFUSED = "forward-refused"
+FORWARD_EXPIRED = "forward-expired"
+NO_ONLINE_RECIPIENT = "no_online_recipient"
+
+RECEIPTS: dict[str, ReceiptKind] = {
+    IMMEDIATE_DELIVERED: ReceiptKind(IMMEDIATE_DELIVERED, True, False, "", None),
+    IMMEDIATE_UNDELIVERED: ReceiptKind(IMMEDIATE_UNDELIVERED, False, False, "", None),
+    DEAD_LETTERED: ReceiptKind(DEAD_LETTERED, False, False, NO_ONLINE_RECIPIENT, None),
+    DEFERRED: ReceiptKind(DEFERRED, True, True, "", None),
+    FORWARD_PENDING: ReceiptKind(FORWARD_PENDING, False, True, "forward_pending", "pending"),
+    FORWARD_ACCEPTED: ReceiptKind(FORWARD_ACCEPTED, None, None, None, ACCEPTED),
+    FORWARD_DUPLICATE: ReceiptKind(FORWARD_DUPLICATE, None, None, None, DUPLICATE),
+    FORWARD_REFUSED: ReceiptKind(FORWARD_REFUSED, False, None, "forward_refused", REFUSED),
+    FORWARD_EXPIRED: ReceiptKind(FORWARD_EXPIRED, False, None, "forward_expired", EXPIRED),
+}
+SETTLED_RECEIPT = {ACCEPTED: FORWARD_ACCEPTED, DUPLICATE: FORWARD_DUPLICATE,
+                   REFUSED: FORWARD_REFUSED, EXPIRED: FORWARD_EXPIRED}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRef:
+    """The chat a receipt is about, as its sender knows it."""
+
+    sender: str
+    seq: int
+    msg_id: int
+    target: str
+    client_msg_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardFacts:
+    """What a receipt of a forwarded chat adds: where it went and what came back."""
+
+    peer: str
+    forward_id: str
+    target_seat: str
+    reason_code: str = ""  # the peer's (or the outbox's) refusal code
+    detail: str = ""
+    result: dict | None = None  # the peer's `result` for an accepted forward
+    told_pending: bool = False
+
+
+def receipt(kind: str, chat: ChatRef, recipients: list[str] = (), *,
+            forward: ForwardFacts | None = None,
+            wake: dict | None = None) -> tuple[str, dict]:
+    """The one delivery_receipt builder: (payload text, fields) for `kind`.
+
+    `recipients` are the names the chat reached (local kinds); a forwarded
+    chat's recipients come from the peer's result, qualified with @peer.
+    """
+    row = RECEIPTS[kind]
+    delivered, deferred, reason = row.delivered, row.deferred, row.reason
+    dead_lettered = kind == DEAD_LETTERED
+    extra: dict = {}
+    if row.forward_state is None:
+        names = list(recipients)
+        text = _local_text(kind, names, chat.target)
+    else:
+        assert forward is not None, "a forward receipt needs its ForwardFacts"
+        peer = forward.peer
+        result = forward.result or {}
+        names = [f"{r}@{peer}" for r in result.get("recipients", []) if isinstance(r, str)]
+        if delivered is None:
+            delivered = result.get("delivered") is True
+            dead_lettered = result.get("dead_lettered") is True
+            reason = str(result.get("reason") or "")
+        if deferred is None:
+            deferred = forward.told_pending
+        text = _forward_text(row.forward_state, peer, names, delivered, forward)
+        extra = {"forward_id": forward.forward_id, "forwarded_to": peer,
+                 "forward_state": row.forward_state,
+                 "refusal_code": forward.reason_code if row.forward_state == REFUSED else ""}
+    fields = {"client_msg_id": chat.client_msg_id, "delivered": delivered, "deferred": deferred,
+              "dead_lettered": dead_lettered, "reason": reason, "recipients": names,
+              "matched_recipients": names, "stale_recipients": [], "message_id": chat.msg_id,
+              "message_seq": chat.seq, "message_target": chat.target, **extra,
+              "receipt_notification_id": f"delivery-receipt:{chat.seq}:{row.notification}"}
+    if wake is not None:
+        fields["recipient_wake_capabilities"] = wake
+    return text, fields
+
+
+def _local_text(kind: str, names: list[str], target: str) -> str:
+    if kind == IMMEDIATE_DELIVERED:
+        return "delivered to " + ", ".join(names)
+    if kind == DEAD_LETTERED:
+        return f"delivery failed: no online recipient matched {target}"
+    if kind == DEFERRED:
+        return f"delivered to {', '.join(names)} on reconnect"
+    return "delivered to nobody: no other agent is online"
+
+
+def _forward_text(state: str, peer: str, names: list[str], delivered: bool,
+                  forward: ForwardFacts) -> str:
+    if state in (ACCEPTED, DUPLICATE):
+        if delivered:
+            return f"delivered to {', '.join(names)} (forwarded to {peer})"
+        return (f"accepted by {peer}; {forward.target_seat} is not online there, it waits in "
+                "that hub's mailbox")
+    if state == "pending":
+        return f"forward to {peer} pending ({forward.detail}); retrying"
+    detail = f" ({forward.reason_code}: {forward.detail})" if forward.detail else ""
+    return f"forward to {peer} {state}{detail}"
