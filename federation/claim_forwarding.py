@@ -1,28 +1,31 @@
 """Claims across hubs: routed to the namespace's owner, never merged.
 
-Claimant side (the ownership gate, in front of the claim path):
-- namespace owned here and uncontested: the claim proceeds locally;
-- owned by a peer with a `--claim-peer` route: sent to it as
-  `multihub_claim_request`; the owner's verdict comes back as a private
-  claim_granted built from the owner's lease (its epoch and expiry) or a
-  claim_denied with the owner's words; an owner that does not answer gives the
-  refusal that names it (fail closed);
+Claimant side (the ownership gate, in front of every claim-family verb:
+claim, release, task_update, checkpoint, handoff, wait_request):
+- namespace owned here and uncontested: the verb proceeds locally;
+- owned by a peer with a `--claim-peer` route: handed to the ClaimForwarder
+  actor (federation/claim_forwarder.py), which sends it to the owner as
+  `multihub_claim_request`; the owner's verdict comes back as a ClaimVerdict
+  message, relayed privately to the claimant (a claim_granted built from the
+  owner's lease, its epoch and expiry, or a refusal in the owner's words), and
+  the lease as the owner now has it is journaled here (federation/
+  remote_leases.py) so the claimant's state_snapshot lists it; an owner that
+  does not answer gives the refusal that names it (fail closed);
 - owned by a peer without a route, ungoverned, or contested: refused, naming
   the owner when there is one.
-Releases follow the same route (a lease lives only on its owner).
 
 Owner side: `multihub_claim_request` from a peer that passes the serving
 policy with its pinned certificate, for a namespace this hub owns, is decided
-by the same grant path as a local claim, on this hub's own authority.
+by the same functions as the local verb, on this hub's own authority.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 import structlog
 
-from federation.link import TIMEOUT, LinkError
+from federation import remote_leases as rl
+from federation.claim_forwarder import (LEASE_HELD, REPLIES, ClaimForwarderFull,
+                                        ClaimVerdict, ForwardClaim, refusal_text)
 from federation.ownership import namespace_of
 from federation.receiver import authorise_peer
 from hubd.actors.router import Router
@@ -36,13 +39,10 @@ log = structlog.get_logger("hubd.federation.claims")
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
 
-FORWARD_TIMEOUT = 10.0
-VERBS = {"claim": ("claim_granted", "claim_denied"),
-         "release": ("release_granted", "release_denied")}
-
-
-def _refusal_text(namespace, kind: str) -> str:
-    return f"claim refused: this hub does not own namespace '{namespace}' ({kind})"
+# where each verb names its task (as the local handlers read it)
+TASK_FIELDS = {"claim": ("payload",), "release": ("payload",), "task_update": ("id",),
+               "checkpoint": ("id",), "handoff": ("id", "payload"),
+               "wait_request": ("id", "payload")}
 
 
 def gate(router: Router, session: Session, frame: dict, verb: str) -> bool:
@@ -52,74 +52,88 @@ def gate(router: Router, session: Session, frame: dict, verb: str) -> bool:
     resolution = authority.resolve(session.name)
     if resolution.kind == "local":
         return False
-    task_id = cl.task_id_of(frame, "payload")
+    task_id = cl.task_id_of(frame, *TASK_FIELDS[verb])
     namespace, owner = resolution.namespace, resolution.owner_hub_id
+    denied = REPLIES[verb][1]
     if resolution.kind == "remote" and owner in authority.claim_links:
-        _forward(router, session, frame, verb, namespace, owner, task_id)
+        claim = {k: v for k, v in frame.items() if k != "token"}
+        claim["type"] = verb
+        request_id = authority.new_request_id()
+        request = {"sender": router.hub_id, "target": "all", "type": "multihub_claim_request",
+                   "payload": "", "namespace": namespace, "claimant": session.name,
+                   "task_id": task_id, "claim": claim, "request_id": request_id}
+        if verb == "handoff":
+            # the owner cannot see who is online here; this hub vouches for it
+            request["target_online"] = claim_handlers.handoff_target(frame) in \
+                router.presence.by_name
+        try:
+            authority.claim_forwarder.submit(ForwardClaim(
+                request_id, owner, verb, namespace, task_id, session.name, request,
+                session.endpoint))
+        except ClaimForwarderFull as exc:
+            log.warning("claim forwarder full; claim refused", owner=owner, verb=verb)
+            _reply(router, session, denied, f"{verb} refused: {exc}; retry shortly",
+                   task_id=task_id, namespace=namespace, ownership="remote",
+                   owner_hub_id=owner, forward_error="forwarder_full",
+                   reason_code=cl.CLAIM_DENIED)
         return True
-    denied = VERBS[verb][1]
-    router.reply(session, denied, _refusal_text(namespace, resolution.kind), task_id=task_id,
-                 namespace=namespace, ownership=resolution.kind,
-                 owner_hub_id=owner if resolution.kind == "remote" else None,
-                 reason_code=cl.CLAIM_DENIED)
+    _reply(router, session, denied, refusal_text(namespace, resolution.kind), task_id=task_id,
+           namespace=namespace, ownership=resolution.kind,
+           owner_hub_id=owner if resolution.kind == "remote" else None,
+           reason_code=cl.CLAIM_DENIED)
     return True
 
 
-def _forward(router: Router, session: Session, frame: dict, verb: str, namespace: str,
-             owner: str, task_id: str) -> None:
-    authority = router.hub.federation.authority
-    link = authority.claim_links[owner]
-    endpoint, claimant = session.endpoint, session.name
-    claim = {k: v for k, v in frame.items() if k != "token"}
-    request_id = authority.new_request_id()
-    request = {"sender": router.hub_id, "target": "all", "type": "multihub_claim_request",
-               "payload": "", "namespace": namespace, "claimant": claimant, "task_id": task_id,
-               "claim": claim, "request_id": request_id}
-    granted_type, denied_type = VERBS[verb]
-    common = {"task_id": task_id, "namespace": namespace, "owner_hub_id": owner}
+def _reply(router: Router, session: Session, type_: str, text: str, **fields) -> None:
+    if type_ == "error":
+        router.error(session, text, **fields)
+    else:
+        router.reply(session, type_, text, **fields)
 
-    async def ask() -> None:
-        try:
-            answer = await link.request(request, FORWARD_TIMEOUT, key=request_id)
-            verdict = _verdict(answer)
-        except LinkError as exc:
-            if exc.cause == TIMEOUT:
-                text = (f"claim refused: owning hub '{owner}' did not answer forwarded claim "
-                        f"'{task_id}' before timeout")
-            else:
-                text = _refusal_text(namespace, "remote")
-            reply = (denied_type, text, {"ownership": "remote", "forward_error": exc.cause,
-                                         "reason_code": cl.CLAIM_DENIED})
-        except ValueError as exc:
-            reply = (denied_type, f"claim refused: owning hub '{owner}' answered badly ({exc})",
-                     {"ownership": "remote", "forward_error": "invalid_answer",
-                      "reason_code": cl.CLAIM_DENIED})
+
+def relay_verdict(router: Router, verdict: ClaimVerdict) -> None:
+    """A Router command: record the owner's lease, then tell the claimant."""
+    claim = verdict.claim
+    if claim.verb == "task_update" and not verdict.ok:
+        reply = router.frame("error", claim.claimant, verdict.text, **verdict.fields)
+    else:
+        reply = router.frame(verdict.type, claim.claimant, verdict.text, **verdict.fields)
+    if verdict.lease_effect is not None:
+        lease = verdict.lease if verdict.lease_effect == LEASE_HELD else None
+        if lease is not None and lease.get("owner") != claim.claimant and \
+                lease.get("owner") not in router.presence.by_name:
+            lease = None  # handed to an agent that is not on this hub
+        if router.mutations_refused():
+            log.warning("remote lease not recorded: the journal refuses writes",
+                        task_id=claim.task_id, owner_hub_id=claim.owner)
         else:
-            granted, detail, grant = verdict
-            if granted:
-                fields = dict(grant) if isinstance(grant, dict) else {}
-                fields.pop("type", None)
-                reply = (granted_type, detail or f"{verb} granted by {owner}", fields)
-            else:
-                reply = (denied_type, detail or "claim refused by the owning hub", {})
-        type_, text, fields = reply
-        fields = {**common, **fields}
-        router.hub.router.post_control(
-            lambda r: r.send(endpoint, r.frame(type_, claimant, text, **fields)))
-
-    router.hub.track(asyncio.get_running_loop().create_task(ask()))
+            router.event(rl.REMOTE_LEASE, rl.payload(claim.task_id, claim.owner, claim.verb,
+                                                      lease))
+            # the owner decided: the claimant hears it even if the record fails
+            router.send_on_failure(claim.reply_to, reply["type"], lambda: reply)
+    router.send(claim.reply_to, reply)
 
 
-def _verdict(answer: dict) -> tuple[bool, str, dict | None]:
-    granted = answer.get("granted")
-    if not isinstance(granted, bool):
-        raise ValueError("granted is not a boolean")
-    for name in ("task_id", "namespace", "owner_hub_id"):
-        if not isinstance(answer.get(name), str) or not answer[name]:
-            raise ValueError(f"{name} is missing")
-    detail = answer.get("detail") if isinstance(answer.get("detail"), str) else ""
-    grant = answer.get("grant") if isinstance(answer.get("grant"), dict) else None
-    return granted, detail, grant
+def active_claims_with_remote(router: Router) -> list[dict]:
+    """state_snapshot.active_claims: this hub's leases and, with `owner_hub_id`,
+    its agents' leases on their namespaces' owners, as the owners granted them."""
+    local = claim_handlers.active_claims(router)
+    remote = rl.remote_leases_of(router.state).live(router.now)
+    if not remote:
+        return local
+    by_name = router.presence.by_name
+    offline = router.live.get(claim_handlers.OFFLINE) or {}
+    started = router.hub.started
+    for lease in remote:
+        entry = cl.snapshot_entry(lease)
+        entry["owner_hub_id"] = lease["owner_hub_id"]
+        online = lease["owner"] in by_name
+        entry["holder_online"] = online
+        entry["holder_offline_seconds"] = None if online else round(
+            max(0.0, router.now - offline.get(lease["owner"], started)), 3)
+        local.append(entry)
+    local.sort(key=lambda entry: entry["task_id"])
+    return local
 
 
 @verbs.handles("multihub_claim_request", peers=True)
@@ -135,9 +149,12 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
     target = session.peer_hub or session.name or "all"
     request_id = frame.get("request_id") if isinstance(frame.get("request_id"), str) else None
 
-    def result(granted: bool, detail: str, grant: dict | None = None) -> dict:
+    def result(granted: bool, detail: str, grant: dict | None = None,
+               lease: dict | None = None) -> dict:
         fields = {"granted": granted, "task_id": task_id, "namespace": namespace,
                   "owner_hub_id": router.hub_id, "detail": detail, "grant": grant}
+        if lease is not None:
+            fields["lease"] = cl.snapshot_entry(lease)
         if request_id is not None:
             fields["request_id"] = request_id
         return router.frame("multihub_claim_result", target, "Multi-hub claim result", **fields)
@@ -154,10 +171,13 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
     if resolution is None or resolution.kind != "local" or namespace_of(claimant) != namespace:
         router.send(session.endpoint, result(False, f"this hub does not own namespace '{namespace}'"))
         return
-    if router.mutations_refused():
+    verb = claim.get("type") or "claim"
+    if verb not in REPLIES:
+        router.send(session.endpoint, result(False, f"verb {verb!r} is not forwarded"))
+        return
+    if verb != "wait_request" and router.mutations_refused():
         router.send(session.endpoint, result(False, "durable journal recovery is required"))
         return
-    verb = claim.get("type") or "claim"
     if verb == "release":
         task, refusal, lease = claim_handlers.release_refusal(router, claimant, claim)
         if refusal is not None:
@@ -177,9 +197,19 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
             router.send(session.endpoint, result(False, outcome.text))
         else:
             router.send(session.endpoint, result(True, granted["payload"],
-                                             cl.grant_fields(outcome.lease)))
+                                             cl.grant_fields(outcome.lease), outcome.lease))
     else:
-        router.send(session.endpoint, result(False, f"verb {verb!r} is not forwarded"))
-        return
+        if verb == "task_update":
+            answer = claim_handlers.update_task(router, claimant, claim)
+        elif verb == "checkpoint":
+            answer = claim_handlers.save_checkpoint(router, claimant, claim)
+        elif verb == "handoff":
+            answer = claim_handlers.hand_off(router, claimant, claim,
+                                             target_online=frame.get("target_online") is True)
+        else:
+            answer = claim_handlers.wait_for_task(router, claimant, claim)
+        router.send(session.endpoint, result(answer.ok, answer.text, answer.fields, answer.lease))
+        if not answer.ok or verb == "wait_request":
+            return
     failed = result(False, "the owning hub could not journal the decision; nothing changed")
     router.send_on_failure(session.endpoint, "multihub_claim_result", lambda: failed)

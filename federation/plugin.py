@@ -22,6 +22,7 @@ from hubd.core.plugin import Plugin
 
 from . import authority as authority_state
 from . import claim_forwarding, logpull, receiver
+from . import remote_leases
 from . import state as forward_state
 from .config import FederationConfig
 
@@ -42,16 +43,19 @@ class Federation:
         for module in (receiver, logpull, claim_forwarding):
             verbs.update(module.verbs)
         appliers: dict[str, list] = {}
-        for module in (forward_state, authority_state):
+        for module in (forward_state, authority_state, remote_leases):
             for kind, fns in module.appliers.items():
                 appliers.setdefault(kind, []).extend(fns)
         return Plugin(
             "federation",
             verbs=verbs,
             appliers=appliers,
-            projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS},
+            projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS,
+                         **remote_leases.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
             claim_gate=claim_forwarding.gate,
+            # the claimant's snapshot lists its leases on other hubs' namespaces
+            replaces_state_sections={"active_claims": claim_forwarding.active_claims_with_remote},
             remote_hubs=self,
             health_sections={"message_forward": self._health_forwarding,
                              "multihub": self._health_authority},

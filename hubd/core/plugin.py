@@ -91,6 +91,11 @@ class Plugin:
     peer_claims: Sequence[Callable[["Router", "Session", dict], bool]] = ()
     # state_request sections: name -> fn(router, session, query)
     state_sections: Mapping[str, Callable] = field(default_factory=dict)
+    # sections of an earlier plugin this one replaces, each named on purpose
+    # (federation's active_claims adds the leases its agents hold on other
+    # hubs to the core's): replacing one nobody declared is an error, and two
+    # plugins declaring the same section without this is still refused
+    replaces_state_sections: Mapping[str, Callable] = field(default_factory=dict)
     # /health sections: name -> fn(hub)
     health_sections: Mapping[str, Callable[[Any], object]] = field(default_factory=dict)
     # a directed chat to seats this plugin serves outside presence (the broker's
@@ -144,6 +149,11 @@ class Installed:
             _merge_unique(projections, plugin.projections, f"projection (plugin {plugin.name})")
             _merge_unique(state_sections, plugin.state_sections,
                           f"state section (plugin {plugin.name})")
+            for key, section in plugin.replaces_state_sections.items():
+                if key not in state_sections:
+                    raise ValueError(f"state section {key!r} (plugin {plugin.name}) replaces "
+                                     "a section no earlier plugin declares")
+                state_sections[key] = section
             _merge_unique(health_sections, plugin.health_sections,
                           f"health section (plugin {plugin.name})")
             for kind, fns in plugin.appliers.items():

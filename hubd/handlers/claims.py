@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
@@ -167,21 +168,67 @@ def record_release(router: Router, name: str, lease: dict, frame: dict, bound: d
     return granted
 
 
-# -- task_update, checkpoint
+# -- task_update, checkpoint, handoff, wait_request
+#
+# Each verb is decided by a function of (router, who, frame) that makes its
+# events and broadcasts and returns an Answer; the handler sends the Answer to
+# its local claimant, and federation's owner side relays it to a claimant on
+# another hub (federation/claim_forwarding.py), so both are decided alike.
+
+
+@dataclass(slots=True)
+class Answer:
+    """What a claim-family verb answers whoever asked."""
+
+    ok: bool
+    type: str  # the reply's frame type ("error" for task_update's refusals)
+    text: str
+    fields: dict
+    frame: dict | None = None  # the reply frame made, when ok (for idempotency)
+    lease: dict | None = None  # the lease after the verb, when it changed one
+    first: int | None = None  # the first seq the verb journaled (for idempotency)
+
+
+def answer_locally(router: Router, session: Session, answer: Answer) -> None:
+    if answer.type == "error":
+        router.error(session, answer.text, **answer.fields)
+    else:
+        router.reply(session, answer.type, answer.text, **answer.fields)
+
+
+def _answer_keyed(router: Router, session: Session, keyed, answer: Answer, failed: str) -> None:
+    idempotency.remember(router, session, keyed, answer.frame, answer.first)
+    router.fail_privately(session, failed, task_id=answer.fields["task_id"])
+
+
+def _reply_fields(frame: dict) -> dict:
+    return {k: v for k, v in frame.items()
+            if k not in ("type", "payload", "sender", "target", "timestamp", "hub_id")}
+
 
 @verbs.handles("task_update")
 def task_update(router: Router, session: Session, frame: dict, size: int) -> None:
+    if _gated(router, session, frame, "task_update"):
+        return
     keyed = idempotency.begin(router, session, "task_update", frame)
     if keyed is idempotency.HANDLED:
         return
+    answer = update_task(router, session.name, frame)
+    if not answer.ok:
+        answer_locally(router, session, answer)
+        return
+    _answer_keyed(router, session, keyed, answer,
+                  f"Update of '{answer.fields['task_id']}' was not journalled; nothing "
+                  "changed. Retry.")
+
+
+def update_task(router: Router, who: str, frame: dict) -> Answer:
     expire_due(router)
-    name = session.name
     task_id = cl.task_id_of(frame, "id")
     if not task_id:
-        router.error(session, "Task ID is required.")
-        return
+        return Answer(False, "error", "Task ID is required.", {})
     lease = cl.claims_of(router.state).live(task_id, router.now)
-    refusal = cl.check_holder(lease, task_id, name, frame.get("epoch"),
+    refusal = cl.check_holder(lease, task_id, who, frame.get("epoch"),
                               not_claimed="Task '{task_id}' not found.",
                               owned="Task '{task_id}' owned by {owner}, not {who}.")
     if refusal is None:
@@ -192,8 +239,7 @@ def task_update(router: Router, session: Session, frame: dict, size: int) -> Non
     if refusal is None and status:
         refusal = cl.transition_refusal(task_id, lease["status"], status)
     if refusal is not None:
-        router.error(session, refusal, task_id=task_id)
-        return
+        return Answer(False, "error", refusal, {"task_id": task_id})
     updated = dict(lease)
     updated["status"] = status or lease["status"]
     if frame.get("note") is not None:
@@ -203,30 +249,40 @@ def task_update(router: Router, session: Session, frame: dict, size: int) -> Non
     updated["version"] = lease["version"] + 1
     first = router.next_seq()
     router.event(cl.TASK_UPDATE, updated)
-    reply = router.frame("task_updated", "all", f"Task '{task_id}' updated by {name}.",
-                         task_id=task_id, owner=name, status=updated["status"],
+    reply = router.frame("task_updated", "all", f"Task '{task_id}' updated by {who}.",
+                         task_id=task_id, owner=who, status=updated["status"],
                          data_ref=updated["data_ref"], version=updated["version"])
     router.broadcast(reply)
-    idempotency.remember(router, session, keyed, reply, first)
-    router.fail_privately(session, f"Update of '{task_id}' was not journalled; nothing "
-                                   "changed. Retry.", task_id=task_id)
+    return Answer(True, "task_updated", reply["payload"], _reply_fields(reply), reply, updated,
+                  first)
 
 
 @verbs.handles("checkpoint")
 def checkpoint(router: Router, session: Session, frame: dict, size: int) -> None:
+    if _gated(router, session, frame, "checkpoint"):
+        return
     keyed = idempotency.begin(router, session, "checkpoint", frame)
     if keyed is idempotency.HANDLED:
         return
+    answer = save_checkpoint(router, session.name, frame)
+    if not answer.ok:
+        answer_locally(router, session, answer)
+        return
+    router.send(session.endpoint, answer.frame)
+    _answer_keyed(router, session, keyed, answer,
+                  f"Checkpoint of '{answer.fields['task_id']}' was not journalled; nothing "
+                  "changed. Retry.")
+
+
+def save_checkpoint(router: Router, who: str, frame: dict) -> Answer:
     expire_due(router)
-    name = session.name
     task_id = cl.task_id_of(frame, "id")
     lease = cl.claims_of(router.state).live(task_id, router.now) if task_id else None
     refusal = "Task ID is required." if not task_id else cl.check_holder(
-        lease, task_id, name, frame.get("epoch"), not_claimed="Task '{task_id}' not found.",
+        lease, task_id, who, frame.get("epoch"), not_claimed="Task '{task_id}' not found.",
         owned="Task '{task_id}' owned by {owner}, not {who}.")
     if refusal is not None:
-        router.reply(session, "checkpoint_denied", refusal, task_id=task_id)
-        return
+        return Answer(False, "checkpoint_denied", refusal, {"task_id": task_id})
     text = frame.get("checkpoint")
     if text is None:
         text = frame.get("payload")
@@ -235,33 +291,50 @@ def checkpoint(router: Router, session: Session, frame: dict, size: int) -> None
     updated["version"] = lease["version"] + 1
     first = router.next_seq()
     router.event(cl.CHECKPOINT, updated)
-    reply = router.frame("checkpoint_saved", name, f"Checkpoint saved for '{task_id}' by {name}.",
+    reply = router.frame("checkpoint_saved", who, f"Checkpoint saved for '{task_id}' by {who}.",
                          task_id=task_id, version=updated["version"])
-    router.send(session.endpoint, reply)
-    idempotency.remember(router, session, keyed, reply, first)
-    router.fail_privately(session, f"Checkpoint of '{task_id}' was not journalled; nothing "
-                                   "changed. Retry.", task_id=task_id)
+    return Answer(True, "checkpoint_saved", reply["payload"], _reply_fields(reply), reply,
+                  updated, first)
 
 
 # -- handoff
 
 @verbs.handles("handoff")
 def handoff(router: Router, session: Session, frame: dict, size: int) -> None:
+    if _gated(router, session, frame, "handoff"):
+        return
     keyed = idempotency.begin(router, session, "handoff", frame)
     if keyed is idempotency.HANDLED:
         return
-    expire_due(router)
-    name = session.name
-    now = router.now
-    claims = cl.claims_of(router.state)
-    task_id = cl.task_id_of(frame, "id", "payload")
+    answer = hand_off(router, session.name, frame)
+    if not answer.ok:
+        answer_locally(router, session, answer)
+        return
+    _answer_keyed(router, session, keyed, answer,
+                  f"Handoff of '{answer.fields['task_id']}' was not journalled; "
+                  f"{session.name} still holds it. Retry.")
+
+
+def handoff_target(frame: dict) -> str:
     to = frame.get("to_agent")
     if not isinstance(to, str) or not to:
         to = frame.get("target") or "all"
+    return to
+
+
+def hand_off(router: Router, who: str, frame: dict, target_online: bool = False) -> Answer:
+    """`target_online`: the hub the claimant is on saw the target online (a
+    forwarded handoff to an agent on that hub); otherwise it must be online here."""
+    expire_due(router)
+    name = who
+    now = router.now
+    claims = cl.claims_of(router.state)
+    task_id = cl.task_id_of(frame, "id", "payload")
+    to = handoff_target(frame)
     lease = claims.live(task_id, now) if task_id else None
     if not task_id:
         refusal = "Task ID is required."
-    elif to not in router.presence.by_name:
+    elif to not in router.presence.by_name and not target_online:
         refusal = f"Handoff target '{to}' is not online."
     else:
         refusal = cl.check_holder(lease, task_id, name, frame.get("epoch"),
@@ -274,8 +347,7 @@ def handoff(router: Router, session: Session, frame: dict, size: int) -> None:
         if len(claims.by_owner.get(to, ())) >= cap and len(claims.held_by(to, now)) >= cap:
             refusal = f"Agent {to} holds the maximum {cap} claims."
     if refusal is not None:
-        router.reply(session, "handoff_denied", refusal, task_id=task_id)
-        return
+        return Answer(False, "handoff_denied", refusal, {"task_id": task_id})
     note = cl.text_field(frame.get("note"))
     moved = dict(lease)
     moved.update(owner=to, note=note, claimed_at=now,
@@ -298,39 +370,42 @@ def handoff(router: Router, session: Session, frame: dict, size: int) -> None:
     granted = router.frame("handoff_granted", "all",
                            f"Task '{task_id}' handed from {name} to {to}.", **fields)
     router.broadcast(granted)
-    idempotency.remember(router, session, keyed, granted, first)
-    router.fail_privately(session, f"Handoff of '{task_id}' was not journalled; {name} still "
-                                   "holds it. Retry.", task_id=task_id)
+    return Answer(True, "handoff_granted", granted["payload"], _reply_fields(granted), granted,
+                  moved, first)
 
 
 # -- wait_request
 
 @verbs.handles("wait_request", reads_only=True)
 def wait_request(router: Router, session: Session, frame: dict, size: int) -> None:
-    name = session.name
+    if _gated(router, session, frame, "wait_request"):
+        return
+    answer_locally(router, session, wait_for_task(router, session.name, frame))
+
+
+def wait_for_task(router: Router, who: str, frame: dict) -> Answer:
+    name = who
     now = router.now
     claims = cl.claims_of(router.state)
     task_id = cl.task_id_of(frame, "id", "payload")
     lease = claims.live(task_id, now) if task_id else None
     if lease is None:
-        router.reply(session, "wait_denied", f"Task '{task_id}' is not claimed; nothing to "
-                                             "wait for.", task_id=task_id)
-        return
+        return Answer(False, "wait_denied", f"Task '{task_id}' is not claimed; nothing to "
+                                            "wait for.", {"task_id": task_id})
     holder = lease["owner"]
     if holder == name:
-        router.reply(session, "wait_denied", f"You already hold '{task_id}'.", task_id=task_id)
-        return
+        return Answer(False, "wait_denied", f"You already hold '{task_id}'.",
+                      {"task_id": task_id})
     waits = _live(router, WAITS)
     if cl.deadlock(claims, waits, name, holder, now):
-        router.reply(session, "wait_denied", f"Waiting for '{task_id}' held by {holder} would "
-                                             "deadlock.", task_id=task_id, holder=holder)
-        return
+        return Answer(False, "wait_denied", f"Waiting for '{task_id}' held by {holder} would "
+                                            "deadlock.", {"task_id": task_id, "holder": holder})
     waits.pop(name, None)
     waits[name] = (task_id, lease["epoch"])
     while len(waits) > MAX_WAITS:
         waits.popitem(last=False)
-    router.reply(session, "wait_granted", f"Waiting for '{task_id}' held by {holder}.",
-                 task_id=task_id, holder=holder)
+    return Answer(True, "wait_granted", f"Waiting for '{task_id}' held by {holder}.",
+                  {"task_id": task_id, "holder": holder})
 
 
 # -- expiry

@@ -199,3 +199,100 @@ def test_multihub_follow_prints_a_peers_observed_claims(tmp_path, sites):
     wrong_pin = subprocess.run([*base[:-4], "--pin", "sha256:" + "0" * 64, "--local-id", "west"],
                                capture_output=True, text=True, timeout=60)
     assert wrong_pin.returncode == 2 and "pin" in wrong_pin.stderr
+
+
+def test_every_claim_verb_reaches_the_owner_and_the_claimants_snapshot_shows_its_lease(
+        tmp_path, sites):
+    """task_update, checkpoint, handoff and wait_request on a lease the owning
+    hub granted are decided by that owner (they used to be answered "not found"
+    by the claimant's hub), and the claimant's hub lists the lease in its
+    state_snapshot as the owner has it, across a restart too."""
+    start, route, url = sites
+    start("east", {"west": ["PROJ"]}, "--namespace-owner", "PROJ=east")
+    west = start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
+                 *route("claim-peer", "east"))
+
+    async def snapshot(probe, name):
+        await probe.send_json({"sender": name, "type": "state_request"})
+        claims = (await probe.recv_type("state_snapshot", timeout=10))["snapshot"]
+        return {c["task_id"]: c for c in claims["active_claims"]}
+
+    async def scenario():
+        amy = await agent(url["west"], "PROJ/amy")
+        cat = await agent(url["west"], "PROJ/cat")
+        bob = await agent(url["east"], "PROJ/bob")
+        granted = await claim(amy, "PROJ/amy", "t-1", ["src/core"])
+        assert granted["type"] == "claim_granted" and granted["owner_hub_id"] == "east"
+        mine = (await snapshot(amy, "PROJ/amy"))["t-1"]
+        owners = (await snapshot(bob, "PROJ/bob"))["t-1"]
+        assert mine["owner_hub_id"] == "east"
+        assert {k: mine[k] for k in owners} == {**owners, "holder_online": True,
+                                                "holder_offline_seconds": None}
+        assert owners["holder_online"] is False  # amy is not on east
+
+        await amy.send_json({"sender": "PROJ/amy", "type": "task_update", "id": "t-1",
+                             "status": "working", "note": "halfway",
+                             "epoch": granted["epoch"]})
+        updated = await amy.recv(lambda f: f.get("type") in ("task_updated", "error")
+                                 and f.get("task_id") == "t-1", timeout=15)
+        assert updated["type"] == "task_updated", updated
+        assert updated["target"] == "PROJ/amy" and updated["owner_hub_id"] == "east"
+        assert updated["status"] == "working" and updated["version"] == 1
+        await amy.send_json({"sender": "PROJ/amy", "type": "checkpoint", "id": "t-1",
+                             "checkpoint": "step 3 of 5", "epoch": granted["epoch"]})
+        saved = await amy.recv(lambda f: f.get("type") in ("checkpoint_saved",
+                                                           "checkpoint_denied"), timeout=15)
+        assert saved["type"] == "checkpoint_saved" and saved["version"] == 2, saved
+        mine = (await snapshot(amy, "PROJ/amy"))["t-1"]
+        owners = (await snapshot(bob, "PROJ/bob"))["t-1"]
+        assert (mine["status"], mine["note"], mine["checkpoint"], mine["version"]) == \
+            ("working", "halfway", "step 3 of 5", 2)
+        assert (owners["status"], owners["checkpoint"], owners["version"]) == \
+            ("working", "step 3 of 5", 2)
+        # an update the owner refuses is refused in its words
+        await amy.send_json({"sender": "PROJ/amy", "type": "task_update", "id": "t-1",
+                             "status": "claimed"})
+        refused = await amy.recv(lambda f: f.get("type") == "error"
+                                 and f.get("task_id") == "t-1", timeout=15)
+        assert "working" in refused["payload"] and refused["owner_hub_id"] == "east"
+
+        await cat.send_json({"sender": "PROJ/cat", "type": "wait_request", "id": "t-1"})
+        waiting = await cat.recv(lambda f: f.get("type") in ("wait_granted", "wait_denied"),
+                                 timeout=15)
+        assert waiting["type"] == "wait_granted" and waiting["holder"] == "PROJ/amy", waiting
+
+        await amy.send_json({"sender": "PROJ/amy", "type": "handoff", "id": "t-1",
+                             "to_agent": "PROJ/cat", "note": "yours"})
+        handed = await amy.recv(lambda f: f.get("type") in ("handoff_granted", "handoff_denied"),
+                                timeout=15)
+        assert handed["type"] == "handoff_granted", handed
+        assert handed["owner"] == "PROJ/cat" and handed["epoch"] > granted["epoch"]
+        cats = (await snapshot(cat, "PROJ/cat"))["t-1"]
+        assert (cats["owner"], cats["epoch"], cats["owner_hub_id"]) == \
+            ("PROJ/cat", handed["epoch"], "east")
+        assert (await snapshot(bob, "PROJ/bob"))["t-1"]["owner"] == "PROJ/cat"
+        for p in (amy, bob):
+            await p.close()
+        await cat.close()
+        return handed["epoch"]
+
+    epoch = asyncio.run(scenario())
+    assert [r["verb"] for r in rows(tmp_path / "west", "multihub_remote_lease")] == \
+        ["claim", "task_update", "checkpoint", "handoff"]
+    west.stop()
+    west.start()
+
+    async def after_restart():
+        cat = await agent(url["west"], "PROJ/cat")
+        listed = (await snapshot(cat, "PROJ/cat"))["t-1"]
+        assert (listed["owner"], listed["epoch"]) == ("PROJ/cat", epoch)
+        await cat.send_json({"sender": "PROJ/cat", "type": "release", "task_id": "t-1",
+                             "epoch": epoch})
+        released = await cat.recv_type("release_granted", timeout=15)
+        assert released["owner_hub_id"] == "east"
+        assert "t-1" not in await snapshot(cat, "PROJ/cat")
+        await cat.close()
+
+    asyncio.run(after_restart())
+    health = west.get_json("/health")["multihub"]["claim_forwarder"]
+    assert health["answered"] == 1 and health["in_flight"] == 0 and health["refused_full"] == 0
