@@ -31,6 +31,7 @@ from federation.claim_forwarding import relay_verdict
 from federation.config import FederationConfig
 from federation.link import PeerLink
 from federation.merge import Equivocation
+from federation.peers import PeerLinks
 from federation.ownership import NamespaceOwnership
 from federation.partition import MULTIHUB_HEAL, MULTIHUB_PARTITION, PartitionDetector
 from federation.quarantine import (MULTIHUB_EQUIVOCATION, MULTIHUB_EQUIVOCATION_RECOVERY,
@@ -71,9 +72,10 @@ for _kind in ROW_KINDS:
 
 
 class Authority:
-    def __init__(self, hub, config: FederationConfig):
+    def __init__(self, hub, config: FederationConfig, peers: PeerLinks):
         self.hub = hub
         self.config = config
+        self.peers = peers
         self.ownership = NamespaceOwnership.from_flags(
             [f"{ns}={owner}" for ns, owner in config.namespace_owners.items()], hub.hub_id)
         self.detector = PartitionDetector(hub.hub_id, self.ownership,
@@ -123,22 +125,16 @@ class Authority:
 
     def start(self, router, group: asyncio.TaskGroup) -> None:
         config = self.config
-        context = config.client_context() if any(
-            r.secure for r in list(config.watches.values()) + list(config.claim_peers.values())
-        ) else None
-        for peer, route in config.watches.items():
-            follower = WatchFollower(peer, None, config.watch_interval, self._observation,
-                                     self.hub.hub_id, quarantined=peer in self.quarantined)
-            link = PeerLink(route, self.hub.hub_id, context, on_up=follower.link_up)
-            follower.link = link
+        for peer in config.watches:
+            follower = WatchFollower(peer, self.peers.link(peer), config.watch_interval,
+                                     self._observation, self.hub.hub_id,
+                                     quarantined=peer in self.quarantined)
+            self.watch_links[peer] = self.peers.subscribe(peer, on_up=follower.link_up)
             self.followers[peer] = follower
-            self.watch_links[peer] = link
             self.watch_status[peer] = follower.snapshot()
-            group.create_task(link.run(), name=f"watch-link-{peer}")
             group.create_task(follower.run(), name=f"watch-{peer}")
-        for peer, route in config.claim_peers.items():
-            link = self.claim_links[peer] = PeerLink(route, self.hub.hub_id, context)
-            group.create_task(link.run(), name=f"claim-link-{peer}")
+        for peer in config.claim_peers:
+            self.claim_links[peer] = self.peers.link(peer)
         group.create_task(self.claim_forwarder.run(), name="claim-forwarder")
 
     def _verdict(self, verdict) -> None:

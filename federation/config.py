@@ -169,6 +169,8 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
                            "--claim-peer", "--claim-peer-pin", client_certfile)
     if claim_routes and not owners:
         raise FederationConfigError("--claim-peer requires --namespace-owner")
+    _merge_routes({"--message-peer": peers, "--multihub-watch": watch_routes,
+                   "--claim-peer": claim_routes})
     return FederationConfig(
         message_peers=peers,
         client_certfile=Path(client_certfile) if client_certfile else None,
@@ -189,6 +191,38 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
                    watch_pins=list(watch_pins), watch_token=watch_token,
                    watch_interval=watch_interval, claim_peers=list(claim_peers),
                    claim_peer_pins=list(claim_peer_pins), claim_peer_token=claim_peer_token))
+
+
+def merged_routes(config: FederationConfig) -> dict[str, PeerRoute]:
+    """One route per peer hub, whatever roles it has: each peer gets one link."""
+    return _merge_routes({"--message-peer": config.message_peers,
+                          "--multihub-watch": config.watches,
+                          "--claim-peer": config.claim_peers})
+
+
+def _merge_routes(by_flag: dict[str, dict[str, PeerRoute]]) -> dict[str, PeerRoute]:
+    merged: dict[str, tuple[str, PeerRoute]] = {}
+    for flag, routes in by_flag.items():
+        for peer, route in routes.items():
+            if peer not in merged:
+                merged[peer] = (flag, route)
+                continue
+            first_flag, first = merged[peer]
+            if route.uri != first.uri:
+                raise FederationConfigError(
+                    f"{flag} {peer}={route.uri} and {first_flag} {peer}={first.uri}: one hub, "
+                    "one link: give it the same URI")
+            if route.pins != first.pins:
+                raise FederationConfigError(
+                    f"{flag}-pin and {first_flag}-pin differ for hub {peer!r}: one link is "
+                    "checked against one pin set; give it the same pins")
+            if route.token and first.token and route.token != first.token:
+                raise FederationConfigError(
+                    f"{flag} and {first_flag} give hub {peer!r} two different tokens; its one "
+                    "link registers with one")
+            if route.token and not first.token:
+                merged[peer] = (first_flag, route)
+    return {peer: route for peer, (_, route) in merged.items()}
 
 
 def _owners(values: list[str]) -> dict[str, str]:

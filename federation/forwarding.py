@@ -25,6 +25,7 @@ from federation import state as fstate
 from federation.config import FederationConfig
 from federation.link import LinkError, PeerLink
 from federation.metrics import ForwardMetrics
+from federation.peers import PeerLinks
 from federation.outbox import ACCEPTED, DUPLICATE, EXPIRED, REFUSED, ForwardOutbox
 from federation.state import PendingForward, outbox_of
 from hubd.actors.router import Router
@@ -41,10 +42,11 @@ MAX_PENDING_PER_PEER = 200_000
 
 
 class Forwarding:
-    def __init__(self, hub, config: FederationConfig):
+    def __init__(self, hub, config: FederationConfig, peers: PeerLinks):
         self.hub = hub
         self.config = config
-        self.links: dict[str, PeerLink] = {}
+        self.peers = peers
+        self.links: dict[str, PeerLink] = {}  # the message peers' (shared) links
         self.metrics = ForwardMetrics(hub.metrics.registry, self)
         self.outbox: ForwardOutbox | None = None
         # forwards whose sender was told "pending" (in memory: after a restart
@@ -61,43 +63,34 @@ class Forwarding:
     # -- lifetime
 
     def start(self, router: Router, group: asyncio.TaskGroup) -> None:
-        context = self.config.client_context() if any(
-            r.secure for r in self.config.message_peers.values()) else None
         self.outbox = ForwardOutbox(self.hub.hub_id, self.links, self.metrics,
                                     settle=self._settle_later, pending_notice=self._pending_later)
         self._group = group
-        for peer, route in self.config.message_peers.items():
-            self._add_link(peer, route, context)
+        for peer in self.config.message_peers:
+            self._add_link(peer)
         self.outbox.load(list(outbox_of(router.state).pending.values()))
         group.create_task(self.outbox.sweep(), name="forward-outbox-sweep")
         group.create_task(self._first_answer_sweep(), name="forward-first-answer")
 
     def reconfigure(self, config: FederationConfig) -> None:
-        """New pins, URIs, tokens or peers after SIGHUP. A link whose live peer
-        certificate no longer matches its pins is closed; it reconnects and is
-        checked against the new pins like any new connection."""
+        """New message peers after SIGHUP (PeerLinks has rerouted the links: a
+        link whose live peer certificate no longer matches its pins is closed;
+        it reconnects and is checked against the new pins like any new one)."""
         self.config = config
-        context = config.client_context() if any(
-            r.secure for r in config.message_peers.values()) else None
-        for peer, route in config.message_peers.items():
-            link = self.links.get(peer)
-            if link is None:
-                self._add_link(peer, route, context)
-                continue
-            link.reroute(route, context)
+        for peer in config.message_peers:
+            if peer not in self.links:
+                self._add_link(peer)
         for peer in set(self.links) - set(config.message_peers):
             log.warning("message peer removed by reload; its unsettled forwards wait for "
                         "their TTL", peer=peer)
-            self.links[peer].stop()
 
-    def _add_link(self, peer: str, route, context) -> None:
-        link = self.links[peer] = PeerLink(
-            route, self.hub.hub_id, context, on_up=self._link_up, on_down=self._link_down,
-            on_result=self._on_result, on_rejected=self._on_rejected)
+    def _add_link(self, peer: str) -> None:
+        self.links[peer] = self.peers.subscribe(
+            peer, on_up=self._link_up, on_down=self._link_down, on_result=self._on_result,
+            on_rejected=self._on_rejected)
         if self.outbox is not None:
             self.outbox.add_peer(peer)
         if self._group is not None:
-            self._group.create_task(link.run(), name=f"peer-link-{peer}")
             self._group.create_task(self.outbox.run_peer(peer), name=f"forward-outbox-{peer}")
 
     def resync(self, router: Router) -> None:

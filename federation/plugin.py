@@ -36,6 +36,7 @@ class Federation:
         self.forwarding = None  # federation.forwarding.Forwarding, with message peers
         self.authority = None  # federation.authority.Authority, with a namespace-owner map
         self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
+        self.peer_links = None  # federation.peers.PeerLinks: one link per peer hub
         self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
 
     def plugin(self) -> Plugin:
@@ -79,14 +80,18 @@ class Federation:
             from .policy import load_serving_policy
 
             self.serving_policy = load_serving_policy(config.serving_policy_path)
+        if config.message_peers or config.watches or config.claim_peers:
+            from .peers import PeerLinks
+
+            self.peer_links = PeerLinks(hub.hub_id, config)
         if config.message_peers:
             from .forwarding import Forwarding
 
-            self.forwarding = Forwarding(hub, config)
+            self.forwarding = Forwarding(hub, config, self.peer_links)
         if config.namespace_owners:
             from .authority import Authority
 
-            self.authority = Authority(hub, config)
+            self.authority = Authority(hub, config, self.peer_links)
 
     def listener_ssl(self):
         """The listener's TLS context, with --tls-certfile (TlsConfigError)."""
@@ -113,6 +118,8 @@ class Federation:
             self.forwarding.start(router, group)
         if self.authority is not None:
             self.authority.start(router, group)
+        if self.peer_links is not None:
+            self.peer_links.start(group)
 
     def reload(self, hub) -> dict:
         """SIGHUP: read pins, peers, the serving policy, the federation store
@@ -145,6 +152,8 @@ class Federation:
                 self.server_ssl.load_verify_locations(cadata=policy.client_ca_pem)
         if hub.router is not None:
             hub.router.post_control(self._recheck_peer_sessions)
+        if self.peer_links is not None:
+            self.peer_links.reconfigure(config)
         if self.forwarding is not None:
             self.forwarding.reconfigure(config)
         return {"peers": sorted(config.message_peers),

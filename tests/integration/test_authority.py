@@ -296,3 +296,39 @@ def test_every_claim_verb_reaches_the_owner_and_the_claimants_snapshot_shows_its
     asyncio.run(after_restart())
     health = west.get_json("/health")["multihub"]["claim_forwarder"]
     assert health["answered"] == 1 and health["in_flight"] == 0 and health["refused_full"] == 0
+
+
+def test_one_link_per_peer_carries_forwards_claims_and_the_watch(tmp_path, sites):
+    """A peer that is this hub's message peer, claim route and watched peer at
+    once gets one mTLS link, not three: the owner sees one peer connection."""
+    start, route, url = sites
+    east = start("east", {"west": ["PROJ"]}, "--namespace-owner", "PROJ=east")
+    west = start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
+                 *route("claim-peer", "east"), *route("multihub-watch", "east"),
+                 *route("message-peer", "east"), "--multihub-watch-interval", "1")
+
+    async def scenario():
+        amy = await agent(url["west"], "PROJ/amy")
+        bob = await agent(url["east"], "PROJ/bob")
+        granted = await claim(amy, "PROJ/amy", "t-1", ["src"])
+        assert granted["type"] == "claim_granted" and granted["owner_hub_id"] == "east"
+        await amy.send_json({"sender": "PROJ/amy", "type": "chat", "target": "PROJ/bob@east",
+                             "payload": "over the one link", "receipt_requested": True})
+        chat = await bob.recv(lambda f: f.get("type") == "chat"
+                              and f.get("payload") == "over the one link", timeout=15)
+        assert chat["sender"] == "PROJ/amy@west"
+        receipt = await amy.recv(lambda f: f.get("type") == "delivery_receipt"
+                                 and f.get("forward_state") == "accepted", timeout=15)
+        assert receipt["delivered"] is True
+        wait_for(lambda: west.get_json("/health")["multihub"]["watches"]["east"]["last_success"])
+        # east registered exactly one peer hub link from west (it used to be three)
+        assert east.log().count("peer link registered") == 1
+        assert west.log().count("peer link up") == 1
+        health = west.get_json("/health")
+        assert health["message_forward"]["east"]["connects"] == 1
+        assert health["multihub"]["claim_routes"]["east"]["connects"] == 1
+        await amy.close()
+        await bob.close()
+
+    asyncio.run(scenario())
+
