@@ -163,6 +163,8 @@ class ForwardOutbox:
         else:
             self._finish(queue, attempt, "peer_invalid_answer",
                          f"{peer} answered disposition {disposition!r}", {})
+        if queue.ready and len(queue.in_flight) < WINDOW:
+            queue.wake.set()  # a window slot came free: refill now, not at the next sweep
 
     def peer_rejected(self, peer: str, text: str) -> None:
         """A peer older than wire v5: every forward to it is refused, no retries."""
