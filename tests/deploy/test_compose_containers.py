@@ -300,8 +300,10 @@ def test_three_sites_in_containers(deployment, compose_run, where):
     wait_healthy(run, SITES, healthcheck_start_period())
     for site in SITES:
         assert hub_health(run, site)["journal_seq"] >= before[site] > 0, site
+    # west's own lease, and the one north granted west's agent (as north granted it)
     held = claim(hub_url(run, "west"), "state", "--name", "PROJ/wes")["active_claims"]
-    assert [(c["task_id"], c["owner"]) for c in held] == [("p-1", "PROJ/amy")]
+    assert [(c["task_id"], c["owner"], c.get("owner_hub_id")) for c in held] == \
+        [("n-1", "NORTH/wes", "north"), ("p-1", "PROJ/amy", None)]
     wait_until(links_up, 60, "all six peer links up after the restart")
     # a seat new to west (a known one would first be replayed its history)
     bea = receiver(hub_url(run, "west"), "PROJ/bea", 1, 60)
