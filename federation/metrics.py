@@ -7,8 +7,12 @@ so dashboards built for it keep working; the rest are hubd's own.
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from federation.state import outbox_of
 
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -59,18 +63,34 @@ class ForwardMetrics:
         silences = CounterMetricFamily("hubd_peer_link_silence_closes",
                                        "Links closed because the peer answered no ping within "
                                        "the deadline.", labels=["peer"])
-        for peer in sorted(fwd.links):
-            link = fwd.links[peer]
-            count, age = fwd.outbox.backlog(peer)
-            pending.add_metric([peer], count)
-            oldest.add_metric([peer], age)
+        held = GaugeMetricFamily("hubd_forward_held",
+                                 "Unsettled forwards the peer's outbox holds in memory (the "
+                                 "rest of the backlog waits in the journal).", labels=["peer"])
+        dropped = CounterMetricFamily("hubd_forward_outbox_dropped",
+                                      "What the peer's outbox mailbox had no room for, by kind: "
+                                      "row (read back from the journal), answer (the forward "
+                                      "goes again), roster (refused).", labels=["peer", "kind"])
+        router = fwd.hub.router
+        index = outbox_of(router.state) if router is not None else None
+        now = time.time()
+        for peer in sorted(fwd.outboxes):
+            outbox = fwd.outboxes[peer]
+            link = outbox.link
+            oldest_row = index.oldest(peer) if index is not None else None
+            pending.add_metric([peer], index.count(peer) if index is not None else 0)
+            oldest.add_metric([peer], max(now - oldest_row.created, 0.0) if oldest_row else 0.0)
+            held.add_metric([peer], len(outbox.items))
+            for kind, n in sorted(outbox.mailbox.dropped.items()):
+                dropped.add_metric([peer, kind], n)
             up.add_metric([peer], 1 if link.up else 0)
-            success = fwd.outbox.queues[peer].last_success
-            last.add_metric([peer], success or 0)
+            last.add_metric([peer], outbox.last_success or 0)
             inbound.add_metric([peer], link.last_inbound or 0)
-            stalled.add_metric([peer], 1 if fwd.stall(peer).stalled else 0)
+            stalled.add_metric([peer], 1 if router is not None and
+                               fwd.stall(router, peer).stalled else 0)
             silences.add_metric([peer], link.silence_closes)
         yield pending
+        yield held
+        yield dropped
         yield oldest
         yield up
         yield last

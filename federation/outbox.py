@@ -1,9 +1,22 @@
-"""ForwardOutbox: sends journaled forwards to their peers until each settles.
+"""ForwardOutbox: one actor per peer hub, sending the forwards journaled for it until each settles.
 
-Rows come from the Router after the chat and its outbox row are committed
-(never on the sender's path), and from the journal at start. Per peer, one
-sender task keeps up to WINDOW forwards in flight on the peer's link and hands
-every settlement back to the Router, which journals it and tells the sender.
+Its one inbox is a Mailbox that never blocks whoever posts to it:
+- rows, from the Router once a chat and its outbox row are committed;
+- the link's events (up, down, an answer, a pre-v5 peer refusing the verb),
+  a sign of life from the peer outside this link, a roster (who) request,
+  and the ticks of its own timer.
+What it learns goes back to the Router as messages (`report`): settlements,
+"still pending" notices, roster answers. It reads no one's state and no one
+reads its own but /health and /metrics (figures only).
+
+Memory is bounded whatever the backlog. The journal is the durable outbox;
+the actor holds at most RESIDENT forwards (body, attempts, timers). Past
+that it keeps only a cursor, the highest seq it holds: every unsettled row
+at or below it is held, and the rows above it are read back from the
+journal, oldest first, as room frees up (`load`: the Router's index names
+the unsettled seqs, the journal reader gives their bodies), the way Matrix's
+federation sender catches a destination up from its durable watermark. A
+row the mailbox had no room for is left to that catch-up too.
 
 Retries: a forward that timed out or was refused for a transient reason waits
 1, 2, 4 ... 300 s (jittered) before its next attempt. A link that went down
@@ -19,23 +32,144 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import secrets
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
+from typing import Awaitable, Callable, NamedTuple
 
 import structlog
 
 from federation.clock import SYSTEM, next_retry
 from federation.state import PendingForward
 from hubd.state import delivery as dl
-from hubd.state.delivery import ACCEPTED, DUPLICATE, EXPIRED, REFUSED, forward_step
+from hubd.state.delivery import ACCEPTED, DUPLICATE, forward_step
 
 log = structlog.get_logger("hubd.federation.outbox")
 
-WINDOW = 1024  # forwards in flight per peer
+WINDOW = 1024  # forwards in flight
 BATCH = 256  # forwards per frame, to a peer that takes batches
+RESIDENT = 4096  # forwards held in memory; the rest wait in the journal
+REFILL = 1024  # read the journal again once this much room is free
+EVENTS = 4 * WINDOW  # mailbox events (answers) held before new answers are dropped
 ANSWER_TIMEOUT = 10.0
 SWEEP = 0.5
+FIRST_ANSWER = 1.0  # seconds a sender's receipt waits for the peer before "pending"
+ROSTERS = 32  # roster requests waiting for this peer's answer
+ROSTER_TIMEOUT = 5.0
+
+
+# -- what the actor tells the Router
+
+class Settled(NamedTuple):
+    item: PendingForward
+    state: str  # one of hubd.state.delivery.SETTLED
+    reason: str
+    detail: str
+    result: dict
+
+
+class StillPending(NamedTuple):
+    item: PendingForward
+    why: str
+
+
+class RosterAnswer(NamedTuple):
+    reply_to: int  # the asker's endpoint
+    name: str
+    type: str  # who_snapshot or error
+    text: str
+    fields: dict
+
+
+# -- what others tell the actor
+
+class LinkUp(NamedTuple):
+    pass
+
+
+class LinkDown(NamedTuple):
+    cause: str
+
+
+class Answer(NamedTuple):
+    frame: dict
+
+
+class Rejected(NamedTuple):
+    text: str
+
+
+class PeerAlive(NamedTuple):
+    pass
+
+
+class Roster(NamedTuple):
+    reply_to: int
+    name: str
+
+
+class Resync(NamedTuple):
+    """The Router rebuilt its state: read the unsettled rows again from the start."""
+
+
+class Tick(NamedTuple):
+    pass
+
+
+TICK = Tick()
+
+
+class Mailbox:
+    """The actor's inbox, bounded, never blocking a poster (the Router, the link).
+
+    Rows past `max_rows` are not kept: only the lowest seq dropped, and the
+    actor reads them from the journal. Answers past `max_events` are dropped
+    and counted: their forwards time out and go again, and the peer answers
+    `duplicate`. Link transitions, ticks and resyncs are always kept (a few per
+    reconnect or timer period); roster requests past the bound are refused."""
+
+    def __init__(self, max_rows: int, max_events: int):
+        self.max_rows, self.max_events = max_rows, max_events
+        self.rows: list[PendingForward] = []
+        self.rows_dropped_from: int | None = None
+        self.events: deque = deque()
+        self.dropped = {"row": 0, "answer": 0, "roster": 0}
+        self._tick_posted = False
+        self._ready = asyncio.Event()
+
+    def post_rows(self, items: list[PendingForward]) -> None:
+        room = 0 if self.rows_dropped_from is not None else self.max_rows - len(self.rows)
+        if len(items) > room:
+            self.dropped["row"] += len(items) - room
+            if self.rows_dropped_from is None:
+                self.rows_dropped_from = items[room].seq
+            items = items[:room]
+        self.rows.extend(items)
+        self._ready.set()
+
+    def post(self, event) -> bool:
+        """False if the event was dropped at the bound (answers, roster requests)."""
+        kind = type(event)
+        if kind is Tick:
+            if self._tick_posted:
+                return True
+            self._tick_posted = True
+        elif kind in (Answer, Roster) and len(self.events) >= self.max_events:
+            self.dropped["answer" if kind is Answer else "roster"] += 1
+            return False
+        self.events.append(event)
+        self._ready.set()
+        return True
+
+    async def wait(self) -> None:
+        await self._ready.wait()
+
+    def take(self) -> tuple[list, int | None, deque]:
+        rows, dropped_from, events = self.rows, self.rows_dropped_from, self.events
+        self.rows, self.rows_dropped_from, self.events = [], None, deque()
+        self._tick_posted = False
+        self._ready.clear()
+        return rows, dropped_from, events
 
 
 @dataclass(slots=True)
@@ -50,97 +184,187 @@ class Attempt:
         return self.state
 
 
-@dataclass
-class PeerQueue:
-    items: OrderedDict = field(default_factory=OrderedDict)  # forward_id -> Attempt, oldest first
-    ready: deque = field(default_factory=deque)  # forward_ids to send now
-    delayed: list = field(default_factory=list)  # heap of (due, forward_id)
-    in_flight: dict = field(default_factory=dict)  # forward_id -> Attempt
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    last_success: float | None = None
+@dataclass(slots=True)
+class WaitingRoster:
+    reply_to: int
+    name: str
+    due: float
+
+
+# load(peer, after_seq, limit): the next unsettled forwards after after_seq, in
+# seq order, and whether that was every one (those not committed yet excepted:
+# the Router posts them once they are)
+Load = Callable[[str, int, int], Awaitable[tuple[list[PendingForward], bool]]]
 
 
 class ForwardOutbox:
-    def __init__(self, origin_hub: str, links: dict, metrics,
-                 settle: Callable[[PendingForward, str, str, str, dict], None],
-                 pending_notice: Callable[[PendingForward, str], None], clock=SYSTEM):
+    def __init__(self, origin_hub: str, peer: str, subscribe: Callable[..., object], metrics,
+                 report: Callable[[list], None], load: Load, *, clock=SYSTEM):
         self.origin = origin_hub
-        self.clock = clock
-        self.links = links
+        self.peer = peer
         self.metrics = metrics
-        self._settle = settle
-        self._pending_notice = pending_notice
-        self.queues: dict[str, PeerQueue] = {peer: PeerQueue() for peer in links}
+        self.report = report
+        self.load = load
+        self.clock = clock
+        self.mailbox = Mailbox(RESIDENT, EVENTS)
+        self.items: OrderedDict[str, Attempt] = OrderedDict()  # held forwards, oldest first
+        self.ready: deque = deque()  # forward_ids to send now
+        self.delayed: list = []  # heap of (due, forward_id)
+        self.in_flight: dict[str, Attempt] = {}
+        self.first_answer: deque = deque()  # (due, forward_id), in due order
+        self.rosters: dict[str, WaitingRoster] = {}  # by the request's forward_id
+        self._roster_frames: deque = deque()  # roster requests not sent yet
+        self.cursor = 0  # every unsettled row with seq <= cursor is in self.items
+        self.caught_up = False  # and every one above it is in the mailbox
+        self.last_success: float | None = None
+        self._journal_short = False  # the last load met an uncommitted row: wait a tick
+        self._reports: list = []
+        post = self.mailbox.post
+        self.link = subscribe(on_up=lambda peer: post(LinkUp()),
+                              on_down=lambda peer, cause: post(LinkDown(cause)),
+                              on_result=self._answer_arrived,
+                              on_rejected=lambda peer, text: post(Rejected(text)))
 
-    def add_peer(self, peer: str) -> None:
-        self.queues.setdefault(peer, PeerQueue())
+    def _answer_arrived(self, peer: str, frame: dict) -> None:
+        if not self.mailbox.post(Answer(frame)):
+            log.warning("forward outbox mailbox full; an answer was dropped (its forward "
+                        "goes again after the answer timeout)", peer=peer,
+                        forward_id=frame.get("forward_id"))
+
+    # -- the actor
+
+    async def run(self) -> None:
+        ticker = asyncio.ensure_future(self._tick())
+        try:
+            await self._refill()
+            while True:
+                self._flush_reports()
+                await self._send_ready()
+                self._flush_reports()
+                await self.mailbox.wait()
+                self._take()
+                if not self.caught_up and not self._journal_short and \
+                        len(self.items) <= RESIDENT - REFILL:
+                    await self._refill()
+        except BaseException:
+            self._fail_rosters("this hub's forward outbox for the peer stopped")
+            self._flush_reports()
+            raise
+        finally:
+            ticker.cancel()
+
+    async def _tick(self) -> None:
+        while True:
+            await self.clock.sleep(SWEEP)
+            self.mailbox.post(TICK)
+
+    def _flush_reports(self) -> None:
+        if self._reports:
+            reports, self._reports = self._reports, []
+            self.report(reports)
+
+    def _take(self) -> None:
+        rows, dropped_from, events = self.mailbox.take()
+        for event in events:
+            kind = type(event)
+            if kind is Answer:
+                self._on_answer(event.frame)
+            elif kind is Tick:
+                self._sweep()
+            elif kind is LinkUp:
+                self._release_delayed(dl.LINK_UP)
+            elif kind is LinkDown:
+                self._link_down(event.cause)
+            elif kind is PeerAlive:
+                self._peer_alive()
+            elif kind is Roster:
+                self._ask_roster(event)
+            elif kind is Rejected:
+                self._peer_rejected(event.text)
+            elif kind is Resync:
+                self.caught_up, self.cursor = False, 0
+            else:
+                raise TypeError(f"forward outbox got an unknown event {event!r}")
+        for item in rows:
+            self._row(item)
+        if dropped_from is not None:
+            self.caught_up = False  # rows from dropped_from on are read from the journal
 
     # -- rows in
 
-    def submit(self, item: PendingForward) -> None:
-        queue = self.queues[item.peer]
-        if item.forward_id in queue.items:
+    def _row(self, item: PendingForward) -> None:
+        if not self.caught_up or item.seq <= self.cursor:
+            return  # the journal has it, and a load reads it (or it is held already)
+        if len(self.items) >= RESIDENT:
+            self.caught_up = False
             return
-        queue.items[item.forward_id] = Attempt(item)
-        queue.ready.append(item.forward_id)
-        queue.wake.set()
+        self.cursor = item.seq
+        self._hold(item)
+        if item.receipt_requested:
+            self.first_answer.append((self.clock.monotonic() + FIRST_ANSWER, item.forward_id))
 
-    def load(self, items: list[PendingForward]) -> None:
-        for item in items:
-            if item.peer in self.queues:
-                self.submit(item)
+    def _hold(self, item: PendingForward) -> None:
+        self.items[item.forward_id] = Attempt(item)
+        self.ready.append(item.forward_id)
+
+    async def _refill(self) -> None:
+        rows, complete = await self.load(self.peer, self.cursor, RESIDENT - len(self.items))
+        for item in rows:
+            if item.forward_id not in self.items:
+                self._hold(item)
+            self.cursor = max(self.cursor, item.seq)
+        self.caught_up = complete
+        # stopped short of RESIDENT by a row not committed yet: try again next tick
+        self._journal_short = not complete and len(self.items) < RESIDENT
 
     # -- link events
 
-    def link_up(self, peer: str) -> None:
-        """Everything pending goes out now, whatever its backoff said."""
-        self._release_delayed(peer, dl.LINK_UP)
-
-    def peer_alive(self, peer: str) -> None:
-        """The peer showed life (its inbound link, a forward, a log pull):
-        retries waiting out a backoff because no answer came go now, if the
-        link is up (else link_up() sends them when it is). Retries the peer
-        itself asked to wait keep their backoff (the table keeps them HELD)."""
-        link = self.links.get(peer)
-        if peer in self.queues and link is not None and link.up and self.queues[peer].delayed:
-            self._release_delayed(peer, dl.PEER_ALIVE)
-
-    def _release_delayed(self, peer: str, event: str) -> None:
+    def _release_delayed(self, event: str) -> None:
         """Step every backing-off forward with `event`; those the table sends
         back to QUEUED go out now, the rest stay in the heap with their due time."""
-        queue = self.queues[peer]
         keep = []
-        for due, forward_id in queue.delayed:
-            attempt = queue.items.get(forward_id)
+        for due, forward_id in self.delayed:
+            attempt = self.items.get(forward_id)
             if attempt is None or attempt.state not in dl.BACKING_OFF:
                 continue  # a stale entry: settled, or queued again since
             if attempt.step(event) == dl.QUEUED:
-                queue.ready.append(forward_id)
+                self.ready.append(forward_id)
             else:
                 keep.append((due, forward_id))
         heapq.heapify(keep)
-        queue.delayed = keep
-        queue.wake.set()
+        self.delayed = keep
 
-    def link_down(self, peer: str, cause: str) -> None:
-        queue = self.queues[peer]
+    def _peer_alive(self) -> None:
+        """The peer showed life (its inbound link, a forward, a log pull):
+        retries waiting out a backoff because no answer came go now, if the
+        link is up (else LinkUp sends them when it is). Retries the peer
+        itself asked to wait keep their backoff (the table keeps them HELD)."""
+        self.link.wake()
+        if self.link.up and self.delayed:
+            self._release_delayed(dl.PEER_ALIVE)
+
+    def _link_down(self, cause: str) -> None:
         # In-flight forwards go back to the front: the peer may or may not have
         # them; a resend is answered `duplicate` if it did.
-        returning = list(queue.in_flight)
-        queue.in_flight.clear()
+        returning = list(self.in_flight)
+        self.in_flight.clear()
         for forward_id in reversed(returning):
-            attempt = queue.items.get(forward_id)
+            attempt = self.items.get(forward_id)
             if attempt is not None:
                 attempt.step(dl.LINK_DOWN)
                 attempt.sent_at = None
-                queue.ready.appendleft(forward_id)
-        for attempt in queue.items.values():
-            self._pending_notice(attempt.item, f"link to {peer} is down ({cause})")
+                self.ready.appendleft(forward_id)
+        for attempt in self.items.values():
+            self._still_pending(attempt.item, f"link to {self.peer} is down ({cause})")
+        self._fail_rosters(f"the link to {self.peer} went down ({cause})")
 
-    def on_result(self, peer: str, frame: dict) -> None:
-        queue = self.queues.get(peer)
+    def _on_answer(self, frame: dict) -> None:
         forward_id = frame.get("forward_id")
-        attempt = queue.in_flight.pop(forward_id, None) if queue else None
+        roster = self.rosters.pop(forward_id, None)
+        if roster is not None:
+            self._answer_roster(roster, frame)
+            return
+        attempt = self.in_flight.pop(forward_id, None)
         if attempt is None:
             return  # an answer to a forward already settled or re-sent
         disposition = frame.get("disposition")
@@ -151,132 +375,177 @@ class ForwardOutbox:
         event = dl.answer_event(disposition, reason)
         state = attempt.step(event)
         if state in (ACCEPTED, DUPLICATE):
-            queue.last_success = self.clock.wall()
+            self.last_success = self.clock.wall()
             if started is not None:
-                self.metrics.forward_latency(peer, self.clock.monotonic() - started)
-            self._finish(queue, attempt, "", detail, result)
+                self.metrics.forward_latency(self.peer, self.clock.monotonic() - started)
+            self._finish(attempt, "", detail, result)
         elif state == dl.HELD:
-            self.metrics.forward_outcome(peer, "retried")
-            self._retry_later(queue, attempt, f"{peer} refused for now: {reason} {detail}".strip())
+            self.metrics.forward_outcome(self.peer, "retried")
+            self._retry_later(attempt, f"{self.peer} refused for now: {reason} {detail}".strip())
         elif event == dl.ANSWER_REFUSED:
-            self._finish(queue, attempt, reason or "refused", detail, result)
+            self._finish(attempt, reason or "refused", detail, result)
         else:
-            self._finish(queue, attempt, "peer_invalid_answer",
-                         f"{peer} answered disposition {disposition!r}", {})
-        if queue.ready and len(queue.in_flight) < WINDOW:
-            queue.wake.set()  # a window slot came free: refill now, not at the next sweep
+            self._finish(attempt, "peer_invalid_answer",
+                         f"{self.peer} answered disposition {disposition!r}", {})
 
-    def peer_rejected(self, peer: str, text: str) -> None:
+    def _peer_rejected(self, text: str) -> None:
         """A peer older than wire v5: every forward to it is refused, no retries."""
-        queue = self.queues[peer]
-        for attempt in list(queue.items.values()):
+        log.error("peer does not speak wire v5 forwarding; refusing its forwards", peer=self.peer,
+                  answer=text)
+        for attempt in list(self.items.values()):
             attempt.step(dl.PEER_REJECTED)
-            self._finish(queue, attempt, "peer_rejected", text[:512], {})
+            self._finish(attempt, "peer_rejected", text[:512], {})
+
+    # -- roster requests (who_request naming this peer)
+
+    def _ask_roster(self, ask: Roster) -> None:
+        if not self.link.up:
+            self._roster_error(ask.reply_to, ask.name, f"the link to {self.peer} is down")
+            return
+        if len(self.rosters) >= ROSTERS:
+            self.mailbox.dropped["roster"] += 1
+            self._roster_error(ask.reply_to, ask.name,
+                               f"{ROSTERS} roster requests to {self.peer} are already waiting")
+            return
+        forward_id = secrets.token_hex(16)
+        self.rosters[forward_id] = WaitingRoster(ask.reply_to, ask.name,
+                                                 self.clock.monotonic() + ROSTER_TIMEOUT)
+        # sent with the forwards (below), so a hung link holds it like them
+        self._roster_frames.append({
+            "sender": self.origin, "target": "System", "type": "multihub_message_forward",
+            "payload": "", "forward_id": forward_id, "kind": "who", "sender_seat": ask.name})
+
+    def _answer_roster(self, roster: WaitingRoster, frame: dict) -> None:
+        if frame.get("disposition") != ACCEPTED:
+            self._roster_error(roster.reply_to, roster.name, (
+                f"refused the roster request: {frame.get('reason_code')} "
+                f"{frame.get('detail', '')}").strip())
+            return
+        result = frame.get("result") if isinstance(frame.get("result"), dict) else {}
+        seats = sorted(f"{s}@{self.peer}" for s in result.get("online_agents", [])
+                       if isinstance(s, str))
+        self._reports.append(RosterAnswer(roster.reply_to, roster.name, "who_snapshot",
+                                          "Who snapshot", {"remote_hub": self.peer,
+                                                           "online_agents": seats,
+                                                           "connected_clients": len(seats)}))
+
+    def _roster_error(self, reply_to: int, name: str, why: str) -> None:
+        self._reports.append(RosterAnswer(reply_to, name, "error",
+                                          f"Hub '{self.peer}' did not answer the roster "
+                                          f"request: {why}", {}))
+
+    def _fail_rosters(self, why: str) -> None:
+        waiting, self.rosters = self.rosters, {}
+        self._roster_frames.clear()
+        for roster in waiting.values():
+            self._roster_error(roster.reply_to, roster.name, why)
 
     # -- internals
 
-    def _finish(self, queue: PeerQueue, attempt: Attempt, reason: str, detail: str,
-                result: dict) -> None:
+    def _still_pending(self, item: PendingForward, why: str) -> None:
+        if item.receipt_requested:
+            self._reports.append(StillPending(item, why))
+
+    def _finish(self, attempt: Attempt, reason: str, detail: str, result: dict) -> None:
         """Settle a forward that reached one of the table's settled states."""
         item = attempt.item
         state = attempt.state
         assert state in dl.SETTLED, state
-        queue.items.pop(item.forward_id, None)
-        queue.in_flight.pop(item.forward_id, None)
-        self.metrics.forward_outcome(item.peer, state)
-        self._settle(item, state, reason, detail, result)
+        self.items.pop(item.forward_id, None)
+        self.in_flight.pop(item.forward_id, None)
+        self.metrics.forward_outcome(self.peer, state)
+        self._reports.append(Settled(item, state, reason, detail, result))
 
-    def _retry_later(self, queue: PeerQueue, attempt: Attempt, why: str) -> None:
+    def _retry_later(self, attempt: Attempt, why: str) -> None:
         attempt.sent_at = None
-        link = self.links[attempt.item.peer]
+        link = self.link
         now = self.clock.monotonic()
         up_for = now - link.up_since if link.up_since is not None else None
         due, attempt.attempts = next_retry(attempt.attempts, now, up_for, self.clock.jitter())
-        heapq.heappush(queue.delayed, (due, attempt.item.forward_id))
-        self._pending_notice(attempt.item, why)
+        heapq.heappush(self.delayed, (due, attempt.item.forward_id))
+        self._still_pending(attempt.item, why)
 
-    async def run_peer(self, peer: str) -> None:
-        queue = self.queues[peer]
-        link = self.links[peer]
-        while True:
-            await queue.wake.wait()
-            queue.wake.clear()
-            if not link.up:
-                continue  # link_up() wakes us again
-            while queue.ready and len(queue.in_flight) < WINDOW and link.up:
-                batch = []
-                limit = BATCH if link.batching else 1
-                now = self.clock.monotonic()
-                while queue.ready and len(batch) < limit and \
-                        len(queue.in_flight) < WINDOW:
-                    forward_id = queue.ready.popleft()
-                    attempt = queue.items.get(forward_id)
-                    if attempt is None or attempt.state != dl.QUEUED:
-                        continue  # a stale entry: settled, or queued again since
-                    attempt.step(dl.SEND)
-                    attempt.sent_at = now
-                    queue.in_flight[forward_id] = attempt
-                    batch.append(attempt)
-                if not batch:
-                    break
-                if len(batch) == 1:
-                    frame = batch[0].item.frame(self.origin)
-                else:
-                    frame = {"sender": self.origin, "target": "System",
-                             "type": "multihub_message_forward_batch", "payload": "",
-                             "forwards": [a.item.entry() for a in batch]}
-                if not await link.send(frame):
-                    for attempt in reversed(batch):
-                        queue.in_flight.pop(attempt.item.forward_id, None)
-                        if attempt.state == dl.IN_FLIGHT:
-                            attempt.step(dl.SEND_FAILED)
-                        elif attempt.state != dl.QUEUED:
-                            continue  # settled meanwhile (expired, or the peer was rejected)
-                        attempt.sent_at = None
-                        queue.ready.appendleft(attempt.item.forward_id)
-                    break
+    async def _send_ready(self) -> None:
+        link = self.link
+        while self._roster_frames and link.up:
+            if not await link.send(self._roster_frames.popleft()):
+                break  # LinkDown answers the waiting requests
+        while self.ready and len(self.in_flight) < WINDOW and link.up:
+            batch = []
+            limit = BATCH if link.batching else 1
+            now = self.clock.monotonic()
+            while self.ready and len(batch) < limit and len(self.in_flight) < WINDOW:
+                forward_id = self.ready.popleft()
+                attempt = self.items.get(forward_id)
+                if attempt is None or attempt.state != dl.QUEUED:
+                    continue  # a stale entry: settled, or queued again since
+                attempt.step(dl.SEND)
+                attempt.sent_at = now
+                self.in_flight[forward_id] = attempt
+                batch.append(attempt)
+            if not batch:
+                break
+            if len(batch) == 1:
+                frame = batch[0].item.frame(self.origin)
+            else:
+                frame = {"sender": self.origin, "target": "System",
+                         "type": "multihub_message_forward_batch", "payload": "",
+                         "forwards": [a.item.entry() for a in batch]}
+            if not await link.send(frame):
+                for attempt in reversed(batch):
+                    self.in_flight.pop(attempt.item.forward_id, None)
+                    if attempt.state == dl.IN_FLIGHT:
+                        attempt.step(dl.SEND_FAILED)
+                    elif attempt.state != dl.QUEUED:
+                        continue  # settled meanwhile (expired, or the peer was rejected)
+                    attempt.sent_at = None
+                    self.ready.appendleft(attempt.item.forward_id)
+                break
 
-    def time_out_unanswered(self, peer: str, now_mono: float) -> None:
-        queue = self.queues[peer]
-        for forward_id, attempt in list(queue.in_flight.items()):
-            if now_mono - attempt.sent_at > ANSWER_TIMEOUT:
-                del queue.in_flight[forward_id]
-                attempt.step(dl.ANSWER_TIMEOUT)
-                self.metrics.forward_outcome(peer, "timeout")
-                self._retry_later(queue, attempt,
-                                  f"{peer} did not answer within {ANSWER_TIMEOUT:g}s")
-
-    async def sweep(self) -> None:
-        """Twice a second: answers that never came, due retries, expired rows."""
-        while True:
-            await self.clock.sleep(SWEEP)
-            self.sweep_once()
-
-    def sweep_once(self) -> None:
+    def _sweep(self) -> None:
+        """Every SWEEP: answers that never came, due retries, expired rows,
+        senders owed a "pending", roster requests past their time."""
         now_mono = self.clock.monotonic()
         now = self.clock.wall()
-        for peer, queue in self.queues.items():
-            self.time_out_unanswered(peer, now_mono)
-            while queue.delayed and queue.delayed[0][0] <= now_mono:
-                _, forward_id = heapq.heappop(queue.delayed)
-                attempt = queue.items.get(forward_id)
-                if attempt is not None and attempt.state in dl.BACKING_OFF:
-                    attempt.step(dl.RETRY_DUE)
-                    queue.ready.append(forward_id)
-                    queue.wake.set()
-            for attempt in list(queue.items.values()):
-                if attempt.item.expires_at > now:
-                    break  # rows are in creation order, and so in expiry order
-                attempt.step(dl.TTL)
-                self._finish(queue, attempt, "forward_expired",
-                             f"not accepted by {peer} within its TTL", {})
-            if queue.ready:
-                queue.wake.set()
+        self._journal_short = False
+        for forward_id, attempt in list(self.in_flight.items()):
+            if now_mono - attempt.sent_at > ANSWER_TIMEOUT:
+                del self.in_flight[forward_id]
+                attempt.step(dl.ANSWER_TIMEOUT)
+                self.metrics.forward_outcome(self.peer, "timeout")
+                self._retry_later(attempt,
+                                  f"{self.peer} did not answer within {ANSWER_TIMEOUT:g}s")
+        while self.delayed and self.delayed[0][0] <= now_mono:
+            _, forward_id = heapq.heappop(self.delayed)
+            attempt = self.items.get(forward_id)
+            if attempt is not None and attempt.state in dl.BACKING_OFF:
+                attempt.step(dl.RETRY_DUE)
+                self.ready.append(forward_id)
+        for attempt in list(self.items.values()):
+            if attempt.item.expires_at > now:
+                break  # rows are in creation order, and so in expiry order
+            attempt.step(dl.TTL)
+            self._finish(attempt, "forward_expired",
+                         f"not accepted by {self.peer} within its TTL", {})
+        while self.first_answer and self.first_answer[0][0] <= now_mono:
+            _, forward_id = self.first_answer.popleft()
+            attempt = self.items.get(forward_id)
+            if attempt is not None:
+                link = self.link
+                why = "no answer yet" if link.up else (
+                    f"link to {self.peer} is down ({link.last_error['cause']})"
+                    if link.last_error else f"link to {self.peer} is down")
+                self._still_pending(attempt.item, why)
+        late = [fid for fid, roster in self.rosters.items() if roster.due <= now_mono]
+        for forward_id in late:
+            roster = self.rosters.pop(forward_id)
+            self._roster_error(roster.reply_to, roster.name,
+                               f"no answer within {ROSTER_TIMEOUT:g}s")
 
     # -- figures
 
-    def backlog(self, peer: str) -> tuple[int, float]:
-        queue = self.queues[peer]
-        first = next(iter(queue.items.values()), None)
+    def held(self) -> tuple[int, float]:
+        """(forwards held in memory, the oldest one's age in seconds)."""
+        first = next(iter(self.items.values()), None)
         oldest = self.clock.wall() - first.item.created if first is not None else 0.0
-        return len(queue.items), max(oldest, 0.0)
+        return len(self.items), max(oldest, 0.0)

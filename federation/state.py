@@ -2,7 +2,11 @@
 
 - the forward outbox: chats this hub journaled for a peer that are not settled
   yet. A row is the chat event itself (its route names the peer and the
-  forward_id), so the chat and its outbox row commit together.
+  forward_id), so the chat and its outbox row commit together. The projection
+  is only the index (forward_id -> the chat's seq, per peer, oldest first):
+  the forward itself, its body and attempts, is held once, by the peer's
+  ForwardOutbox actor (federation/outbox.py), or left in the journal when the
+  actor has no room for it (it reads it back by seq: `pending_from_event`).
 - the forward inbox: forward_ids this hub accepted from peers, with a digest of
   what was accepted and the result it answered, so a retry gets `duplicate`
   and the same id with other content gets `forward_id_conflict`.
@@ -17,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from hubd.state.events import Event
 from hubd.state.hub import Appliers, HubState
@@ -63,12 +68,49 @@ class PendingForward:
                 "target_seat": self.target_seat, "body": self.body}
 
 
+class PendingRef(NamedTuple):
+    seq: int  # the chat's
+    created: float
+
+
 @dataclass
 class ForwardOutbox:
-    pending: OrderedDict = field(default_factory=OrderedDict)  # forward_id -> PendingForward
+    """Unsettled forwards: per peer, forward_id -> PendingRef in seq order."""
 
-    def for_peer(self, peer: str) -> list[PendingForward]:
-        return [p for p in self.pending.values() if p.peer == peer]
+    by_peer: dict = field(default_factory=dict)  # peer -> OrderedDict
+    peer_of: dict = field(default_factory=dict)  # forward_id -> peer
+
+    def add(self, peer: str, forward_id: str, ref: PendingRef) -> None:
+        rows = self.by_peer.get(peer)
+        if rows is None:
+            rows = self.by_peer[peer] = OrderedDict()
+        rows[forward_id] = ref
+        self.peer_of[forward_id] = peer
+
+    def settle(self, forward_id: str) -> None:
+        peer = self.peer_of.pop(forward_id, None)
+        if peer is not None:
+            del self.by_peer[peer][forward_id]
+
+    def is_pending(self, forward_id: str) -> bool:
+        return forward_id in self.peer_of
+
+    def count(self, peer: str) -> int:
+        return len(self.by_peer.get(peer, ()))
+
+    def oldest(self, peer: str) -> PendingRef | None:
+        rows = self.by_peer.get(peer)
+        return next(iter(rows.values())) if rows else None
+
+    def after(self, peer: str, after_seq: int, limit: int) -> list[int]:
+        """The seqs of up to `limit` unsettled forwards to `peer` after `after_seq`."""
+        seqs: list[int] = []
+        for ref in self.by_peer.get(peer, {}).values():
+            if ref.seq > after_seq:
+                seqs.append(ref.seq)
+                if len(seqs) == limit:
+                    break
+        return seqs
 
 
 @dataclass(slots=True, frozen=True)
@@ -133,20 +175,29 @@ def _apply_forwarding(state: HubState, event: Event) -> None:
         return
     outgoing = route.get("forward")
     if outgoing is not None:
-        frame = event.payload
-        outbox_of(state).pending[outgoing["forward_id"]] = PendingForward(
-            forward_id=outgoing["forward_id"], peer=outgoing["peer"], seq=event.seq,
-            created=event.ts, expires_at=outgoing["expires_at"], sender=frame["sender"],
-            sender_seat=frame["sender"], target_seat=outgoing["seat"],
-            body=forward_body(frame), receipt_requested=frame.get("receipt_requested") is True,
-            client_msg_id=frame.get("client_msg_id"), msg_id=frame["msg_id"],
-            target=frame.get("target", ""))
+        outbox_of(state).add(outgoing["peer"], outgoing["forward_id"],
+                             PendingRef(event.seq, event.ts))
         return
     incoming = route.get("forwarded")
     if incoming is not None:
         inbox_of(state).remember(incoming["forward_id"], Accepted(
             incoming["digest"], incoming["origin"], event.seq, event.payload.get("msg_id"),
             tuple(route.get("recipients", ()))))
+
+
+def pending_from_event(event: Event) -> PendingForward | None:
+    """The forward a journaled chat carries, or None if it carries none."""
+    outgoing = (event.route or {}).get("forward") if event.kind == "chat" else None
+    if outgoing is None:
+        return None
+    frame = event.payload
+    return PendingForward(
+        forward_id=outgoing["forward_id"], peer=outgoing["peer"], seq=event.seq,
+        created=event.ts, expires_at=outgoing["expires_at"], sender=frame["sender"],
+        sender_seat=frame["sender"], target_seat=outgoing["seat"],
+        body=forward_body(frame), receipt_requested=frame.get("receipt_requested") is True,
+        client_msg_id=frame.get("client_msg_id"), msg_id=frame["msg_id"],
+        target=frame.get("target", ""))
 
 
 def result_of(event: Event, recipients: list[str]) -> dict:
@@ -166,11 +217,11 @@ def _result(seq: int, msg_id, recipients) -> dict:
 def _apply_settled(state: HubState, event: Event) -> None:
     """One event settles every forward answered in one Router round: the ones
     the peer accepted with no receipt owed by id, the rest with their details."""
-    pending = outbox_of(state).pending
+    outbox = outbox_of(state)
     for forward_id in event.payload.get("accepted", ()):
-        pending.pop(forward_id, None)
+        outbox.settle(forward_id)
     for settled in event.payload["settled"]:
-        pending.pop(settled["forward_id"], None)
+        outbox.settle(settled["forward_id"])
         receipt = settled.get("receipt")
         if receipt is not None:
             state.receipts.queue_notification(receipt["target"],

@@ -158,6 +158,17 @@ class JournalReader:
                 f"SELECT seq, payload FROM events WHERE seq IN ({marks}) ORDER BY seq", chunk))
         return out
 
+    def events_at(self, seqs: list[int]) -> list[Event]:
+        """The events with these seqs that are committed, in seq order."""
+        out: list[Event] = []
+        for start in range(0, len(seqs), 500):
+            chunk = seqs[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            out.extend(row_to_event(row) for row in self.conn.execute(
+                f"SELECT seq, ts, kind, payload, route FROM events WHERE seq IN ({marks}) "
+                "ORDER BY seq", chunk))
+        return out
+
     def since(self, after_seq: int, limit: int | None) -> list[tuple]:
         if limit is None:
             limit = -1

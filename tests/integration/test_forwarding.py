@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from federation.outbox import RESIDENT
 from federation.tls import peer_client_context
 from tests.support.federation import fake_peer_hub, make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
@@ -190,6 +191,56 @@ def test_peer_down_then_back_delivers_the_backlog_once(tmp_path, pki):
         # registered after some landed, so `delivered` may be either
         assert all(r["forward_state"] in ("accepted", "duplicate") and r["deferred"] is True
                    for r in receipts), receipts
+        assert "handler failed" not in east.log() and "Traceback" not in east.log()
+    finally:
+        east.stop()
+        west.stop()
+
+
+def test_a_backlog_larger_than_the_outbox_holds_waits_in_the_journal_and_drains_once(
+        tmp_path, pki):
+    """The outbox holds RESIDENT forwards; the rest of a long outage's backlog
+    stays in the journal and is read back as room frees up, across a restart
+    of the origin too."""
+    count = RESIDENT + 904
+    east, west = start_pair(tmp_path, pki)
+    try:
+        def forward_health():
+            return east.get_json("/health")["message_forward"]["west"]
+
+        async def send_while_down():
+            alice = await joined(east.url, "PROJ/alice")
+            for i in range(count):
+                await alice.chat("PROJ/alice", "PROJ/bob@west", f"m{i}", client_msg_id=f"b{i}")
+            await alice.close()
+        west.stop()
+        wait_for(lambda: forward_health()["link"] == "down")
+        asyncio.run(send_while_down())
+        wait_for(lambda: forward_health()["pending"] == count, timeout=60)
+        wait_for(lambda: forward_health()["held_in_memory"] == RESIDENT)
+        assert forward_health()["pending"] == count
+        east.stop()
+        east.start()  # the backlog is read back from the journal, RESIDENT of it
+        wait_for(lambda: forward_health()["held_in_memory"] == RESIDENT)
+        assert forward_health()["pending"] == count
+
+        west.start()
+
+        async def collect():
+            bob = await WsProbe.open(west.url)
+            await bob.recv_type("welcome")
+            await bob.register("PROJ/bob", mailbox=True, since_seq=0)
+            got = {}  # client_msg_id -> seqs
+            while len(got) < count:
+                chat = await bob.recv_type("chat", timeout=30)
+                got.setdefault(chat["client_msg_id"], set()).add(chat["seq"])
+            await bob.close()
+            return got
+        got = asyncio.run(collect())
+        wait_for(lambda: forward_health()["pending"] == 0, timeout=60)
+        assert sorted(got) == sorted(f"b{i}" for i in range(count))
+        assert all(len(seqs) == 1 for seqs in got.values())
+        assert forward_health()["held_in_memory"] == 0
         assert "handler failed" not in east.log() and "Traceback" not in east.log()
     finally:
         east.stop()

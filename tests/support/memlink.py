@@ -34,6 +34,7 @@ class MemoryLink:
         self.last_error: dict | None = None
         self.clock_skew: float | None = 0.0
         self.connects = 0
+        self.wakes = 0  # wake() calls: a sign of life from the peer elsewhere
         self.on_up, self.on_down = on_up, on_down
         self.on_result, self.on_rejected = on_result, on_rejected
         self.far = FarEnd(self)
@@ -110,6 +111,9 @@ class MemoryLink:
                 waiter.set_result(frame)
         elif kind == "error":
             self.on_rejected(self.peer, str(frame.get("payload", "")))
+
+    def wake(self) -> None:
+        self.wakes += 1
 
     def health(self) -> dict:
         return {"link": "up" if self.up else "down", "connects": self.connects,

@@ -10,19 +10,20 @@ from prometheus_client import CollectorRegistry
 import federation.outbox as outbox_module
 from federation.clock import ManualClock, settle
 from federation.metrics import ForwardMetrics
-from federation.outbox import ANSWER_TIMEOUT, ForwardOutbox
+from federation.outbox import ANSWER_TIMEOUT, ForwardOutbox, PeerAlive, Settled, StillPending
 from federation.state import PendingForward
 from hubd.state import delivery as dl
 from tests.support.memlink import DROP, HANG, MemoryLink
 
 
-def forward(n: int, clock: ManualClock, ttl: float = 3600.0) -> PendingForward:
+def forward(n: int, clock: ManualClock, ttl: float = 3600.0,
+            receipt: bool = True) -> PendingForward:
     return PendingForward(
-        forward_id=f"f{n:031d}", peer="west", seq=n, created=clock.wall(),
+        forward_id=f"f{n:031d}", peer="west", seq=n + 1, created=clock.wall(),
         expires_at=clock.wall() + ttl, sender="PROJ/alice", sender_seat="PROJ/alice",
         target_seat="PROJ/bob", body={"payload": f"chat {n}", "origin_msg_id": n,
                                       "origin_timestamp": clock.wall()},
-        receipt_requested=True, client_msg_id=None, msg_id=n, target="PROJ/bob@west")
+        receipt_requested=receipt, client_msg_id=None, msg_id=n, target="PROJ/bob@west")
 
 
 def answer(forward_id: str, disposition: str = "accepted", reason: str = "") -> dict:
@@ -32,36 +33,75 @@ def answer(forward_id: str, disposition: str = "accepted", reason: str = "") -> 
 
 
 class Harness:
+    """The outbox with what it talks to: the in-memory link, the Router's side
+    (reports recorded, rows settled out of the index), and the journal (the
+    unsettled rows, by seq; `uncommitted` ones are in the index, not yet on
+    disk: a load stops before them, and they are posted once committed)."""
+
     def __init__(self, batching: bool = False):
         self.clock = ManualClock()
         self.settled = []  # (forward_id, state, reason)
         self.notices = []  # (forward_id, why)
+        self.rosters = []  # RosterAnswer
+        self.journal: dict[int, PendingForward] = {}
+        self.uncommitted: set[int] = set()
+        self.loads = []  # (after_seq, limit) of every load the outbox made
         self.link = MemoryLink("west", "east", self.clock, batching=batching)
         self.outbox = ForwardOutbox(
-            "east", {"west": self.link}, ForwardMetrics(CollectorRegistry(), None),
-            settle=lambda item, state, reason, detail, result:
-                self.settled.append((item.forward_id, state, reason)),
-            pending_notice=lambda item, why: self.notices.append((item.forward_id, why)),
-            clock=self.clock)
-        self.link.on_up = self.outbox.link_up
-        self.link.on_down = self.outbox.link_down
-        self.link.on_result = self.outbox.on_result
-        self.link.on_rejected = self.outbox.peer_rejected
-        self.tasks = []
+            "east", "west", self._attach, ForwardMetrics(CollectorRegistry(), None),
+            self._report, self._load, clock=self.clock)
+        self.task = None
+
+    def _attach(self, **events):
+        for name, fn in events.items():
+            setattr(self.link, name, fn)
+        return self.link
+
+    def _report(self, reports):
+        for report in reports:
+            if isinstance(report, Settled):
+                self.settled.append((report.item.forward_id, report.state, report.reason))
+                self.journal.pop(report.item.seq, None)
+            elif isinstance(report, StillPending):
+                self.notices.append((report.item.forward_id, report.why))
+            else:
+                self.rosters.append(report)
+
+    async def _load(self, peer, after_seq, limit):
+        self.loads.append((after_seq, limit))
+        seqs = sorted(seq for seq in self.journal if seq > after_seq)[:limit]
+        rows = []
+        for seq in seqs:
+            if seq in self.uncommitted:
+                break
+            rows.append(self.journal[seq])
+        return rows, len(seqs) < limit
 
     async def start(self):
-        self.tasks = [asyncio.ensure_future(self.outbox.run_peer("west")),
-                      asyncio.ensure_future(self.outbox.sweep())]
+        self.task = asyncio.ensure_future(self.outbox.run())
         await settle()
 
     async def stop(self):
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
 
     def submit(self, *items):
+        """As the Router does: the rows are in the journal, then posted."""
         for item in items:
-            self.outbox.submit(item)
+            self.journal[item.seq] = item
+        self.outbox.mailbox.post_rows(list(items))
+
+    async def answer(self, frame: dict):
+        self.link.far.answer(frame)
+        await settle()
+
+    async def connect(self):
+        self.link.far.connect()
+        await settle()
+
+    async def cut(self):
+        self.link.far.cut()
+        await settle()
 
     def sent_ids(self) -> list[str]:
         ids = []
@@ -73,7 +113,7 @@ class Harness:
         return ids
 
     def state_of(self, item) -> str:
-        return self.outbox.queues["west"].items[item.forward_id].state
+        return self.outbox.items[item.forward_id].state
 
 
 def run(scenario):
@@ -93,16 +133,16 @@ def test_rows_wait_for_the_link_then_leave_in_one_batch_and_settle():
         h.submit(*items)
         await settle()
         assert h.link.far.received == [] and h.state_of(items[0]) == dl.QUEUED
-        h.link.far.connect()
+        await h.connect()
         await settle()
         [frame] = h.link.far.received
         assert frame["type"] == "multihub_message_forward_batch"
         assert h.sent_ids() == [i.forward_id for i in items]
         assert h.state_of(items[0]) == dl.IN_FLIGHT
-        h.link.far.answer({"type": "multihub_message_result_batch",
+        await h.answer({"type": "multihub_message_result_batch",
                            "results": [answer(i.forward_id) for i in items]})
         assert [s[1] for s in h.settled] == ["accepted"] * 3
-        assert h.outbox.backlog("west")[0] == 0
+        assert len(h.outbox.items) == 0
     scenario.options = {"batching": True}
     run(scenario)
 
@@ -110,22 +150,22 @@ def test_rows_wait_for_the_link_then_leave_in_one_batch_and_settle():
 def test_a_transient_refusal_is_retried_on_the_schedule_of_the_clock():
     async def scenario(h):
         item = forward(1, h.clock)
-        h.link.far.connect()
+        await h.connect()
         h.submit(item)
         await settle()
         assert h.sent_ids() == [item.forward_id]
-        h.link.far.answer(answer(item.forward_id, "refused", "quota_exceeded"))
+        await h.answer(answer(item.forward_id, "refused", "quota_exceeded"))
         assert h.state_of(item) == dl.HELD and h.notices
         await h.clock.advance(0.6)  # first retry is due after 1 s (jitter 0.5)
         assert h.sent_ids() == []
         await h.clock.advance(0.6)
         assert h.sent_ids() == [item.forward_id]
-        h.link.far.answer(answer(item.forward_id, "refused", "quota_exceeded"))
+        await h.answer(answer(item.forward_id, "refused", "quota_exceeded"))
         await h.clock.advance(1.6)  # the second waits 2 s (due at +2.0, seen by the
         assert h.sent_ids() == []   # sweep, which runs every 0.5 s)
         await h.clock.advance(0.8)
         assert h.sent_ids() == [item.forward_id]
-        h.link.far.answer(answer(item.forward_id))
+        await h.answer(answer(item.forward_id))
         assert h.settled == [(item.forward_id, "accepted", "")]
     run(scenario)
 
@@ -133,12 +173,12 @@ def test_a_transient_refusal_is_retried_on_the_schedule_of_the_clock():
 def test_a_final_refusal_settles_refused_and_an_unknown_answer_is_refused_too():
     async def scenario(h):
         first, second = forward(1, h.clock), forward(2, h.clock)
-        h.link.far.connect()
+        await h.connect()
         h.submit(first, second)
         await settle()
         h.sent_ids()
-        h.link.far.answer(answer(first.forward_id, "refused", "namespace_not_granted"))
-        h.link.far.answer(answer(second.forward_id, "perhaps"))
+        await h.answer(answer(first.forward_id, "refused", "namespace_not_granted"))
+        await h.answer(answer(second.forward_id, "perhaps"))
         assert h.settled == [(first.forward_id, "refused", "namespace_not_granted"),
                              (second.forward_id, "refused", "peer_invalid_answer")]
     run(scenario)
@@ -147,7 +187,7 @@ def test_a_final_refusal_settles_refused_and_an_unknown_answer_is_refused_too():
 def test_an_answer_that_never_comes_times_out_and_is_resent():
     async def scenario(h):
         item = forward(1, h.clock)
-        h.link.far.connect()
+        await h.connect()
         h.link.far.mode = DROP
         h.submit(item)
         await settle()
@@ -165,7 +205,7 @@ def test_an_answer_that_never_comes_times_out_and_is_resent():
 def test_a_sign_of_life_resends_what_got_no_answer_and_keeps_a_not_now_waiting():
     async def scenario(h):
         unanswered, not_now = forward(1, h.clock), forward(2, h.clock)
-        h.link.far.connect()
+        await h.connect()
         h.link.far.mode = DROP
         h.submit(unanswered)
         await settle()
@@ -175,17 +215,18 @@ def test_a_sign_of_life_resends_what_got_no_answer_and_keeps_a_not_now_waiting()
         h.submit(not_now)
         await settle()
         assert h.sent_ids() == [not_now.forward_id]
-        h.link.far.answer(answer(not_now.forward_id, "refused", "quota_exceeded"))
+        await h.answer(answer(not_now.forward_id, "refused", "quota_exceeded"))
         assert h.state_of(not_now) == dl.HELD
-        h.outbox.peer_alive("west")  # e.g. the peer's own link to this hub came up
+        h.outbox.mailbox.post(PeerAlive())
+        await settle()  # e.g. the peer's own link to this hub came up
         await settle()
         assert h.sent_ids() == [unanswered.forward_id]
         assert h.state_of(unanswered) == dl.IN_FLIGHT
         assert h.state_of(not_now) == dl.HELD  # the peer asked to wait: it still waits
-        h.link.far.answer(answer(unanswered.forward_id))
+        await h.answer(answer(unanswered.forward_id))
         await h.clock.advance(1.5)  # not_now's own backoff (1 s, jitter 0.5) runs out
         assert h.sent_ids() == [not_now.forward_id]
-        h.link.far.answer(answer(not_now.forward_id))
+        await h.answer(answer(not_now.forward_id))
         assert h.settled == [(unanswered.forward_id, "accepted", ""),
                              (not_now.forward_id, "accepted", "")]
     run(scenario)
@@ -194,18 +235,18 @@ def test_a_sign_of_life_resends_what_got_no_answer_and_keeps_a_not_now_waiting()
 def test_a_cut_returns_forwards_in_flight_to_the_front_and_a_return_drains_at_once():
     async def scenario(h):
         items = [forward(n, h.clock) for n in range(3)]
-        h.link.far.connect()
+        await h.connect()
         h.submit(*items)
         await settle()
         assert len(h.sent_ids()) == 3
-        h.link.far.cut()
+        await h.cut()
         assert all(h.state_of(i) == dl.QUEUED for i in items)
         assert len(h.notices) == 3  # each sender is told its forward waits
-        h.link.far.connect()  # no time passes: everything goes out now, in order
+        await h.connect()  # no time passes: everything goes out now, in order
         await settle()
         assert h.sent_ids() == [i.forward_id for i in items]
         for i in items:
-            h.link.far.answer(answer(i.forward_id, "duplicate"))
+            await h.answer(answer(i.forward_id, "duplicate"))
         assert [s[1] for s in h.settled] == ["duplicate"] * 3
     run(scenario)
 
@@ -213,16 +254,16 @@ def test_a_cut_returns_forwards_in_flight_to_the_front_and_a_return_drains_at_on
 def test_a_hung_send_holds_nothing_else_up_and_is_requeued_by_the_cut():
     async def scenario(h):
         item = forward(1, h.clock)
-        h.link.far.connect()
+        await h.connect()
         h.link.far.mode = HANG
         h.submit(item)
         await settle()
         assert h.state_of(item) == dl.IN_FLIGHT and h.link.far.received == []
-        h.link.far.cut()
+        await h.cut()
         await settle()
         assert h.state_of(item) == dl.QUEUED
         h.link.far.mode = "deliver"
-        h.link.far.connect()
+        await h.connect()
         await settle()
         assert h.sent_ids() == [item.forward_id]
     run(scenario)
@@ -231,12 +272,12 @@ def test_a_hung_send_holds_nothing_else_up_and_is_requeued_by_the_cut():
 def test_rows_past_their_ttl_expire_whatever_their_state():
     async def scenario(h):
         waiting, queued = forward(1, h.clock, ttl=5), forward(2, h.clock, ttl=5)
-        h.link.far.connect()
+        await h.connect()
         h.submit(waiting)
         await settle()
         h.sent_ids()
-        h.link.far.answer(answer(waiting.forward_id, "refused", "chat_refused"))
-        h.link.far.cut()
+        await h.answer(answer(waiting.forward_id, "refused", "chat_refused"))
+        await h.cut()
         h.submit(queued)
         await h.clock.advance(5.5)
         assert sorted(h.settled) == sorted([(waiting.forward_id, "expired", "forward_expired"),
@@ -249,14 +290,14 @@ def test_in_flight_is_bounded_by_the_window(monkeypatch):
 
     async def scenario(h):
         items = [forward(n, h.clock) for n in range(5)]
-        h.link.far.connect()
+        await h.connect()
         h.submit(*items)
         await settle()
         assert h.sent_ids() == [i.forward_id for i in items[:2]]
-        h.link.far.answer(answer(items[0].forward_id))
+        await h.answer(answer(items[0].forward_id))
         await settle()
         assert h.sent_ids() == [items[2].forward_id]
-        assert len(h.outbox.queues["west"].in_flight) == 2
+        assert len(h.outbox.in_flight) == 2
     run(scenario)
 
 
@@ -264,9 +305,9 @@ def test_a_peer_older_than_wire_v5_refuses_every_forward_without_retries():
     async def scenario(h):
         items = [forward(n, h.clock) for n in range(2)]
         h.submit(*items)
-        h.link.far.connect()
+        await h.connect()
         await settle()
-        h.link.far.answer({"type": "error",
+        await h.answer({"type": "error",
                            "payload": "Unknown message type 'multihub_message_forward'."})
         assert [s[1:] for s in h.settled] == [("refused", "peer_rejected")] * 2
     run(scenario)
@@ -276,10 +317,153 @@ def test_a_peer_older_than_wire_v5_refuses_every_forward_without_retries():
 def test_a_late_answer_after_settling_changes_nothing(disposition):
     async def scenario(h):
         item = forward(1, h.clock)
-        h.link.far.connect()
+        await h.connect()
         h.submit(item)
         await settle()
-        h.link.far.answer(answer(item.forward_id, disposition))
-        h.link.far.answer(answer(item.forward_id, disposition))
+        await h.answer(answer(item.forward_id, disposition))
+        await h.answer(answer(item.forward_id, disposition))
         assert len(h.settled) == 1
     run(scenario)
+
+
+def small_outbox(monkeypatch, resident=4, refill=2, window=2, events=None):
+    monkeypatch.setattr(outbox_module, "RESIDENT", resident)
+    monkeypatch.setattr(outbox_module, "REFILL", refill)
+    monkeypatch.setattr(outbox_module, "WINDOW", window)
+    if events is not None:
+        monkeypatch.setattr(outbox_module, "EVENTS", events)
+
+
+def test_a_backlog_past_what_it_holds_waits_in_the_journal_and_goes_once_in_order(monkeypatch):
+    small_outbox(monkeypatch)
+
+    async def scenario(h):
+        items = [forward(n, h.clock, receipt=False) for n in range(10)]
+        for item in items:  # one Router round each, the link down
+            h.submit(item)
+            await settle()
+            assert len(h.outbox.items) <= 4
+        assert [a.item.seq for a in h.outbox.items.values()] == [1, 2, 3, 4]
+        assert h.outbox.cursor == 4 and not h.outbox.caught_up
+        await h.connect()
+        sent = []
+        while len(h.settled) < 10:
+            ids = h.sent_ids()
+            assert ids, "nothing in flight and not all settled"
+            sent += ids
+            for forward_id in ids:
+                await h.answer(answer(forward_id))
+                assert len(h.outbox.items) <= 4
+        assert sent == [i.forward_id for i in items]  # each once, oldest first
+        assert [s[0] for s in h.settled] == sent
+        assert h.outbox.caught_up and not h.outbox.items
+        # every load asked for no more than there was room for
+        assert all(limit <= 4 for _, limit in h.loads)
+    run(scenario)
+
+
+def test_rows_the_mailbox_has_no_room_for_are_read_back_from_the_journal(monkeypatch):
+    small_outbox(monkeypatch)
+
+    async def scenario(h):
+        items = [forward(n, h.clock, receipt=False) for n in range(6)]
+        h.submit(*items)  # one post before the outbox takes anything: 2 over the bound
+        assert h.outbox.mailbox.dropped["row"] == 2
+        await settle()
+        assert [a.item.seq for a in h.outbox.items.values()] == [1, 2, 3, 4]
+        await h.connect()
+        for _ in range(3):
+            for forward_id in h.sent_ids():
+                await h.answer(answer(forward_id))
+        assert [s[0] for s in h.settled] == [i.forward_id for i in items]
+    run(scenario)
+
+
+def test_a_load_stops_before_an_uncommitted_row_which_comes_by_the_mailbox(monkeypatch):
+    small_outbox(monkeypatch, resident=8, refill=4, window=4)
+
+    async def scenario(h):
+        first, second, third = (forward(n, h.clock, receipt=False) for n in range(3))
+        h.outbox.mailbox.post(outbox_module.Resync())  # read the journal from the start
+        h.journal.update({first.seq: first, second.seq: second, third.seq: third})
+        h.uncommitted.add(third.seq)
+        await settle()
+        assert list(h.outbox.items) == [first.forward_id, second.forward_id]
+        assert h.outbox.caught_up  # the index had no more: the third is on its way
+        h.uncommitted.clear()
+        h.outbox.mailbox.post_rows([third])  # committed, then posted by the Router
+        await h.connect()
+        assert h.sent_ids() == [first.forward_id, second.forward_id, third.forward_id]
+    run(scenario)
+
+
+def test_answers_past_the_mailbox_bound_are_dropped_counted_and_the_forward_goes_again(
+        monkeypatch):
+    small_outbox(monkeypatch, resident=8, refill=4, window=8, events=2)
+
+    async def scenario(h):
+        items = [forward(n, h.clock, receipt=False) for n in range(3)]
+        await h.connect()
+        h.submit(*items)
+        await settle()
+        assert h.sent_ids() == [i.forward_id for i in items]
+        for item in items:  # three answers before the outbox takes any
+            h.link.far.answer(answer(item.forward_id))
+        assert h.outbox.mailbox.dropped["answer"] == 1
+        await settle()
+        assert [s[0] for s in h.settled] == [i.forward_id for i in items[:2]]
+        await h.clock.advance(ANSWER_TIMEOUT + 1)
+        await h.clock.advance(1.5)  # the retry after the timeout (1 s, jitter 0.5)
+        assert h.sent_ids() == [items[2].forward_id]
+        await h.answer(answer(items[2].forward_id, "duplicate"))
+        assert h.settled[-1] == (items[2].forward_id, "duplicate", "")
+    run(scenario)
+
+
+def test_roster_requests_are_answered_refused_at_the_bound_and_timed_out(monkeypatch):
+    monkeypatch.setattr(outbox_module, "ROSTERS", 1)
+    Roster, RosterAnswer = outbox_module.Roster, outbox_module.RosterAnswer
+
+    async def scenario(h):
+        h.outbox.mailbox.post(Roster(7, "PROJ/alice"))
+        await settle()
+        assert h.rosters[-1].type == "error" and "link to west is down" in h.rosters[-1].text
+        await h.connect()
+        h.outbox.mailbox.post(Roster(7, "PROJ/alice"))
+        h.outbox.mailbox.post(Roster(8, "PROJ/amy"))
+        await settle()
+        [asked] = h.link.far.take()
+        assert asked["kind"] == "who" and asked["sender_seat"] == "PROJ/alice"
+        busy = h.rosters[-1]
+        assert (busy.reply_to, busy.type) == (8, "error") and "already waiting" in busy.text
+        await h.answer({"type": "multihub_message_result", "forward_id": asked["forward_id"],
+                        "disposition": "accepted",
+                        "result": {"online_agents": ["PROJ/bob", 3]}})
+        assert h.rosters[-1] == RosterAnswer(7, "PROJ/alice", "who_snapshot", "Who snapshot", {
+            "remote_hub": "west", "online_agents": ["PROJ/bob@west"], "connected_clients": 1})
+        h.outbox.mailbox.post(Roster(9, "PROJ/ann"))
+        await settle()
+        await h.clock.advance(outbox_module.ROSTER_TIMEOUT + 0.6)
+        late = h.rosters[-1]
+        assert late.reply_to == 9 and "no answer within 5s" in late.text
+        assert h.outbox.mailbox.dropped["roster"] == 1
+    run(scenario)
+
+
+def test_an_outbox_that_dies_answers_its_waiting_requests_and_fails_loudly():
+    async def main():
+        h = Harness()
+        await h.start()
+        await h.connect()
+        h.outbox.mailbox.post(outbox_module.Roster(7, "PROJ/alice"))
+        await settle()
+        assert h.link.far.take()  # the request is out, waiting for its answer
+        h.outbox.mailbox.events.append("not an event")  # a defect in whoever posted it
+        h.outbox.mailbox.post(outbox_module.TICK)
+        await settle()
+        assert h.task.done()
+        with pytest.raises(TypeError, match="unknown event"):
+            h.task.result()
+        [failed] = h.rosters
+        assert failed.reply_to == 7 and failed.type == "error" and "stopped" in failed.text
+    asyncio.run(main())

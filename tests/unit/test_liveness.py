@@ -1,11 +1,7 @@
-"""Dead-link decisions (federation/liveness.py) and the outbox's wake-up on a
-sign of life, without IO (an in-memory link stand-in)."""
-
-import asyncio
+"""Dead-link decisions (federation/liveness.py), without IO. The outbox's
+answer to a sign of life is tested with the outbox (test_forward_outbox.py)."""
 
 from federation import liveness
-from federation.outbox import ANSWER_TIMEOUT, ForwardOutbox
-from federation.state import PendingForward
 
 
 def test_silence_past_the_deadline_is_dead():
@@ -51,66 +47,3 @@ def test_stalled_needs_pending_work_an_up_link_and_no_progress():
     assert not progressing.stalled
     stuck = liveness.stall(5, True, 100.0, 500.0, 500.0 + after + 1)
     assert stuck.stalled and stuck.since == 500.0
-
-
-class StubLink:
-    """Stands in for a PeerLink: up or not, records what is sent."""
-
-    def __init__(self, up=True):
-        self.up = up
-        self.up_since = 0.0
-        self.batching = False
-        self.sent = []
-
-    async def send(self, frame):
-        self.sent.append(frame)
-        return True
-
-
-class Figures:
-    def forward_outcome(self, peer, outcome):
-        pass
-
-    def forward_latency(self, peer, seconds):
-        pass
-
-
-def pending(forward_id):
-    return PendingForward(forward_id=forward_id, peer="west", seq=1, created=0.0,
-                          expires_at=1e12, sender="PROJ/alice", sender_seat="PROJ/alice",
-                          target_seat="PROJ/bob", body={"payload": "hi"},
-                          receipt_requested=False, client_msg_id=None, msg_id=1,
-                          target="PROJ/bob@west")
-
-
-async def test_sign_of_life_releases_unanswered_retries_not_the_peers_not_now():
-    link = StubLink()
-    outbox = ForwardOutbox("east", {"west": link}, Figures(), settle=lambda *a: None,
-                           pending_notice=lambda *a: None)
-    sender = asyncio.get_running_loop().create_task(outbox.run_peer("west"))
-    try:
-        outbox.submit(pending("unanswered"))
-        outbox.submit(pending("not-now"))
-        await asyncio.sleep(0)
-        assert [f["forward_id"] for f in link.sent] == ["unanswered", "not-now"]
-        outbox.on_result("west", {"forward_id": "not-now", "disposition": "refused",
-                                  "reason_code": "quota_exceeded"})
-        queue = outbox.queues["west"]
-        # no answer for the other one: timed out as the sweep does it
-        outbox.time_out_unanswered("west", queue.in_flight["unanswered"].sent_at +
-                                   ANSWER_TIMEOUT + 1)
-        assert sorted(fid for _, fid in queue.delayed) == ["not-now", "unanswered"]
-        link.up = False
-        outbox.peer_alive("west")  # the link is down: link_up() will release them
-        assert len(queue.delayed) == 2
-        link.up = True
-        outbox.peer_alive("west")
-        assert [fid for _, fid in queue.delayed] == ["not-now"]  # the peer said wait
-        await asyncio.sleep(0)
-        assert [f["forward_id"] for f in link.sent] == ["unanswered", "not-now", "unanswered"]
-        outbox.link_up("west")  # a link coming back sends everything
-        assert not queue.delayed
-        await asyncio.sleep(0)
-        assert link.sent[-1]["forward_id"] == "not-now"
-    finally:
-        sender.cancel()
