@@ -125,8 +125,10 @@ class Mailbox:
     Rows past `max_rows` are not kept: only the lowest seq dropped, and the
     actor reads them from the journal. Answers past `max_events` are dropped
     and counted: their forwards time out and go again, and the peer answers
-    `duplicate`. Link transitions, ticks and resyncs are always kept (a few per
-    reconnect or timer period); roster requests past the bound are refused."""
+    `duplicate`. A tick or a sign of life already waiting is not queued again
+    (the Router reports one per forward it gets from the peer); link
+    transitions and resyncs are always kept (a few per reconnect); roster
+    requests past the bound are refused."""
 
     def __init__(self, max_rows: int, max_events: int):
         self.max_rows, self.max_events = max_rows, max_events
@@ -134,7 +136,7 @@ class Mailbox:
         self.rows_dropped_from: int | None = None
         self.events: deque = deque()
         self.dropped = {"row": 0, "answer": 0, "roster": 0}
-        self._tick_posted = False
+        self._waiting_once: set = set()  # the coalesced kinds queued since the last take
         self._ready = asyncio.Event()
 
     def post_rows(self, items: list[PendingForward]) -> None:
@@ -150,10 +152,10 @@ class Mailbox:
     def post(self, event) -> bool:
         """False if the event was dropped at the bound (answers, roster requests)."""
         kind = type(event)
-        if kind is Tick:
-            if self._tick_posted:
+        if kind is Tick or kind is PeerAlive:
+            if kind in self._waiting_once:
                 return True
-            self._tick_posted = True
+            self._waiting_once.add(kind)
         elif kind in (Answer, Roster) and len(self.events) >= self.max_events:
             self.dropped["answer" if kind is Answer else "roster"] += 1
             return False
@@ -167,7 +169,7 @@ class Mailbox:
     def take(self) -> tuple[list, int | None, deque]:
         rows, dropped_from, events = self.rows, self.rows_dropped_from, self.events
         self.rows, self.rows_dropped_from, self.events = [], None, deque()
-        self._tick_posted = False
+        self._waiting_once.clear()
         self._ready.clear()
         return rows, dropped_from, events
 
@@ -226,10 +228,10 @@ class ForwardOutbox:
                               on_rejected=lambda peer, text: post(Rejected(text)))
 
     def _answer_arrived(self, peer: str, frame: dict) -> None:
-        if not self.mailbox.post(Answer(frame)):
+        if not self.mailbox.post(Answer(frame)) and self.mailbox.dropped["answer"] % 1000 == 1:
             log.warning("forward outbox mailbox full; an answer was dropped (its forward "
-                        "goes again after the answer timeout)", peer=peer,
-                        forward_id=frame.get("forward_id"))
+                        "goes again after the answer timeout; logged once per 1,000)",
+                        peer=peer, dropped=self.mailbox.dropped["answer"])
 
     # -- the actor
 
