@@ -58,6 +58,77 @@ class LinkError(Exception):
         self.detail = detail
 
 
+class Answers:
+    """Where a peer's answers go: a waiting request (matched by the id it
+    echoes, or in order for reply types that carry none) or, for forward
+    results nobody waits for, the subscriber. One home for both link kinds
+    (PeerLink here, the in-memory link of the actor tests)."""
+
+    def __init__(self, peer: str, on_result: Callable[[str, dict], None],
+                 on_rejected: Callable[[str, str], None]):
+        self.peer = peer
+        self.on_result, self.on_rejected = on_result, on_rejected
+        self._by_key: dict[str, asyncio.Future] = {}  # answers that echo an id
+        self._in_order: dict[str, deque] = {}  # reply type -> waiters, for answers without one
+
+    def expect(self, key: str | None, reply_type: str | None) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        if key is not None:
+            self._by_key[key] = future
+        else:
+            self._in_order.setdefault(reply_type, deque()).append(future)
+        return future
+
+    def forget(self, future: asyncio.Future, key: str | None, reply_type: str | None) -> None:
+        if key is not None:
+            self._by_key.pop(key, None)
+        else:
+            waiting = self._in_order.get(reply_type)
+            if waiting and future in waiting:
+                waiting.remove(future)
+
+    def route(self, frame: dict) -> None:
+        kind = frame.get("type")
+        if kind == "multihub_message_result_batch":
+            results = frame.get("results")
+            if isinstance(results, list):
+                for result in results:
+                    if isinstance(result, dict):
+                        self.on_result(self.peer, result)
+        elif kind == "multihub_message_result":
+            waiter = self._by_key.pop(frame.get("forward_id"), None)
+            if waiter is None:
+                self.on_result(self.peer, frame)
+            elif not waiter.done():
+                waiter.set_result(frame)
+        elif kind in ("multihub_log_snapshot", "multihub_claim_result"):
+            waiter = self._by_key.pop(frame.get("request_id"), None) \
+                if isinstance(frame.get("request_id"), str) else None
+            waiting = self._in_order.get(kind)
+            if waiter is None and waiting:
+                waiter = waiting.popleft()
+            if waiter is not None and not waiter.done():
+                waiter.set_result(frame)
+        elif kind == "error":
+            text = str(frame.get("payload", ""))
+            if "'multihub_message_forward'" in text:
+                # A hub older than wire v5 does not know the verb at all.
+                self.on_rejected(self.peer, text)
+            else:
+                log.warning("peer sent an error", peer=self.peer, error=text)
+
+    def fail_all(self) -> None:
+        """The link went down: every waiting request hears it."""
+        waiters = list(self._by_key.values())
+        for waiting in self._in_order.values():
+            waiters.extend(waiting)
+            waiting.clear()
+        self._by_key.clear()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(LinkError(CLOSED, "link went down"))
+
+
 class PeerLink:
     def __init__(self, route: PeerRoute, hub_id: str, ssl_context, *,
                  on_up: Callable[[str], None] = lambda peer: None,
@@ -69,7 +140,7 @@ class PeerLink:
         self.hub_id = hub_id
         self._ssl = ssl_context
         self._on_up, self._on_down = on_up, on_down
-        self._on_result, self._on_rejected = on_result, on_rejected
+        self.answers = Answers(self.peer, on_result, on_rejected)
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self.up = False
         self.up_since: float | None = None
@@ -84,8 +155,6 @@ class PeerLink:
         self.last_inbound: float | None = None  # wall time anything last came from the peer
         self._last_heard = 0.0  # monotonic, on this link
         self._wake = asyncio.Event()
-        self._requests: dict[str, asyncio.Future] = {}  # answers that echo an id
-        self._in_order: dict[str, deque] = {}  # reply type -> waiters, for answers without one
         self._logged_at = 0.0
         self._stop = False
         self._silent_for: float | None = None
@@ -112,11 +181,7 @@ class PeerLink:
         snapshots), in order."""
         if not self.up:
             raise LinkError(CLOSED, self.last_error["detail"] if self.last_error else "link down")
-        future = asyncio.get_running_loop().create_future()
-        if key is not None:
-            self._requests[key] = future
-        else:
-            self._in_order.setdefault(reply_type, deque()).append(future)
+        future = self.answers.expect(key, reply_type)
         try:
             if not await self.send(frame):
                 raise LinkError(CLOSED, "link went down")
@@ -124,12 +189,7 @@ class PeerLink:
         except TimeoutError as exc:
             raise LinkError(TIMEOUT, f"no answer from {self.peer} within {timeout:g}s") from exc
         finally:
-            if key is not None:
-                self._requests.pop(key, None)
-            else:
-                waiting = self._in_order.get(reply_type)
-                if waiting and future in waiting:
-                    waiting.remove(future)
+            self.answers.forget(future, key, reply_type)
 
     # -- lifetime
 
@@ -298,34 +358,7 @@ class PeerLink:
             frame = codec.decode_frame(msg.data, max_depth=None)
             if not isinstance(frame, dict):
                 continue
-            kind = frame.get("type")
-            if kind == "multihub_message_result_batch":
-                results = frame.get("results")
-                if isinstance(results, list):
-                    for result in results:
-                        if isinstance(result, dict):
-                            self._on_result(self.peer, result)
-            elif kind == "multihub_message_result":
-                waiter = self._requests.pop(frame.get("forward_id"), None)
-                if waiter is None:
-                    self._on_result(self.peer, frame)
-                elif not waiter.done():
-                    waiter.set_result(frame)
-            elif kind in ("multihub_log_snapshot", "multihub_claim_result"):
-                waiter = self._requests.pop(frame.get("request_id"), None) \
-                    if isinstance(frame.get("request_id"), str) else None
-                waiting = self._in_order.get(kind)
-                if waiter is None and waiting:
-                    waiter = waiting.popleft()
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(frame)
-            elif kind == "error":
-                text = str(frame.get("payload", ""))
-                if "'multihub_message_forward'" in text:
-                    # A hub older than wire v5 does not know the verb at all.
-                    self._on_rejected(self.peer, text)
-                else:
-                    log.warning("peer sent an error", peer=self.peer, error=text)
+            self.answers.route(frame)
         if self._silent_for is not None:
             raise LinkError(SILENT, f"nothing heard from {self.peer} for "
                                     f"{self._silent_for:.1f}s (pings unanswered)")
@@ -345,14 +378,7 @@ class PeerLink:
         self.up = False
         self._ws = None
         self.up_since = None
-        waiters = list(self._requests.values())
-        for waiting in self._in_order.values():
-            waiters.extend(waiting)
-            waiting.clear()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(LinkError(CLOSED, "link went down"))
-        self._requests.clear()
+        self.answers.fail_all()
         if was_up:
             cause = self.last_error["cause"] if self.last_error else CLOSED
             self._on_down(self.peer, cause)

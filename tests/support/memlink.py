@@ -13,10 +13,8 @@ when the test advances its ManualClock.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-
 from federation.clock import ManualClock, wait_for
-from federation.link import CLOSED, TIMEOUT, LinkError
+from federation.link import CLOSED, TIMEOUT, Answers, LinkError
 
 DELIVER, DROP, HANG = "deliver", "drop", "hang"
 
@@ -36,11 +34,15 @@ class MemoryLink:
         self.connects = 0
         self.wakes = 0  # wake() calls: a sign of life from the peer elsewhere
         self.on_up, self.on_down = on_up, on_down
-        self.on_result, self.on_rejected = on_result, on_rejected
+        self.answers = Answers(peer, on_result, on_rejected)  # as PeerLink routes them
         self.far = FarEnd(self)
-        self._requests: dict[str, asyncio.Future] = {}
-        self._in_order: dict[str, deque] = {}
         self._hung: list[asyncio.Future] = []
+
+    # the subscriber's callbacks for answers nobody waits for (a test may set them late)
+    on_result = property(lambda self: self.answers.on_result,
+                         lambda self, fn: setattr(self.answers, "on_result", fn))
+    on_rejected = property(lambda self: self.answers.on_rejected,
+                           lambda self, fn: setattr(self.answers, "on_rejected", fn))
 
     async def send(self, frame: dict) -> bool:
         if not self.up:
@@ -67,11 +69,7 @@ class MemoryLink:
                       reply_type: str | None = None) -> dict:
         if not self.up:
             raise LinkError(CLOSED, "link down")
-        future = asyncio.get_running_loop().create_future()
-        if key is not None:
-            self._requests[key] = future
-        else:
-            self._in_order.setdefault(reply_type, deque()).append(future)
+        future = self.answers.expect(key, reply_type)
         try:
             if not await self.send(frame):
                 raise LinkError(CLOSED, "link went down")
@@ -83,34 +81,7 @@ class MemoryLink:
         finally:
             if future.done() and not future.cancelled():
                 future.exception()  # seen: a cut after the send failed is not news
-            if key is not None:
-                self._requests.pop(key, None)
-            else:
-                waiting = self._in_order.get(reply_type)
-                if waiting and future in waiting:
-                    waiting.remove(future)
-
-    def _from_peer(self, frame: dict) -> None:
-        kind = frame.get("type")
-        if kind == "multihub_message_result_batch":
-            for result in frame.get("results", ()):
-                self.on_result(self.peer, result)
-        elif kind == "multihub_message_result":
-            waiter = self._requests.pop(frame.get("forward_id"), None)
-            if waiter is None:
-                self.on_result(self.peer, frame)
-            elif not waiter.done():
-                waiter.set_result(frame)
-        elif kind in ("multihub_log_snapshot", "multihub_claim_result"):
-            waiter = self._requests.pop(frame.get("request_id"), None) \
-                if isinstance(frame.get("request_id"), str) else None
-            waiting = self._in_order.get(kind)
-            if waiter is None and waiting:
-                waiter = waiting.popleft()
-            if waiter is not None and not waiter.done():
-                waiter.set_result(frame)
-        elif kind == "error":
-            self.on_rejected(self.peer, str(frame.get("payload", "")))
+            self.answers.forget(future, key, reply_type)
 
     def wake(self) -> None:
         self.wakes += 1
@@ -151,14 +122,7 @@ class FarEnd:
             if not hung.done():
                 hung.set_result(False)
         link._hung.clear()
-        waiters = list(link._requests.values())
-        for waiting in link._in_order.values():
-            waiters.extend(waiting)
-            waiting.clear()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(LinkError(CLOSED, "link went down"))
-        link._requests.clear()
+        link.answers.fail_all()
         if was_up:
             link.on_down(link.peer, cause)
 
@@ -174,4 +138,4 @@ class FarEnd:
 
     def answer(self, frame: dict) -> None:
         """The peer sends a frame to the hub."""
-        self.link._from_peer(frame)
+        self.link.answers.route(frame)
