@@ -144,6 +144,8 @@ class Forwarding:
 
     def refusal(self, router: Router, peer: str) -> str | None:
         """Why a chat to `peer` cannot be accepted now, or None."""
+        if not self.knows(peer):
+            return f"Hub '{peer}' is not a configured message peer of this hub."
         backlog = outbox_of(router.state).count(peer)
         if backlog >= MAX_PENDING_PER_PEER:
             router.metrics.refuse_quota("forward_backlog")

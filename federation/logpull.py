@@ -32,6 +32,9 @@ verbs = Verbs()
 
 MAX_EVENTS = 2000  # per snapshot; a follower pages by asking again from next_cursor
 MAX_BYTES = 4 * 1024 * 1024
+# pulls read at once, for all peers: a follower asks for one page at a time, so
+# more is a peer pipelining requests; the rest get "nothing now" and ask again
+IN_FLIGHT = 8
 
 
 def _snapshot(router: Router, target: str, events: list, next_cursor: int,
@@ -62,6 +65,12 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
         return
     count = min(limit or MAX_EVENTS, MAX_EVENTS)
     endpoint, hub = session.endpoint, router.hub
+    serving = hub.federation.log_pulls
+    if len(serving) >= IN_FLIGHT:
+        log.warning("log pull answered 'nothing now': too many being read", peer=target,
+                    in_flight=len(serving))
+        router.send_message(endpoint, _snapshot(router, target, [], after, None))
+        return
 
     async def serve() -> None:
         rows = await hub.read_journal("since", after, count)
@@ -76,4 +85,7 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
             cursor = seq
         hub.endpoints.deliver(endpoint, _snapshot(router, target, events, cursor, end))
 
-    hub.track(asyncio.get_running_loop().create_task(serve()))
+    task = asyncio.get_running_loop().create_task(serve(), name=f"log-pull-{target}")
+    serving.add(task)
+    task.add_done_callback(serving.discard)
+    hub.track(task)

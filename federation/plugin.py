@@ -38,6 +38,7 @@ class Federation:
         self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
         self.peer_links = None  # federation.peers.PeerLinks: one link per peer hub
         self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
+        self.log_pulls: set = set()  # log pulls being read (federation/logpull.py bounds them)
 
     def plugin(self) -> Plugin:
         verbs: dict = {}
@@ -178,6 +179,10 @@ class Federation:
         return self.forwarding is not None and self.forwarding.knows(hub_id)
 
     def forward_chat(self, router, session, frame: dict, remote, retry: bool) -> None:
+        if self.forwarding is None:
+            router.error(session, f"Hub '{remote.hub}' is not a configured message peer of "
+                                  "this hub.")
+            return
         self.forwarding.forward_chat(router, session, frame, remote, retry)
 
     def refusal(self, router, hub_id: str) -> str | None:

@@ -132,8 +132,17 @@ class Hub:
             self.router.post_control(failure)
 
     def track(self, task: asyncio.Task) -> None:
+        """Keep a short task of some door or plugin (a mailbox replay, a log
+        pull) until it ends; one that fails is logged and counted as a handler
+        crash, not left for the garbage collector to mention."""
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._tracked_done)
+
+    def _tracked_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.metrics.handler_crashes += 1
+            log.error("background task failed", task=task.get_name(), exc_info=task.exception())
 
     # -- lifetime
 

@@ -83,7 +83,7 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
             router.error(session, remote.text)
             return
         remote_hubs = router.installed.remote_hubs
-        if remote_hubs is None or not remote_hubs.knows(remote.hub):
+        if remote_hubs is None:
             router.error(session, f"Hub '{remote.hub}' is not a configured message peer of "
                                   "this hub.")
             return
@@ -92,7 +92,7 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
     if client_msg_id is not None and _is_retry(router, session, client_msg_id, frame):
         return
     retry = client_msg_id is not None
-    if remote is not None:
+    if remote is not None:  # refused there if the hub is not a message peer
         remote_hubs.forward_chat(router, session, frame, remote, retry)
         return
     event, recipients, directed = route_chat(router, frame, name, RETRY_ROUTE if retry else None)

@@ -379,6 +379,16 @@ def test_log_pull_is_served_only_to_a_pinned_granted_peer(tmp_path, pki):
             await peer.send_json(dict(request, after_seq=0, limit=2))
             paged = await peer.recv_type("multihub_log_snapshot")
             assert [e["seq"] for e in paged["events"]] == [1, 2] and paged["next_cursor"] == 2
+            # pipelined pulls: each answered once; past IN_FLIGHT reads at once, the
+            # rest are told "nothing now" (and the hub says so in its log)
+            for _ in range(24):
+                await peer.send_json(dict(request, after_seq=0, limit=2))
+            answers = [await peer.recv_type("multihub_log_snapshot") for _ in range(24)]
+            served = [a for a in answers if a["events"]]
+            assert served and all([e["seq"] for e in a["events"]] == [1, 2] for a in served)
+            not_now = [a for a in answers if not a["events"]]
+            assert all(a["log_end_seq"] is None and a["next_cursor"] == 0 for a in not_now)
+            assert west.log().count("too many being read") == len(not_now)
             # no certificate, or a certificate that is not east's: an empty answer
             for ssl in (None, peer_client_context(pki.file("north", "client", "cert"),
                                                   pki.file("north", "client", "key"))):
