@@ -44,14 +44,10 @@ sender has its receipt. Expected:
   actor settles, reports to Forwarding._reported, which posts to the Router,
   which runs Forwarding.reports/settle (forward_settled, the receipt).
 
-As built (branch i10-finish at 2b91d24) the send path crosses plugin.py and
-forwarding.py twice, and this test fails: hubd/handlers/chat.py's chat()
-first asks `remote_hubs.knows(remote.hub)` (Federation.knows ->
-Forwarding.knows, which return), then hands the chat over with
-`remote_hubs.forward_chat(...)` (Federation.forward_chat ->
-Forwarding.forward_chat). The failure names the hops that re-enter a module.
-Those are the only crossings: with Federation.knows left out of the record
-(tried, not kept) the test passes with exactly the ways above.
+The chat handler makes one call into federation (remote_hubs.forward_chat,
+which refuses a hub that is not a message peer): a check first (knows())
+and the hand-over after would enter plugin.py and forwarding.py twice, and
+this test names the hops that re-enter a module when that happens.
 """
 
 import asyncio
