@@ -103,19 +103,21 @@ def kind(variant: str) -> str:
 
 
 def make_pair(variant: str, workdir: Path, site: Site, hubd_src: Path | None,
-              west_port: int | None = None, base_src: Path | None = None
-              ) -> tuple[HubProcess, HubProcess]:
+              west_port: int | None = None, base_src: Path | None = None,
+              hubd_flags: tuple = ()) -> tuple[HubProcess, HubProcess]:
     """(east, west), not started. West's port is fixed now, so east can be told its URL.
-    hubd-base runs the snapshot of --base-rev."""
+    hubd-base runs the snapshot of --base-rev; `hubd_flags` go to both hubs of
+    the hubd variant only (--hubd-flags)."""
     if variant == "hubd-base":
         if base_src is None:
             raise ValueError("hubd-base needs --base-rev")
         hubd_src = base_src
     west_port = west_port or free_port()
     west_url = f"wss://127.0.0.1:{west_port}/"
-    west_args = [*site.west.serve, "--no-durable-ingress-quota"]
+    extra = list(hubd_flags) if variant == "hubd" else []
+    west_args = [*site.west.serve, "--no-durable-ingress-quota", *extra]
     east_args = ["--no-durable-ingress-quota", *site.east.peer_flags(site.pki, "west", west_url),
-                 *site.east.connect]
+                 *site.east.connect, *extra]
     if variant == "reference":
         # reference_hub_process adds --metrics
         west = reference_hub_process(workdir / "west", *west_args, port=west_port, hub_id="west",
@@ -225,7 +227,8 @@ def run_load(variant: str, scen: str, args, site: Site, base: Path, tag: str, pr
     workdir = base / tag
     k = "quick" if args.quick else ""
     rec: dict = {"variant": variant, "scenario": scen, "loadavg_before": os.getloadavg()[0]}
-    east, west = make_pair(variant, workdir, site, args.hubd_src, base_src=args.base_src)
+    east, west = make_pair(variant, workdir, site, args.hubd_src, base_src=args.base_src,
+                           hubd_flags=tuple(args.hubd_flags.split()))
     try:
         try:
             start_pair(east, west)
@@ -487,7 +490,8 @@ async def recovery(east: HubProcess, west: HubProcess, pending: int, down: float
 def run_recovery(variant: str, pending: int, args, site: Site, base: Path, tag: str) -> dict:
     workdir = base / tag
     rec: dict = {"variant": variant, "scenario": "c", "pending": pending, "loadavg_before": os.getloadavg()[0]}
-    east, west = make_pair(variant, workdir, site, args.hubd_src, base_src=args.base_src)
+    east, west = make_pair(variant, workdir, site, args.hubd_src, base_src=args.base_src,
+                           hubd_flags=tuple(args.hubd_flags.split()))
     try:
         try:
             start_pair(east, west)
@@ -811,6 +815,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="rerun a run up to this many times while other work used > 0.3 cores")
     ap.add_argument("--timeout", type=float, default=900, help="per-run loadgen timeout, seconds")
     ap.add_argument("--keep", action="store_true", help="keep the hubs' temporary directories")
+    ap.add_argument("--hubd-flags", default="",
+                    help="extra flags for both hubs of the hubd variant, e.g. \"--no-redsyn "
+                         "--no-broker\" to leave out the other doors' per-chat hooks")
     ap.add_argument("--hubd-rev", default=None,
                     help="run hubd as committed at this git revision (e.g. HEAD), not the working tree")
     ap.add_argument("--profile", action="store_true",
