@@ -5,14 +5,14 @@ sending is the peers' ForwardOutbox actors' (federation/outbox.py), one per
 message peer, which this object starts and posts to:
 - forward_from: journal the chat with its outbox row (one event), echo it
   locally, and post the row to the peer's outbox once committed;
-- reports: what an outbox reports (settlements, "still pending" notices,
-  roster answers) becomes one `forward_settled` event per report and the
-  receipts the sender asked for;
-- rows_after: the Router's index of unsettled rows, for an outbox that reads
-  the rest of its backlog from the journal.
+- reports: what an outbox reports in one round (settlements, "still pending"
+  notices, roster answers) becomes one `forward_settled` event and the
+  receipts the senders asked for;
+- _load: the Router's index of unsettled rows and the journal's copy of them,
+  for an outbox that reads the rest of its backlog from the journal.
 
 The sender normally gets one receipt: the settled one, if the peer answers
-within FIRST_ANSWER. Otherwise it gets `pending` first and the settled receipt
+within a second (federation/outbox.py FIRST_ANSWER). Otherwise it gets `pending` first and the settled receipt
 later, through the durable notification outbox (at once if it is online, else
 when it next registers).
 """
