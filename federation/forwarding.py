@@ -82,7 +82,7 @@ class Forwarding:
                         "their TTL", peer=peer)
 
     def _add_outbox(self, peer: str) -> None:
-        outbox = ForwardOutbox(self.hub.hub_id, peer,
+        outbox = ForwardOutbox(self.hub.hub_id, peer, self.peers.link(peer),
                                lambda **events: self.peers.subscribe(peer, **events),
                                self.metrics, self._reported, self._load)
         self.outboxes[peer] = outbox

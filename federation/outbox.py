@@ -7,7 +7,9 @@ Its one inbox is a Mailbox that never blocks whoever posts to it:
   and the ticks of its own timer.
 What it learns goes back to the Router as messages (`report`): settlements,
 "still pending" notices, roster answers. It reads no one's state and no one
-reads its own but /health and /metrics (figures only).
+reads its own but /health and /metrics (figures only): what it knows of its
+link (up, batching, since when, the last error) is what the link's events
+said; it only writes to the link (`send`) and pokes it (`wake`).
 
 Memory is bounded whatever the backlog. The journal is the durable outbox;
 the actor holds at most RESIDENT forwards (body, attempts, timers). Past
@@ -84,11 +86,13 @@ class RosterAnswer(NamedTuple):
 # -- what others tell the actor
 
 class LinkUp(NamedTuple):
-    pass
+    batching: bool  # the peer takes batched forwards (from its welcome)
+    since: float  # monotonic time the link came up
 
 
 class LinkDown(NamedTuple):
     cause: str
+    error: dict | None  # the link's last error: {cause, detail, at}
 
 
 class Answer(NamedTuple):
@@ -200,8 +204,8 @@ Load = Callable[[str, int, int], Awaitable[tuple[list[PendingForward], bool]]]
 
 
 class ForwardOutbox:
-    def __init__(self, origin_hub: str, peer: str, subscribe: Callable[..., object], metrics,
-                 report: Callable[[list], None], load: Load, *, clock=SYSTEM):
+    def __init__(self, origin_hub: str, peer: str, link, subscribe: Callable[..., None],
+                 metrics, report: Callable[[list], None], load: Load, *, clock=SYSTEM):
         self.origin = origin_hub
         self.peer = peer
         self.metrics = metrics
@@ -219,13 +223,21 @@ class ForwardOutbox:
         self.cursor = 0  # every unsettled row with seq <= cursor is in self.items
         self.caught_up = False  # and every one above it is in the mailbox
         self.last_success: float | None = None
+        # the link as its events told it
+        self._up = False
+        self._batching = False
+        self._up_since: float | None = None
+        self._link_error: dict | None = None
         self._journal_short = False  # the last load met an uncommitted row: wait a tick
         self._reports: list = []
         post = self.mailbox.post
-        self.link = subscribe(on_up=lambda peer: post(LinkUp()),
-                              on_down=lambda peer, cause: post(LinkDown(cause)),
-                              on_result=self._answer_arrived,
-                              on_rejected=lambda peer, text: post(Rejected(text)))
+        self.link = link  # written to (send) and woken; its state comes in its events
+        # the link calls these in its own task, as it goes up or down: what it
+        # says of itself then travels in the event
+        subscribe(on_up=lambda peer: post(LinkUp(link.batching, link.up_since)),
+                  on_down=lambda peer, cause: post(LinkDown(cause, link.last_error)),
+                  on_result=self._answer_arrived,
+                  on_rejected=lambda peer, text: post(Rejected(text)))
 
     def _answer_arrived(self, peer: str, frame: dict) -> None:
         if not self.mailbox.post(Answer(frame)) and self.mailbox.dropped["answer"] % 1000 == 1:
@@ -274,8 +286,10 @@ class ForwardOutbox:
             elif kind is Tick:
                 self._sweep()
             elif kind is LinkUp:
+                self._up, self._batching, self._up_since = True, event.batching, event.since
                 self._release_delayed(dl.LINK_UP)
             elif kind is LinkDown:
+                self._up, self._up_since, self._link_error = False, None, event.error
                 self._link_down(event.cause)
             elif kind is PeerAlive:
                 self._peer_alive()
@@ -342,7 +356,7 @@ class ForwardOutbox:
         link is up (else LinkUp sends them when it is). Retries the peer
         itself asked to wait keep their backoff (the table keeps them HELD)."""
         self.link.wake()
-        if self.link.up and self.delayed:
+        if self._up and self.delayed:
             self._release_delayed(dl.PEER_ALIVE)
 
     def _link_down(self, cause: str) -> None:
@@ -401,7 +415,7 @@ class ForwardOutbox:
     # -- roster requests (who_request naming this peer)
 
     def _ask_roster(self, ask: Roster) -> None:
-        if not self.link.up:
+        if not self._up:
             self._roster_error(ask.reply_to, ask.name, f"the link to {self.peer} is down")
             return
         if len(self.rosters) >= ROSTERS:
@@ -460,21 +474,22 @@ class ForwardOutbox:
 
     def _retry_later(self, attempt: Attempt, why: str) -> None:
         attempt.sent_at = None
-        link = self.link
         now = self.clock.monotonic()
-        up_for = now - link.up_since if link.up_since is not None else None
+        up_for = now - self._up_since if self._up_since is not None else None
         due, attempt.attempts = next_retry(attempt.attempts, now, up_for, self.clock.jitter())
         heapq.heappush(self.delayed, (due, attempt.item.forward_id))
         self._still_pending(attempt.item, why)
 
     async def _send_ready(self) -> None:
+        """Send while the link is up as far as its events said (a send to a
+        link that went down since returns False, and its LinkDown follows)."""
         link = self.link
-        while self._roster_frames and link.up:
+        while self._roster_frames and self._up:
             if not await link.send(self._roster_frames.popleft()):
                 break  # LinkDown answers the waiting requests
-        while self.ready and len(self.in_flight) < WINDOW and link.up:
+        while self.ready and len(self.in_flight) < WINDOW and self._up:
             batch = []
-            limit = BATCH if link.batching else 1
+            limit = BATCH if self._batching else 1
             now = self.clock.monotonic()
             while self.ready and len(batch) < limit and len(self.in_flight) < WINDOW:
                 forward_id = self.ready.popleft()
@@ -533,10 +548,10 @@ class ForwardOutbox:
             _, forward_id = self.first_answer.popleft()
             attempt = self.items.get(forward_id)
             if attempt is not None:
-                link = self.link
-                why = "no answer yet" if link.up else (
-                    f"link to {self.peer} is down ({link.last_error['cause']})"
-                    if link.last_error else f"link to {self.peer} is down")
+                error = self._link_error
+                why = "no answer yet" if self._up else (
+                    f"link to {self.peer} is down ({error['cause']})"
+                    if error else f"link to {self.peer} is down")
                 self._still_pending(attempt.item, why)
         late = [fid for fid, roster in self.rosters.items() if roster.due <= now_mono]
         for forward_id in late:

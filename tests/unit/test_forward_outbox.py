@@ -48,14 +48,13 @@ class Harness:
         self.loads = []  # (after_seq, limit) of every load the outbox made
         self.link = MemoryLink("west", "east", self.clock, batching=batching)
         self.outbox = ForwardOutbox(
-            "east", "west", self._attach, ForwardMetrics(CollectorRegistry(), None),
+            "east", "west", self.link, self._attach, ForwardMetrics(CollectorRegistry(), None),
             self._report, self._load, clock=self.clock)
         self.task = None
 
     def _attach(self, **events):
         for name, fn in events.items():
             setattr(self.link, name, fn)
-        return self.link
 
     def _report(self, reports):
         for report in reports:
