@@ -169,8 +169,12 @@ def commit_stats(hub: HubProcess) -> dict | None:
         events = float(re.search(r"hubd_journal_commit_batch_events_sum (\S+)", text).group(1))
     except (OSError, KeyError, AttributeError, ValueError):
         return None
+    frames = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'hubd_frames_received_total\{type="(multihub_message_forward(?:_batch)?)"\} (\S+)', text)}
     return {"commits": int(total), "mean_ms": round(seconds / total * 1000, 3) if total else None,
             "events_per_commit": round(events / total, 1) if total else None,
+            # on the receiving hub: how many forward frames carried the run's chats
+            "forward_frames_received": int(sum(frames.values())),
             "over_10ms": int(total - buckets.get("0.01", total)),
             "over_25ms": int(total - buckets.get("0.025", total)),
             "over_100ms": int(total - buckets.get("0.1", total))}
