@@ -170,7 +170,7 @@ def commit_stats(hub: HubProcess) -> dict | None:
     except (OSError, KeyError, AttributeError, ValueError):
         return None
     frames = {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'hubd_frames_received_total\{type="(multihub_message_forward(?:_batch)?)"\} (\S+)', text)}
+        r'hubd_frames_received_total\{type="(multihub_message_forward(?:_batch)?|other)"\} (\S+)', text)}
     return {"commits": int(total), "mean_ms": round(seconds / total * 1000, 3) if total else None,
             "events_per_commit": round(events / total, 1) if total else None,
             # on the receiving hub: how many forward frames carried the run's chats
