@@ -559,7 +559,9 @@ def run_line(r: dict) -> str:
     jc = r.get("journal_commits") or {}
     if jc.get("east") and jc.get("west"):
         s += (f"  commits >25ms e/w {jc['east']['over_25ms']}/{jc['west']['over_25ms']} "
-              f"(max bucket >100ms {jc['east']['over_100ms']}/{jc['west']['over_100ms']})")
+              f"(max bucket >100ms {jc['east']['over_100ms']}/{jc['west']['over_100ms']})"
+              f"  commits e/w {jc['east']['commits']}/{jc['west']['commits']}"
+              f"  forward frames {jc['west'].get('forward_frames_received')}")
     return s + flag + (f"  {bad}" if bad else "")
 
 
