@@ -8,6 +8,7 @@ import time
 import pytest
 
 from federation.outbox import RESIDENT
+from hubd.state.mailbox import MAX_REPLAY
 from federation.tls import peer_client_context
 from tests.support.federation import fake_peer_hub, make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
@@ -225,19 +226,28 @@ def test_a_backlog_larger_than_the_outbox_holds_waits_in_the_journal_and_drains_
         assert forward_health()["pending"] == count
 
         west.start()
+        wait_for(lambda: forward_health()["pending"] == 0, timeout=60)
 
         async def collect():
+            # every chat is in bob's mailbox on west now; a replay sends at most
+            # MAX_REPLAY of them, so bob pages with since_seq
             bob = await WsProbe.open(west.url)
             await bob.recv_type("welcome")
             await bob.register("PROJ/bob", mailbox=True, since_seq=0)
             got = {}  # client_msg_id -> seqs
-            while len(got) < count:
-                chat = await bob.recv_type("chat", timeout=30)
-                got.setdefault(chat["client_msg_id"], set()).add(chat["seq"])
+            since = 0
+            while True:
+                for _ in range(min(MAX_REPLAY, count - len(got))):
+                    chat = await bob.recv_type("chat", timeout=30)
+                    got.setdefault(chat["client_msg_id"], set()).add(chat["seq"])
+                    since = max(since, chat["seq"])
+                if len(got) >= count:
+                    break
+                await bob.send_json({"sender": "PROJ/bob", "type": "heartbeat",
+                                     "mailbox": True, "since_seq": since})
             await bob.close()
             return got
         got = asyncio.run(collect())
-        wait_for(lambda: forward_health()["pending"] == 0, timeout=60)
         assert sorted(got) == sorted(f"b{i}" for i in range(count))
         assert all(len(seqs) == 1 for seqs in got.values())
         assert forward_health()["held_in_memory"] == 0
