@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
@@ -201,6 +202,27 @@ def _answer_keyed(router: Router, session: Session, keyed, answer: Answer, faile
     router.fail_privately(session, failed, task_id=answer.fields["task_id"])
 
 
+def _keyed_verb(router: Router, session: Session, frame: dict, verb: str,
+                decide: Callable[[Router, str, dict], Answer],
+                not_journalled: Callable[[str, str], str], *, to_sender: bool = False) -> None:
+    """A lease verb decided on this hub: the ownership gate, the idempotency
+    key, the decision; a refusal is answered at once, a change is remembered
+    under its key (and sent to the sender too when `to_sender`)."""
+    if _gated(router, session, frame, verb):
+        return
+    keyed = idempotency.begin(router, session, verb, frame)
+    if keyed is idempotency.HANDLED:
+        return
+    answer = decide(router, session.name, frame)
+    if not answer.ok:
+        answer_locally(router, session, answer)
+        return
+    if to_sender:
+        router.send(session.endpoint, answer.frame)
+    _answer_keyed(router, session, keyed, answer,
+                  not_journalled(answer.fields["task_id"], session.name))
+
+
 def _reply_fields(frame: dict) -> dict:
     return {k: v for k, v in frame.items()
             if k not in ("type", "payload", "sender", "target", "timestamp", "hub_id")}
@@ -208,18 +230,9 @@ def _reply_fields(frame: dict) -> dict:
 
 @verbs.handles("task_update")
 def task_update(router: Router, session: Session, frame: dict, size: int) -> None:
-    if _gated(router, session, frame, "task_update"):
-        return
-    keyed = idempotency.begin(router, session, "task_update", frame)
-    if keyed is idempotency.HANDLED:
-        return
-    answer = update_task(router, session.name, frame)
-    if not answer.ok:
-        answer_locally(router, session, answer)
-        return
-    _answer_keyed(router, session, keyed, answer,
-                  f"Update of '{answer.fields['task_id']}' was not journalled; nothing "
-                  "changed. Retry.")
+    _keyed_verb(router, session, frame, "task_update", update_task,
+                lambda task_id, who: f"Update of '{task_id}' was not journalled; nothing "
+                                     "changed. Retry.")
 
 
 def update_task(router: Router, who: str, frame: dict) -> Answer:
@@ -259,19 +272,9 @@ def update_task(router: Router, who: str, frame: dict) -> Answer:
 
 @verbs.handles("checkpoint")
 def checkpoint(router: Router, session: Session, frame: dict, size: int) -> None:
-    if _gated(router, session, frame, "checkpoint"):
-        return
-    keyed = idempotency.begin(router, session, "checkpoint", frame)
-    if keyed is idempotency.HANDLED:
-        return
-    answer = save_checkpoint(router, session.name, frame)
-    if not answer.ok:
-        answer_locally(router, session, answer)
-        return
-    router.send(session.endpoint, answer.frame)
-    _answer_keyed(router, session, keyed, answer,
-                  f"Checkpoint of '{answer.fields['task_id']}' was not journalled; nothing "
-                  "changed. Retry.")
+    _keyed_verb(router, session, frame, "checkpoint", save_checkpoint,
+                lambda task_id, who: f"Checkpoint of '{task_id}' was not journalled; nothing "
+                                     "changed. Retry.", to_sender=True)
 
 
 def save_checkpoint(router: Router, who: str, frame: dict) -> Answer:
@@ -301,18 +304,9 @@ def save_checkpoint(router: Router, who: str, frame: dict) -> Answer:
 
 @verbs.handles("handoff")
 def handoff(router: Router, session: Session, frame: dict, size: int) -> None:
-    if _gated(router, session, frame, "handoff"):
-        return
-    keyed = idempotency.begin(router, session, "handoff", frame)
-    if keyed is idempotency.HANDLED:
-        return
-    answer = hand_off(router, session.name, frame)
-    if not answer.ok:
-        answer_locally(router, session, answer)
-        return
-    _answer_keyed(router, session, keyed, answer,
-                  f"Handoff of '{answer.fields['task_id']}' was not journalled; "
-                  f"{session.name} still holds it. Retry.")
+    _keyed_verb(router, session, frame, "handoff", hand_off,
+                lambda task_id, who: f"Handoff of '{task_id}' was not journalled; "
+                                     f"{who} still holds it. Retry.")
 
 
 def handoff_target(frame: dict) -> str:
