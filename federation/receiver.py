@@ -10,6 +10,13 @@ Each `multihub_message_forward` is checked again on its own (grant for the
 target's namespace, one seat, size, identity already used), routed through the
 normal chat path as `seat@ORIGIN`, and answered with `multihub_message_result`
 once the chat is committed.
+
+The answer leaves ahead of the chat's local deliveries (both go out only
+after the commit). The origin settles the forward and answers its sender when
+it hears it, so it should not wait behind this hub's fan-out; and it starts
+the origin's settlement commit before the recipients' replies reach it, so
+those replies commit together there instead of in small groups (bench_forward
+a: fewer, larger forward frames, docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -160,8 +167,9 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
     if frame.get("kind") == "who" and policy is not None and isinstance(origin, str):
         _roster(router, session, forward_id, origin, policy)
         return
+    fan_out = router.sends_queued()
     entry = admit(router, session, origin, frame, size)
-    router.send(session.endpoint, _result_frame(router, session, entry))
+    router.send(session.endpoint, _result_frame(router, session, entry), ahead_of=fan_out)
     if entry["disposition"] == "accepted":
         router.send_on_failure(session.endpoint, "multihub_message_result", lambda: _result_frame(
             router, session, _transient_on_failure([entry])[0]))
@@ -180,13 +188,15 @@ def forward_batch_in(router: Router, session: Session, frame: dict, size: int) -
     origin = frame.get("sender")
     share = max(size // len(forwards), 1)
     entries = []
+    fan_out = router.sends_queued()
     for forward in forwards:
         if not isinstance(forward, dict) or not _valid_forward_id(forward.get("forward_id")):
             continue  # nothing to answer by; the origin times it out and retries
         entries.append(admit(router, session, origin, forward, share))
     router.send(session.endpoint, router.frame(
         "multihub_message_result_batch", session.peer_hub or session.name or "all",
-        "Multi-hub message results", answering_hub=router.hub_id, results=entries))
+        "Multi-hub message results", answering_hub=router.hub_id, results=entries),
+        ahead_of=fan_out)
     if any(e["disposition"] == "accepted" for e in entries):
         router.send_on_failure(session.endpoint, "multihub_message_result_batch",
                                lambda: router.frame(
