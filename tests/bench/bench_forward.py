@@ -12,7 +12,8 @@ Both hubs run with ``--no-durable-ingress-quota``; the reference additionally wi
 ``--metrics``. Certificates come from ``python -m hubd certs peer-setup`` (made once per
 benchmark, owner-only); the reference reads the same files.
 
-Scenarios (run interleaved per round: reference, hubd, reference, hubd ...):
+Scenarios (run interleaved per round: reference, hubd, then hubd, reference in the next
+round, so each runs first equally often, tests/bench/order.py):
 
   a  throughput: 4 senders on east x 8 in flight, each to its own receiver on west
      (``PROJ/<run>-r<i>@west``); count-based. msg/s, latency, CPU per message of each hub,
@@ -63,6 +64,7 @@ if __package__ in (None, ""):  # run as a script: python tests/bench/bench_forwa
 
 from tests.bench import loadgen as lg  # noqa: E402
 from tests.bench import rawclient  # noqa: E402
+from tests.bench.order import in_turn  # noqa: E402
 from tests.bench.bench_local import _git_head, fmt, med, run_from_snapshot, snapshot_hubd  # noqa: E402
 from tests.support.federation import Pki, make_pki, site_flags, write_serving_policy  # noqa: E402
 from tests.support.procs import REPO, HubProcess, free_port, hubd_process, reference_hub_process  # noqa: E402
@@ -902,10 +904,10 @@ def main(argv: list[str] | None = None) -> int:
             for scen in scenarios:
                 if scen == "c":
                     for n in pendings:
-                        for var in variants:
+                        for var in in_turn(variants, rnd):
                             jobs.append((rnd, scen, var, n))
                 else:
-                    for var in variants:
+                    for var in in_turn(variants, rnd):
                         jobs.append((rnd, scen, var, None))
         for rnd, scen, var, n in jobs:
             for attempt in range(args.retry_busy + 1):

@@ -1,8 +1,8 @@
 """Side-by-side local benchmark: the reference hub against hubd, interleaved.
 
 For each round, each scenario, and each hub variant (in the order reference, hubd,
-hubd-private) this starts a *fresh* hub with a fresh durable journal in its own
-temporary directory, runs one load from a separate client process
+hubd-private; reversed in even rounds, tests/bench/order.py) this starts a *fresh*
+hub with a fresh durable journal in its own temporary directory, runs one load from a separate client process
 (``tests.bench.loadgen``), reads the hub's CPU time from /proc, stops the hub by
 its PID and deletes the directory. The table shows medians over rounds, and for
 each hubd variant the median over rounds of the paired ratio hubd/reference.
@@ -41,6 +41,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: python tests/bench/bench_local.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.bench.order import in_turn  # noqa: E402
 from tests.support.procs import REPO, HubProcess, hubd_process, reference_hub_process  # noqa: E402
 
 VARIANTS = ("reference", "hubd", "hubd-private", "hubd-base", "hubd-base-private")
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for rnd in range(1, rounds + 1):
             for scen in scenarios:
-                for var in variants:
+                for var in in_turn(variants, rnd):
                     if start_failures.get(var, 0) >= 2:
                         continue  # does not start (e.g. hubd not runnable yet): stop trying
                     n = count_for(scen, var)
