@@ -127,8 +127,10 @@ def run_one(variant: str, scen: str, count: int, args, base: Path, tag: str) -> 
     workdir = base / tag
     rec: dict = {"variant": variant, "scenario": scen, "label": sc["label"], "count": count,
                  "loadavg_before": os.getloadavg()[0]}
-    hub = make_hub(variant, workdir, [] if args.hubd_default_quota else ["--no-durable-ingress-quota"],
-                   args.hubd_src, args.base_src)
+    extra = [] if args.hubd_default_quota else ["--no-durable-ingress-quota"]
+    if variant in ("hubd", "hubd-private"):
+        extra += args.hubd_flags.split()
+    hub = make_hub(variant, workdir, extra, args.hubd_src, args.base_src)
     base_bytes = 0
     try:
         try:
@@ -336,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-rev", default=None,
                     help="git revision the hubd-base* variants run (e.g. the commit before a change); "
                          "with it, --only defaults to hubd,hubd-base and ratios compare with the base")
+    ap.add_argument("--hubd-flags", default="",
+                    help="extra flags for the hubd variants (not hubd-base*), e.g. \"--no-redsyn "
+                         "--no-broker\" to leave out the doors a base revision did not have")
     ap.add_argument("--hubd-default-quota", action="store_true",
                     help="leave hubd's ingress quota on (default: off, like the reference's)")
     ap.add_argument("--json", dest="json_out", default=None, help="write all runs and the summary here")
