@@ -774,6 +774,20 @@ def decide_take(state: RedsynState, node: Node, address: str, lease: float, limi
     return Decision(events, items)
 
 
+def next_ready(state: RedsynState, node: Node, agent: str, now: float) -> float | None:
+    """The earliest time after `now` at which a delivery in `agent`'s box that
+    `node` may take stops waiting on a lease or a back-off, or None. A take
+    that found nothing waits until then (a lapsed lease is handed out again
+    at once), not for the door's whole recheck period."""
+    box = state.boxes.get(agent)
+    if not box:
+        return None
+    return min((ready for delivery in box.values()
+                if delivery.reserved_node in (None, node.id)
+                and (ready := max(delivery.lease_until, delivery.not_before)) > now),
+               default=None)
+
+
 def delivered(state: RedsynState, agent: str, delivery: Delivery, attempts: int) -> dict:
     envelope = state.messages[delivery.message_id].envelope
     out = dict(envelope)

@@ -116,6 +116,34 @@ def test_a_lapsed_lease_redelivers_and_ten_takes_give_up_with_an_error_reply():
     assert error["to"] == f"{CLI}#s1"
 
 
+def test_next_ready_is_when_the_earliest_lease_lapses():
+    hub = Hub()
+    assert mb.next_ready(hub.state, JOEL, SHOUT, hub.now) is None  # no box
+    hub.post(JOEL, id="q1", **{"from": "cli", "to": "shout"})
+    hub.post(JOEL, id="q2", session="s2", **{"from": "cli", "to": "shout"})
+    assert mb.next_ready(hub.state, JOEL, SHOUT, hub.now) is None  # both ready now
+    taken_at = hub.now
+    [first] = hub.take(JOEL, SHOUT, lease=30, limit=1)
+    hub.now += 10
+    [second] = hub.take(JOEL, SHOUT, lease=30, limit=1)
+    assert (first["id"], second["id"]) == ("q1", "q2")
+    assert mb.next_ready(hub.state, JOEL, SHOUT, hub.now) == taken_at + 30
+    hub.now = taken_at + 30  # q1's lease lapses at that instant: no longer "after now"
+    assert mb.next_ready(hub.state, JOEL, SHOUT, hub.now) == taken_at + 40
+    [again] = hub.take(JOEL, SHOUT, lease=30)
+    assert again["id"] == "q1" and again["attempts"] == 2
+
+
+def test_next_ready_leaves_out_what_another_machine_holds_sealed():
+    hub = Hub()
+    hub.post(JOEL, id="q1", **{"from": "cli", "to": "shout"})
+    hub.take(JOEL, SHOUT, lease=30)
+    delivery = hub.state.boxes[SHOUT]["q1"]
+    delivery.reserved_node = JOEL_SERVER.id
+    assert mb.next_ready(hub.state, JOEL, SHOUT, hub.now) is None
+    assert mb.next_ready(hub.state, JOEL_SERVER, SHOUT, hub.now) == delivery.lease_until
+
+
 def test_the_sweeper_gives_up_without_a_take_too():
     hub = Hub()
     hub.post(JOEL, id="q1", ttl=60, **{"from": "cli", "to": "shout"})

@@ -40,9 +40,10 @@ PREFIX = "/redsyn/v1"
 VERSION_HEADER = "Redsyn-Version"
 MAX_WAIT = 60.0
 MAX_POLLS_PER_NODE = 16
-# A waiting poll looks again this often even without a new message, so a
-# lease that lapsed meanwhile is handed out again.
+# A waiting poll looks again when the earliest lease or back-off in its box
+# lapses (a little after, so the lapse is past), and at least this often.
 RECHECK_SECONDS = 5.0
+LAPSE_SLACK_SECONDS = 0.02
 TOKEN_REFRESH_SECONDS = 0.5
 WEBHOOK_NODE = "hub:webhook"
 WEBHOOK_TIMEOUT = 10.0
@@ -370,8 +371,14 @@ class RedsynDoor:
                 remaining = deadline - loop.time()
                 if items or remaining <= 0:
                     return web.json_response({"items": items})
+                ready_at = await self.call(lambda state, now: mb.Decision(
+                    [], mb.next_ready(state, node, agent, now)))
+                look_again = min(remaining, RECHECK_SECONDS)
+                if ready_at is not None:
+                    look_again = min(look_again,
+                                     max(ready_at - time.time(), 0.0) + LAPSE_SLACK_SECONDS)
                 try:
-                    await asyncio.wait_for(waiter.wait(), min(remaining, RECHECK_SECONDS))
+                    await asyncio.wait_for(waiter.wait(), look_again)
                 except TimeoutError:
                     pass
         finally:
