@@ -169,7 +169,7 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
         return
     fan_out = router.sends_queued()
     entry = admit(router, session, origin, frame, size)
-    router.send(session.endpoint, _result_frame(router, session, entry), ahead_of=fan_out)
+    router.send_ahead(fan_out, session.endpoint, _result_frame(router, session, entry))
     if entry["disposition"] == "accepted":
         router.send_on_failure(session.endpoint, "multihub_message_result", lambda: _result_frame(
             router, session, _transient_on_failure([entry])[0]))
@@ -193,10 +193,9 @@ def forward_batch_in(router: Router, session: Session, frame: dict, size: int) -
         if not isinstance(forward, dict) or not _valid_forward_id(forward.get("forward_id")):
             continue  # nothing to answer by; the origin times it out and retries
         entries.append(admit(router, session, origin, forward, share))
-    router.send(session.endpoint, router.frame(
+    router.send_ahead(fan_out, session.endpoint, router.frame(
         "multihub_message_result_batch", session.peer_hub or session.name or "all",
-        "Multi-hub message results", answering_hub=router.hub_id, results=entries),
-        ahead_of=fan_out)
+        "Multi-hub message results", answering_hub=router.hub_id, results=entries))
     if any(e["disposition"] == "accepted" for e in entries):
         router.send_on_failure(session.endpoint, "multihub_message_result_batch",
                                lambda: router.frame(

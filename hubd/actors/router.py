@@ -293,20 +293,19 @@ class Router:
     def frame(self, type_: str, target: str, payload, **fields) -> dict:
         return hub_frame(self.hub_id, type_, target, payload, self.now, **fields)
 
-    def send(self, dest, frame: dict, *, ahead_of: int | None = None) -> None:
+    def send(self, dest, frame: dict) -> None:
         """Queue a frame to one endpoint id (or a tuple of them) for release.
-        It is encoded now: the frame may be changed after this call. With
-        `ahead_of` (what sends_queued() said earlier in this command) it goes
-        out before the sends this command queued since."""
-        send = (dest, Message(frame, codec.encode(frame)), frame["type"])
-        if ahead_of is None:
-            self.out.sends.append(send)
-        else:
-            self.out.sends.insert(ahead_of, send)
+        It is encoded now: the frame may be changed after this call."""
+        self.out.sends.append((dest, Message(frame, codec.encode(frame)), frame["type"]))
 
     def sends_queued(self) -> int:
-        """How many sends this command has queued so far (a mark for send's ahead_of)."""
+        """How many sends this command has queued so far (a mark for send_ahead)."""
         return len(self.out.sends)
+
+    def send_ahead(self, mark: int, dest, frame: dict) -> None:
+        """As send, but the frame goes out before the sends this command
+        queued since sends_queued() said `mark`."""
+        self.out.sends.insert(mark, (dest, Message(frame, codec.encode(frame)), frame["type"]))
 
     def send_message(self, dest, message: Message) -> None:
         """Queue a message that is already built (a chat, encoded once for the

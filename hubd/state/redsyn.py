@@ -788,6 +788,15 @@ def next_ready(state: RedsynState, node: Node, agent: str, now: float) -> float 
                default=None)
 
 
+def decide_poll(state: RedsynState, node: Node, agent: str, lease: float, limit: int,
+                now: float) -> Decision:
+    """One look of a long poll (the door has checked the agent): decide_take,
+    answering (items, next_ready) so an empty look knows when to look again."""
+    take = decide_take(state, node, agent, lease, limit, now, agent_checked=True)
+    ready_at = None if take.answer else next_ready(state, node, agent, now)
+    return Decision(take.events, (take.answer, ready_at), take.chats)
+
+
 def delivered(state: RedsynState, agent: str, delivery: Delivery, attempts: int) -> dict:
     envelope = state.messages[delivery.message_id].envelope
     out = dict(envelope)

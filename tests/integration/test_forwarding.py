@@ -8,8 +8,8 @@ import time
 import pytest
 
 from federation.outbox import RESIDENT
-from hubd.state.mailbox import MAX_REPLAY
 from federation.tls import peer_client_context
+from hubd.state.mailbox import MAX_REPLAY
 from tests.support.federation import fake_peer_hub, make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
 from tests.support.wsprobe import WsProbe, joined

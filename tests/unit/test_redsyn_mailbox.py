@@ -134,6 +134,15 @@ def test_next_ready_is_when_the_earliest_lease_lapses():
     assert again["id"] == "q1" and again["attempts"] == 2
 
 
+def test_a_poll_answers_items_or_when_to_look_again():
+    hub = Hub()
+    hub.post(JOEL, id="q1", **{"from": "cli", "to": "shout"})
+    items, ready_at = hub.run(mb.decide_poll(hub.state, JOEL, SHOUT, 30, 100, hub.now))
+    assert [i["id"] for i in items] == ["q1"] and ready_at is None
+    assert hub.run(mb.decide_poll(hub.state, JOEL, SHOUT, 30, 100, hub.now)) == \
+        ([], hub.now + 30)
+
+
 def test_next_ready_leaves_out_what_another_machine_holds_sealed():
     hub = Hub()
     hub.post(JOEL, id="q1", **{"from": "cli", "to": "shout"})

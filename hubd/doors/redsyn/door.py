@@ -366,13 +366,11 @@ class RedsynDoor:
                 waiter = self._waiters.get(agent)
                 if waiter is None:
                     waiter = self._waiters[agent] = asyncio.Event()
-                items = await self.call(lambda state, now: mb.decide_take(
-                    state, node, agent, lease, limit, now, agent_checked=True))
+                items, ready_at = await self.call(lambda state, now: mb.decide_poll(
+                    state, node, agent, lease, limit, now))
                 remaining = deadline - loop.time()
                 if items or remaining <= 0:
                     return web.json_response({"items": items})
-                ready_at = await self.call(lambda state, now: mb.Decision(
-                    [], mb.next_ready(state, node, agent, now)))
                 look_again = min(remaining, RECHECK_SECONDS)
                 if ready_at is not None:
                     look_again = min(look_again,
