@@ -2,9 +2,9 @@
 
 For each round, each scenario, and each hub variant (in the order reference, hubd,
 hubd-private; reversed in even rounds, tests/bench/order.py) this starts a *fresh*
-hub with a fresh durable journal in its own temporary directory, runs one load from a separate client process
-(``tests.bench.loadgen``), reads the hub's CPU time from /proc, stops the hub by
-its PID and deletes the directory. The table shows medians over rounds, and for
+hub with a fresh durable journal in its own temporary directory, runs one load from a
+separate client process (``tests.bench.loadgen``), reads the hub's CPU time from
+/proc, stops the hub by its PID and deletes the directory. The table shows medians over rounds, and for
 each hubd variant the median over rounds of the paired ratio hubd/reference.
 
     .venv/bin/python -m tests.bench.bench_local                 # 3 rounds, scenarios a,b
