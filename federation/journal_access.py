@@ -25,6 +25,7 @@ from typing import Callable
 
 import orjson
 
+from hubd.journal.store import INSERT
 from hubd.state.events import Event
 
 HUBD = "hubd"
@@ -159,8 +160,7 @@ def append_operator_row(path: str | Path, kind: str,
             payload = build(rows)
             seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0] + 1
             event = Event(seq, time.time() if now is None else now, kind, payload)
-            conn.execute("INSERT INTO events (seq, ts, kind, payload, route) VALUES "
-                         "(?, ?, ?, ?, ?)", event.row())
+            conn.execute(INSERT, event.row())
             conn.execute("COMMIT")
             return event
         except BaseException:

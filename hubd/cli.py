@@ -30,6 +30,8 @@ from hubd.state.redsyn import Limits as RedsynLimits
 SUBCOMMANDS = {
     "certs": ("federation.certs_cli",
               "make a private CA and hub certificates, print pins, fetch a hub's presented chain"),
+    "principal": ("hubd.principal_cli",
+                  "principals: who may speak for which seats, their tokens and grants"),
     "redsyn": ("hubd.doors.redsyn.nodes", "REDSYN nodes: make or revoke an HTTP agent's bearer token"),
     "multihub": ("federation.multihub_cli",
                  "observe a peer hub's journal, show multi-hub authority state, recover a "
@@ -66,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     auth = parser.add_argument_group("authentication")
     auth.add_argument("--token", help="shared-secret connect token (off by default)")
     auth.add_argument("--token-file", help="read the connect token from this file")
+    auth.add_argument("--principals", metavar="FILE",
+                      help="principals from this owner-only JSON file, re-read on SIGHUP, "
+                           "instead of the journal's (docs/identity.md)")
+    auth.add_argument("--open-network", action="store_true",
+                      help="with no --token and no principals, admit agents from any address "
+                           "(default: loopback only)")
     auth.add_argument("--auth-timeout", type=float, default=10.0,
                       help="seconds a new socket has to send its first frame (default 10)")
     auth.add_argument("--metrics", action="store_true",
@@ -266,6 +274,8 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         args.durable_ingress_events, args.durable_ingress_bytes, args.durable_ingress_window)
     return HubConfig(
         host=args.host, port=args.port, db=Path(args.db), hub_id=args.hub_id, token=token,
+        principals_file=Path(args.principals) if args.principals else None,
+        open_network=args.open_network,
         max_msg_bytes=args.max_msg_kb * 1024, auth_timeout=args.auth_timeout,
         metrics_token=metrics_token, private_directed=args.private_directed_messages,
         quota=quota, max_clients=args.max_clients,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +38,10 @@ class HubConfig:
     db: Path = Path(DEFAULT_DB)
     hub_id: str | None = None
     token: str | None = None
+    # --principals FILE: the declarative principals (else the journal's)
+    principals_file: Path | None = None
+    # an open hub (no token, no principals) admits agents from any address
+    open_network: bool = False
     max_msg_bytes: int = 1024 * 1024
     auth_timeout: float = 10.0
     metrics_token: str | None = None
@@ -63,8 +66,3 @@ class HubConfig:
     redsyn_limits: RedsynLimits = field(default_factory=RedsynLimits)
     broker: BrokerConfig | None = None
 
-    def token_matches(self, presented: str) -> bool:
-        if self.token is None:
-            return True
-        return hmac.compare_digest(presented.encode("utf-8", "surrogatepass"),
-                                   self.token.encode("utf-8", "surrogatepass"))

@@ -26,6 +26,7 @@ import structlog
 
 from typing import Iterable
 
+from hubd.actors.identity import IdentityWatch
 from hubd.actors.journal_writer import JournalWriter
 from hubd.actors.outcome import Flush
 from hubd.actors.router import Router
@@ -62,6 +63,8 @@ class Hub:
         self.writer = JournalWriter(config.db, self.metrics, self.endpoints,
                                     self._journal_failed, self._journal_committed)
         self.checkpointer = Checkpointer(config.db, self.metrics)
+        # the principals: who each token is and which seats it may speak for
+        self.identity = IdentityWatch(config)
         self.router: Router | None = None
         self.ready = False
         self.started = time.time()
@@ -72,9 +75,6 @@ class Hub:
         self._stopping = asyncio.Event()
 
     # -- journal access
-
-    def token_matches(self, presented: str) -> bool:
-        return self.config.token_matches(presented)
 
     async def read_journal(self, method: str, *args):
         """Run a JournalReader query on the reader threads."""
@@ -109,6 +109,7 @@ class Hub:
         keeps the running configuration and says why."""
         changed: dict = {}
         try:
+            changed.update(self.identity.reload())
             for reload in self.installed.hooks("reload"):
                 changed.update(reload(self))
         except (ValueError, OSError) as exc:
@@ -172,12 +173,14 @@ class Hub:
         self.hub_id = self.config.hub_id or stored or f"hubd-{secrets.token_hex(4)}"
         if stored != self.hub_id:
             await self.writer.call(store.set_meta, "hub_id", self.hub_id)
+        await self.identity.open()
 
     async def replay(self) -> None:
         started = time.perf_counter()
         state = await self.load_state()
         state.extensions["redsyn"].woken.clear()  # nobody waits yet
         self.router = Router(self, state)
+        self.identity.router = self.router
         for restored in self.installed.hooks("restored"):
             restored(state)
         if self.corrupt_rows:
@@ -212,6 +215,7 @@ class Hub:
             group.create_task(self.router.run(), name="router")
             group.create_task(self._sweep(), name="sweeper")
             group.create_task(self.checkpointer.run(), name="wal-checkpoint")
+            group.create_task(self.identity.run(), name="identity")
             for start in self.installed.hooks("start"):
                 start(self.router, group)
             self.ready = True
@@ -239,6 +243,7 @@ class Hub:
             for endpoint in self.router.presence.endpoints:
                 self.endpoints.close(endpoint, CLOSE_GOING_AWAY, "hub shutting down")
         await self.checkpointer.close()
+        await self.identity.close()
         await self.writer.close()
         if self._reader is not None:
             reader, self._reader = self._reader, None

@@ -77,6 +77,7 @@ class Router:
         self.state = state
         self.presence = Presence()
         self.quota = IngressQuota(self.config.quota)
+        self.identity_changed()
         self.inbox: asyncio.Queue = asyncio.Queue(INBOX_COMMANDS)
         self._control: deque = deque()
         self._batch: list[Outcome] = []
@@ -90,6 +91,9 @@ class Router:
         self._backoff = REFUSAL_BACKOFF_START
         self.now = 0.0
         self.out = Outcome()
+        # the principal whose command is being handled: its events record it
+        # (a door that decides inside a Call sets it for its caller)
+        self.acting: str | None = None
         # Live, not journaled, bookkeeping of handler modules (like presence:
         # rebuilt by clients reconnecting), keyed by module-chosen names.
         self.live: dict = {}
@@ -153,7 +157,9 @@ class Router:
             endpoint = command.endpoint
             session = self.presence.sessions.get(endpoint)
             if session is not None:
+                self.acting = session.principal
                 self._safely(endpoint, self._inbound, session, command.frame, command.size)
+                self.acting = None
         elif kind is Opened:
             self._safely(command.endpoint, self._opened, command)
         elif kind is Closed:
@@ -266,6 +272,12 @@ class Router:
         if self.presence.by_name.get(session.name) is None:
             sessions.announce_presence(self, "left", session.name)
 
+    def identity_changed(self) -> None:
+        """Once the hub has principals of its own, directed chats go only to
+        their recipients (the reference's --team-secure forces this too)."""
+        self.private_directed = (self.config.private_directed
+                                 or self.hub.identity.table.enforcing)
+
     # -- the API handlers use
 
     def mutations_refused(self) -> bool:
@@ -282,7 +294,7 @@ class Router:
         if self.refusing_mutations is not None and self.mutations_refused():
             raise JournalUnavailable()
         event = Event(self.state.last_seq + 1, self.now if ts is None else ts, kind, payload,
-                      route, payload_text)
+                      route, payload_text, self.acting)
         apply(self.state, event)
         self.out.events.append(event)
         return event

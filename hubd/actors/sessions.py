@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import structlog
+
 from hubd.core.commands import Opened
 from hubd.core.message import CLOSE_AUTH, CLOSE_CAPACITY, CLOSE_NAME_CONFLICT, CLOSE_PER_HOST
 from hubd.state.presence import Session
+from hubd.state.principals import (admission_refusal, session_refusal, speak_refusal,
+                                   takeover_refusal)
 from hubd.wire.envelope import PROTOCOL_VERSION, reserved_name_reason, strict_int
+
+log = structlog.get_logger("hubd.sessions")
 
 if TYPE_CHECKING:
     from .router import Router
@@ -24,7 +30,8 @@ def opened(router: Router, command: Opened) -> None:
     presence = router.presence
     config = router.config
     endpoint, host = command.endpoint, command.peer_host
-    session = presence.open(endpoint, command.principal, host, command.peer_cert)
+    session = presence.open(endpoint, command.principal, host, command.peer_cert,
+                            command.credential)
     if len(presence.endpoints) > config.max_clients:
         router.send(endpoint, router.frame("error", "self", "Hub at capacity."))
         router.close(endpoint, CLOSE_CAPACITY, "hub at capacity")
@@ -51,12 +58,24 @@ def _name_conflict(router: Router, session: Session, name: str, text: str, reaso
     router.close(session.endpoint, CLOSE_NAME_CONFLICT, reason)
 
 
+def _auth_denied(router: Router, session: Session, name: str, reason: str) -> None:
+    router.metrics.auth_denied += 1
+    router.send(session.endpoint, router.frame("auth_denied", name, reason))
+    router.close(session.endpoint, CLOSE_AUTH, "auth denied")
+
+
 def register(router: Router, session: Session, frame: dict) -> bool:
     """Bind the frame's sender to this endpoint, or refuse and close it."""
     name = frame.get("sender") or f"anon-{session.endpoint}"
     reserved = reserved_name_reason(name)
     if reserved is not None:
         _name_conflict(router, session, name, reserved, "reserved identity")
+        return False
+    table = router.hub.identity.table
+    refused = (admission_refusal(table, session.peer_host, router.config.open_network)
+               or speak_refusal(table, table.credential(session.credential), name))
+    if refused is not None:
+        _auth_denied(router, session, name, refused)
         return False
     presence = router.presence
     holder = presence.by_name.get(name)
@@ -65,6 +84,10 @@ def register(router: Router, session: Session, frame: dict) -> bool:
             _name_conflict(router, session, name,
                            f"Name '{name}' is already online from another session. "
                            "Use a unique --name.", "name conflict")
+            return False
+        refused = table.enforcing and takeover_refusal(holder.principal, session.principal, name)
+        if refused:
+            _auth_denied(router, session, name, refused)
             return False
         presence.unbind(holder)
         router.close(holder.endpoint, CLOSE_AUTH, "superseded")
@@ -78,6 +101,22 @@ def register(router: Router, session: Session, frame: dict) -> bool:
         hook(router, session, frame)
     announce_presence(router, "joined", name)
     return True
+
+
+def revalidate(router: Router) -> None:
+    """The principals changed: close every session they no longer admit (a
+    revoked token, a seat its principal lost, an open session once the hub
+    requires a token)."""
+    table = router.hub.identity.table
+    router.identity_changed()
+    for session in list(router.presence.sessions.values()):
+        if session.peer_hub is not None:
+            continue  # a peer hub's link answers to the serving policy
+        refused = session_refusal(table, session.credential, session.name)
+        if refused is not None:
+            log.info("session closed: its principal no longer admits it",
+                     endpoint=session.endpoint, principal=session.principal, reason=refused)
+            _auth_denied(router, session, session.name or "unknown", refused)
 
 
 def refuse_name_switch(router: Router, session: Session, sender: str) -> None:

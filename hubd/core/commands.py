@@ -20,13 +20,17 @@ class Opened(NamedTuple):
     it). The Router opens its session and answers with the welcome."""
 
     endpoint: int
-    # what the ingress quota charges: token fingerprint or open-host:<address>
+    # the principal's name (docs/identity.md): what the ingress quota charges
+    # and the journal records; open-host:<address> on an open hub
     principal: str
     # the remote address, for the per-host connection bound
     peer_host: str
     # the DER client certificate the endpoint presented over TLS, if any (a
     # peer hub's link is recognised by it)
     peer_cert: bytes | None = None
+    # the digest of the token it proved (None on an open hub): a revoked
+    # token's sessions are found by it
+    credential: str | None = None
 
 
 class Inbound(NamedTuple):

@@ -16,7 +16,6 @@ first, then an abort). Every close leaves with a close frame, code and reason
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections import deque
 
@@ -47,10 +46,6 @@ def ws_text(message: Message) -> bytes:
     return text_frame(message.json)
 
 
-def token_principal(token: str) -> str:
-    return "token:" + hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
 class Connection:
     def __init__(self, ws: web.WebSocketResponse, stream, peer_host: str, hub):
         self.id = next_endpoint_id()
@@ -58,7 +53,8 @@ class Connection:
         self.peer_host = peer_host
         self.hub = hub
         self.principal = f"open-host:{peer_host}"
-        self.authenticated = hub.config.token is None
+        self.credential: str | None = None
+        self.authenticated = hub.identity.table.open
         # set by the TLS layer for peer hubs: the DER client certificate
         self.peer_cert: bytes | None = None
         self.opened_at = time.monotonic()
@@ -288,21 +284,25 @@ class Connection:
                 hub.endpoints.remove(self)
 
     def _opened(self) -> Opened:
-        return Opened(self.id, self.principal, self.peer_host, self.peer_cert)
+        return Opened(self.id, self.principal, self.peer_host, self.peer_cert, self.credential)
 
     def _authenticate(self, frame: dict) -> bool:
-        """The first frame on a secured hub must carry the token; nothing is
-        sent to the socket before it does."""
+        """The first frame on a secured hub must carry a token (the shared
+        --token or a principal's); nothing is sent to the socket before it
+        does. Which seats the token may speak for the Router decides."""
         token = frame.get("token")
         target = frame.get("sender") or "unknown"
         hub = self.hub
+        credential = (hub.identity.table.authenticate(token) if isinstance(token, str)
+                      else None)
         if token is None:
             reason = "Authentication token required."
-        elif not isinstance(token, str) or not hub.token_matches(token):
+        elif credential is None:
             reason = "Invalid authentication token."
         else:
             self.authenticated = True
-            self.principal = token_principal(token)
+            self.principal = credential.principal.name
+            self.credential = credential.digest
             return True
         hub.metrics.auth_denied += 1
         self.send(text_frame(codec.encode(

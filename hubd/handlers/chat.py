@@ -156,7 +156,7 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
     message = Message(frame, text)
     metrics = router.metrics
     metrics.chats_routed += 1
-    if (directed or outgoing) and router.config.private_directed:
+    if (directed or outgoing) and router.private_directed:
         dests = recipient_endpoints(presence, recipients)
         if dests:
             router.out.sends.append((dests, message, "chat"))

@@ -10,8 +10,9 @@ from __future__ import annotations
 from hubd import __version__
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
-from hubd.state.presence import Session
+from hubd.state.presence import RX_SUFFIX, Session
 from hubd.wire.envelope import strict_int
+from hubd.wire.targets import parse_target
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
@@ -95,9 +96,29 @@ def state_request(router: Router, session: Session, frame: dict, size: int) -> N
     router.reply(session, "state_snapshot", "State snapshot", **fields)
 
 
+def visible_history(router: Router, session: Session) -> list[dict]:
+    """The retained chats this session may read: all of them under the
+    compatibility routing (every client saw every chat live anyway); under
+    private routing only broadcasts and the directed chats it sent or was
+    addressed by (its -rx sidecar reads its seat's)."""
+    entries = router.state.chat.history
+    if not router.private_directed:
+        return list(entries)
+    name = session.name or ""
+    seat = name[:-len(RX_SUFFIX)] if name.endswith(RX_SUFFIX) else name
+    roles = session.roles
+    visible = []
+    for entry in entries:
+        target = parse_target(entry.get("target") or "")
+        if (target.is_broadcast or entry.get("channel") or entry.get("sender") in (name, seat)
+                or target.matches(seat, roles) or target.matches(name, roles)):
+            visible.append(entry)
+    return visible
+
+
 @verbs.handles("history_request", reads_only=True)
 def history(router: Router, session: Session, frame: dict, size: int) -> None:
-    entries = list(router.state.chat.history)
+    entries = visible_history(router, session)
     by_id = "history_client_msg_id" in frame
     by_target = "history_target" in frame
     if by_id or by_target:
@@ -127,5 +148,5 @@ def resume(router: Router, session: Session, frame: dict, size: int) -> None:
     since = strict_int(frame.get("since"))
     if since is None or since < 0:
         since = 0
-    messages = [e for e in router.state.chat.history if e.get("msg_id", 0) > since]
+    messages = [e for e in visible_history(router, session) if e.get("msg_id", 0) > since]
     router.reply(session, "resume_snapshot", "Resume snapshot", since=since, messages=messages)

@@ -22,7 +22,8 @@ from hubd.wire.codec import loads_stored
 from hubd.state.events import Event
 
 SCHEMA_VERSION = "1"
-INSERT = "INSERT INTO events (seq, ts, kind, payload, route) VALUES (?, ?, ?, ?, ?)"
+INSERT = ("INSERT INTO events (seq, ts, kind, payload, route, principal) "
+          "VALUES (?, ?, ?, ?, ?, ?)")
 
 
 def _connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
@@ -57,8 +58,12 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
                 "this database has an events table hubd did not write (the reference hub's "
                 "journal looks like this); start hubd with a new --db — history does not "
                 "carry over (see docs/migration-from-reference.md)")
-    db["events"].create({"seq": int, "ts": float, "kind": str, "payload": str, "route": str},
+    db["events"].create({"seq": int, "ts": float, "kind": str, "payload": str, "route": str,
+                         "principal": str},
                         pk="seq", not_null={"ts", "kind", "payload"}, if_not_exists=True)
+    if "principal" not in {c.name for c in db["events"].columns}:
+        # a journal from before principals: its events were nobody's
+        conn.execute("ALTER TABLE events ADD COLUMN principal TEXT")
     db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
                  (SCHEMA_VERSION,))

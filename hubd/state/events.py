@@ -1,6 +1,7 @@
 """Journal events: the only way coordination state changes.
 
-An event is `(seq, ts, kind, payload, route)`. `payload` is what the event says
+An event is `(seq, ts, kind, payload, route)`, stored with the name of the
+principal whose connection caused it. `payload` is what the event says
 (for a chat, the frame as relayed); `route` holds the hub's own routing facts
 decided when the event was made (who was online to receive a chat), which
 replay must reuse rather than recompute.
@@ -30,13 +31,17 @@ class Event:
     # The payload already encoded, when the hub had to encode it anyway (a
     # chat frame is encoded once for its recipients and reused for the journal).
     payload_text: bytes | str | None = None
+    # the principal whose connection caused it (docs/identity.md); None for
+    # the hub's own events (lease expiry, forward settlement)
+    principal: str | None = None
 
     def row(self) -> tuple:
         payload = self.payload_text if self.payload_text is not None else encode(self.payload)
         if type(payload) is bytes:
             payload = payload.decode()
         return (self.seq, self.ts, self.kind, payload,
-                encode(self.route).decode() if self.route is not None else None)
+                encode(self.route).decode() if self.route is not None else None,
+                self.principal)
 
     def same_content(self, other: "Event") -> bool:
         return (self.seq, self.ts, self.kind, self.payload, self.route) == (

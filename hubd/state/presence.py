@@ -16,11 +16,14 @@ RX_SUFFIX = "-rx"
 class Session:
     # the endpoint serving this session (its id in the hub's Endpoints)
     endpoint: int
-    # what the ingress quota charges (token fingerprint or open-host:<address>)
+    # the principal's name: what the ingress quota charges and the journal
+    # records (open-host:<address> on an open hub)
     principal: str = ""
     peer_host: str = ""
     # the DER client certificate presented over TLS, if any
     peer_cert: bytes | None = None
+    # the digest of the token the door checked (None on an open hub)
+    credential: str | None = None
     name: str | None = None
     roles: tuple[str, ...] = ()
     wake_capability: str | None = None
@@ -45,8 +48,9 @@ class Presence:
     endpoints: tuple = ()
 
     def open(self, endpoint: int, principal: str, peer_host: str,
-             peer_cert: bytes | None) -> Session:
-        session = self.sessions[endpoint] = Session(endpoint, principal, peer_host, peer_cert)
+             peer_cert: bytes | None, credential: str | None = None) -> Session:
+        session = self.sessions[endpoint] = Session(endpoint, principal, peer_host, peer_cert,
+                                                    credential)
         self.endpoints = self.endpoints + (endpoint,)
         return session
 

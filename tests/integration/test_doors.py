@@ -29,7 +29,9 @@ class LineDoorEndpoint:
 
     async def open(self) -> None:
         self.hub.endpoints.add(self)
-        await self.hub.router.inbox.put(Opened(self.id, "line:test", "line-door"))
+        # a door in the hub's own process: its agents are local (an open hub
+        # admits agents from loopback only)
+        await self.hub.router.inbox.put(Opened(self.id, "line:test", "127.0.0.1"))
 
     async def send(self, frame: dict) -> None:
         data = orjson.dumps(frame)

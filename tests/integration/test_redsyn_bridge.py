@@ -1,6 +1,7 @@
 """REDSYN agents and WebSocket agents (the published reference client) talk
 to each other by name through one hub: a REDSYN address is the hub seat of
-the same name."""
+the same name. A person is one principal on both doors: wsbob's WebSocket
+agents connect with a token of the person acme/general/wsbob."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ pytestmark = pytest.mark.interop
 def hub(tmp_path):
     db = tmp_path / "hubd.db"
     tokens = {"ana": login(db, "acme/general/ana", "laptop"),
-              "joel": login(db, "acme/general/joel", "laptop")}
+              "joel": login(db, "acme/general/joel", "laptop"),
+              "wsbob": login(db, "acme/general/wsbob", "desktop")}
     proc = hubd_process(tmp_path / "hub", db=db).start()
-    ref = RefClient(proc.url, tmp_path / "client-home")
+    ref = RefClient(proc.url, tmp_path / "client-home", token=tokens["wsbob"])
     yield proc, ref, Client(proc.http_url, tokens["ana"]), Client(proc.http_url, tokens["joel"])
     ref.stop_all()
     proc.stop()

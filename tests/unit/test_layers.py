@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("doors", ("hubd.http", "hubd.doors")),
     ("hub", ("hubd.hub",)),
     ("composition", ("hubd.composition", "hubd.server")),
-    ("command line", ("hubd.cli", "hubd.__main__")),
+    ("command line", ("hubd.cli", "hubd.__main__", "hubd.principal_cli")),
 ]
 # the package itself holds only __version__
 BASE_MODULES = {"hubd"}

@@ -1,4 +1,5 @@
-"""Node tokens: `hubd redsyn login/logout` on a real journal file."""
+"""Node tokens: `hubd redsyn login/logout` on a real journal file. A node is a
+token of the person's principal (docs/identity.md)."""
 
 import json
 import sqlite3
@@ -6,6 +7,8 @@ import subprocess
 import sys
 
 from hubd.doors.redsyn import nodes
+from hubd.journal.principals import JournalPrincipals
+from hubd.state.principals import token_digest
 
 
 def run(*args):
@@ -23,25 +26,28 @@ def test_login_prints_a_token_once_and_stores_only_its_digest(tmp_path):
     # another descriptor of a SQLite file drops this process's locks on it.
     assert doc["token"].encode() not in db.read_bytes()
     conn = sqlite3.connect(db)
-    rows = conn.execute("SELECT node, digest FROM redsyn_nodes").fetchall()
-    assert rows == [("acme/dev/joel:laptop", nodes.digest(doc["token"]))]
-    table = nodes.TokenTable(db)
-    assert table.refresh()
-    assert table.node_for(doc["token"]).person == "acme/dev/joel"
-    assert table.node_for("rsn_wrong") is None
-    assert not table.refresh()  # nothing changed
+    rows = conn.execute("SELECT principal, label, digest FROM principal_tokens").fetchall()
+    assert rows == [("acme/dev/joel", "laptop", token_digest(doc["token"]))]
+    seats = conn.execute("SELECT seats FROM principals WHERE name = 'acme/dev/joel'").fetchall()
+    assert json.loads(seats[0][0]) == ["acme/dev/joel/*"]
+    source = JournalPrincipals(db)
+    table = source.read(None)
+    assert nodes.node_of(table.authenticate(doc["token"])).person == "acme/dev/joel"
+    assert table.authenticate("rsn_wrong") is None
+    assert source.read(None) is None  # nothing changed
     # a second login replaces the token; logout revokes it
     plain = run("login", "--db", str(db), "--person", "acme/dev/joel", "--name", "laptop")
     token = plain.stdout.strip()
     assert plain.returncode == 0 and token.startswith("rsn_") and "\n" not in token
-    assert table.refresh() and table.node_for(doc["token"]) is None
-    assert table.node_for(token).id == "acme/dev/joel:laptop"
+    table = source.read(None)
+    assert table.authenticate(doc["token"]) is None
+    assert nodes.node_of(table.authenticate(token)).id == "acme/dev/joel:laptop"
     gone = run("logout", "--db", str(db), "--person", "acme/dev/joel", "--name", "laptop")
     assert gone.returncode == 0 and "revoked" in gone.stdout, gone.stdout + gone.stderr
-    assert table.refresh() and table.node_for(token) is None
+    assert source.read(None).authenticate(token) is None
     again = run("logout", "--db", str(db), "--person", "acme/dev/joel", "--name", "laptop")
     assert again.returncode == 1
-    table.close()
+    source.close()
     conn.close()
 
 

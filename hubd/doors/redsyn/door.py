@@ -32,7 +32,7 @@ from hubd.wire.redsyn import envelope as wire
 from hubd.wire.redsyn.envelope import API_VERSION, KNOWN_VERSIONS, RedsynError
 from hubd.wire.redsyn.webhook import signature_header
 
-from .nodes import TokenTable
+from .nodes import node_of
 
 log = structlog.get_logger("hubd.redsyn")
 
@@ -44,7 +44,6 @@ MAX_POLLS_PER_NODE = 16
 # lapses (a little after, so the lapse is past), and at least this often.
 RECHECK_SECONDS = 5.0
 LAPSE_SLACK_SECONDS = 0.02
-TOKEN_REFRESH_SECONDS = 0.5
 WEBHOOK_NODE = "hub:webhook"
 WEBHOOK_TIMEOUT = 10.0
 WEBHOOK_LEASE = 60.0
@@ -84,7 +83,6 @@ class RedsynDoor:
         self.limits: mb.Limits = config.redsyn_limits
         self.allow_loopback_webhooks: bool = config.redsyn_allow_loopback_webhooks
         self.webhook_first_retry: float = config.redsyn_webhook_first_retry
-        self.tokens = TokenTable(config.db)
         self.presence: dict[str, tuple[float, str]] = {}  # agent -> (last seen, node)
         self.webhook_seen: dict[str, float] = {}
         self._waiters: dict[str, asyncio.Event] = {}
@@ -97,23 +95,10 @@ class RedsynDoor:
     # -- lifetime
 
     async def open(self) -> None:
-        await asyncio.to_thread(self.tokens.refresh)
         self.hub.endpoints.add(self._replies)
 
     def start(self, group: asyncio.TaskGroup) -> None:
-        group.create_task(self._refresh_tokens(), name="redsyn-tokens")
         group.create_task(self._webhooks(), name="redsyn-webhooks")
-
-    async def close(self) -> None:
-        """At shutdown: let go of the database (a held connection would keep
-        operator commands that need the journal to themselves waiting)."""
-        await asyncio.to_thread(self.tokens.close)
-
-    async def _refresh_tokens(self) -> None:
-        while True:
-            await asyncio.sleep(TOKEN_REFRESH_SECONDS)
-            if await asyncio.to_thread(self.tokens.refresh):
-                log.info("node tokens reloaded", nodes=len(self.tokens.by_digest))
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_route("*", PREFIX + "/{tail:.*}", self.handle)
@@ -238,10 +223,10 @@ class RedsynDoor:
         if scheme.lower() != "bearer" or not token:
             raise RedsynError(401, "Authorization: Bearer <token> is required "
                                    "(hubd redsyn login makes one)")
-        node = self.tokens.node_for(token.strip())
-        if node is None:
+        credential = self.hub.identity.table.authenticate(token.strip())
+        if credential is None:
             raise RedsynError(401, "unknown or revoked token")
-        return node
+        return node_of(credential)
 
     async def _json(self, request: web.Request):
         if request.content_length is not None and \

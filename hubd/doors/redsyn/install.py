@@ -1,7 +1,7 @@
 """The REDSYN mailbox and door as a plugin: its projection and appliers
 (hubd/state/redsyn.py) always, and unless --no-redsyn the door itself
-(hubd/doors/redsyn/door.py): its routes under /redsyn/v1, its node tokens and
-webhook tasks, the wake after each commit, and its expiry sweep.
+(hubd/doors/redsyn/door.py): its routes under /redsyn/v1, its webhook tasks,
+the wake after each commit, and its expiry sweep.
 
 The projection is installed whether or not the door serves: replaying a
 journal must give the same state either way.
@@ -27,13 +27,9 @@ def redsyn_plugin(serving: bool) -> Plugin:
     async def opening(hub) -> None:
         await door["door"].open()
 
-    async def closing() -> None:
-        if "door" in door:
-            await door["door"].close()
-
     return Plugin("redsyn", appliers=mb.appliers, projections=mb.PROJECTIONS,
                   periodic=(lambda router: sweep(door["door"], router),),
-                  bind=bind, opening=opening, closing=closing,
+                  bind=bind, opening=opening,
                   http_routes=lambda app: door["door"].add_routes(app),
                   committed=lambda: door["door"].committed(),
                   start=lambda router, group: door["door"].start(group))

@@ -1,60 +1,45 @@
 """Nodes and their bearer tokens (`hubd redsyn login/logout`).
 
-A token is shown once; the journal database keeps only its SHA-256 digest,
-in a table of its own beside the event journal (`redsyn_nodes`), so a token
-can be made whether or not the hub runs: the hub re-reads the table when its
-version row changes (checked twice a second), which is how a running hub
-accepts a new token within a second and forgets a revoked one as fast.
-
-Tokens are not journal events: the CLI cannot append to a journal whose
-sequence a running hub owns, and a token is a credential, not coordination
-history.
+A node is one token of a person's principal (docs/identity.md): the person
+ORG/TEAM/USER is a principal whose seats are ORG/TEAM/USER/*, and each of its
+machines holds a token labelled with the machine's name. `hubd redsyn login`
+makes the principal if it is absent and a token for the machine (shown once;
+the journal database keeps only its digest); `logout` revokes it. The hub
+applies either within a second, like any principal change.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import hmac
 import json
 import re
-import secrets
 import sqlite3
 import sys
-import threading
-import time
 from pathlib import Path
 
-from hubd.wire.redsyn.envelope import NAME, RedsynError, parse_person
+from hubd.journal import principals as store
+from hubd.state.principals import Credential, PrincipalError
 from hubd.state.redsyn import Node
+from hubd.wire.redsyn.envelope import NAME, RedsynError, parse_person
 
 _MACHINE = re.compile(NAME)
-
-SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS redsyn_nodes (node TEXT PRIMARY KEY, person TEXT NOT NULL, "
-    "name TEXT NOT NULL, digest TEXT NOT NULL UNIQUE, created_at REAL NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS redsyn_nodes_version (id INTEGER PRIMARY KEY CHECK (id = 1), "
-    "version INTEGER NOT NULL)",
-    "INSERT OR IGNORE INTO redsyn_nodes_version (id, version) VALUES (1, 0)",
-)
-
-
-def digest(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+TOKEN_PREFIX = "rsn_"
 
 
 def node_id(person: str, name: str) -> str:
     return f"{person}:{name}"
 
 
-def connect(path: str | Path) -> sqlite3.Connection:
-    from hubd.journal.store import _connect, ensure_schema
-
-    conn = _connect(path)
-    ensure_schema(conn)  # a journal made here is a hubd journal the hub will open
-    for statement in SCHEMA:
-        conn.execute(statement)
-    return conn
+def node_of(credential: Credential) -> Node:
+    """The node a principal's token is on the REDSYN door (403 when the
+    principal is not a person)."""
+    person = credential.principal.name
+    try:
+        parse_person(person)
+    except RedsynError:
+        raise RedsynError(403, f"principal {person!r} is not a REDSYN person "
+                               "(org/team/user)") from None
+    return Node(node_id(person, credential.label), person)
 
 
 def login(path: str | Path, person: str, name: str) -> tuple[str, str]:
@@ -62,81 +47,12 @@ def login(path: str | Path, person: str, name: str) -> tuple[str, str]:
     parse_person(person)
     if not _MACHINE.fullmatch(name):
         raise RedsynError(400, "a machine name is lowercase letters, digits, '.', '-', '_'")
-    token = "rsn_" + secrets.token_urlsafe(32)
-    node = node_id(person, name)
-    conn = connect(path)
-    try:
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("INSERT INTO redsyn_nodes (node, person, name, digest, created_at) "
-                         "VALUES (?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
-                         "digest = excluded.digest, created_at = excluded.created_at",
-                         (node, person, name, digest(token), time.time()))
-            conn.execute("UPDATE redsyn_nodes_version SET version = version + 1")
-    finally:
-        conn.close()
-    return token, node
+    return store.person_token(path, person, name, TOKEN_PREFIX), node_id(person, name)
 
 
 def logout(path: str | Path, person: str, name: str) -> bool:
     parse_person(person)
-    conn = connect(path)
-    try:
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            gone = conn.execute("DELETE FROM redsyn_nodes WHERE node = ?",
-                                (node_id(person, name),)).rowcount
-            conn.execute("UPDATE redsyn_nodes_version SET version = version + 1")
-    finally:
-        conn.close()
-    return gone > 0
-
-
-class TokenTable:
-    """The hub's view of the node table (used on a reader thread)."""
-
-    def __init__(self, path: str | Path):
-        self.path = path
-        self.version = -1
-        self.by_digest: dict[str, Node] = {}
-        self._conn: sqlite3.Connection | None = None
-        self._closed = False
-        self._lock = threading.Lock()  # refresh and close may run on different threads
-
-    def refresh(self) -> bool:
-        """Re-read the table if it changed; True when it did."""
-        with self._lock:
-            if self._closed:
-                return False
-            return self._refresh()
-
-    def _refresh(self) -> bool:
-        if self._conn is None:
-            self._conn = connect(self.path)
-        # fetchall: a half-read cursor would hold its read snapshot open
-        [(version,)] = self._conn.execute("SELECT version FROM redsyn_nodes_version").fetchall()
-        if version == self.version:
-            return False
-        rows = self._conn.execute("SELECT node, person, digest FROM redsyn_nodes").fetchall()
-        self.by_digest = {d: Node(n, p) for n, p, d in rows}
-        self.version = version
-        return True
-
-    def node_for(self, token: str) -> Node | None:
-        wanted = digest(token)
-        node = self.by_digest.get(wanted)
-        # The dict lookup already matched on the digest; compare again in
-        # constant time so the answer's timing says nothing about near misses.
-        if node is not None and hmac.compare_digest(wanted, digest(token)):
-            return node
-        return None
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+    return store.revoke_token(path, person, name) > 0
 
 
 def main(argv: list[str]) -> int:
@@ -169,6 +85,9 @@ def main(argv: list[str]) -> int:
         return 0 if gone else 1
     except RedsynError as exc:
         print(f"hubd redsyn: {exc.error}", file=sys.stderr)
+        return 2
+    except PrincipalError as exc:
+        print(f"hubd redsyn: {exc}", file=sys.stderr)
         return 2
     except sqlite3.Error as exc:
         print(f"hubd redsyn: cannot use {args.db}: {exc}", file=sys.stderr)

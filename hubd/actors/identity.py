@@ -1,0 +1,107 @@
+"""The hub's principals, kept current (docs/identity.md).
+
+One home for "who is this token": the doors authenticate with `table`, the
+Router decides with it. The table is an immutable snapshot swapped whole: from
+the journal's principal tables, looked at twice a second (so `hubd principal
+...` applies within a second), or from `--principals FILE`, re-read on SIGHUP
+(a file that cannot be used is refused and the old table kept). When the table
+changes, the Router re-checks every session against it: a revoked token or a
+seat its principal no longer covers is closed (4010).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+from pathlib import Path
+
+import structlog
+
+from hubd.actors.sessions import revalidate
+from hubd.journal.principals import JournalPrincipals
+from hubd.state.principals import (PrincipalError, PrincipalTable, build_table,
+                                   parse_principals_file)
+
+log = structlog.get_logger("hubd.identity")
+
+REFRESH_SECONDS = 0.5
+MAX_FILE_BYTES = 4 * 1024 * 1024
+
+
+def read_principals_file(path: Path, shared_token: str | None) -> PrincipalTable:
+    """The file's table, or PrincipalError saying why it cannot be used."""
+    try:
+        info = path.stat()
+        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise PrincipalError(f"principals file {path} is readable by others "
+                                 f"(mode {stat.S_IMODE(info.st_mode):o}); chmod 600 it")
+        if info.st_size > MAX_FILE_BYTES:
+            raise PrincipalError(f"principals file {path} is over {MAX_FILE_BYTES} bytes")
+        doc = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise PrincipalError(f"cannot read principals file {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise PrincipalError(f"principals file {path} is not JSON: {exc}") from exc
+    return parse_principals_file(doc, shared_token, source=str(path))
+
+
+class IdentityWatch:
+    def __init__(self, config):
+        self.config = config
+        self.table: PrincipalTable = build_table([], [], config.token, source="none")
+        self._journal = JournalPrincipals(config.db) if config.principals_file is None else None
+        self.router = None  # set once the Router exists
+        self.changes = 0
+
+    async def open(self) -> None:
+        """The first read, before any door admits a connection (a file that
+        cannot be used stops the start)."""
+        if self._journal is None:
+            self._swap(read_principals_file(self.config.principals_file, self.config.token))
+        else:
+            table = await asyncio.to_thread(self._journal.read, self.config.token)
+            if table is not None:
+                self._swap(table)
+        t = self.table
+        if t.open:
+            log.warning("open hub: no --token and no principals; agents are admitted from "
+                        "loopback only" if not self.config.open_network else
+                        "open hub: no --token and no principals, and --open-network admits "
+                        "agents from any address under any name")
+        else:
+            log.info("principals", source=t.source, principals=len(t.principals),
+                     shared_token=t.shared is not None,
+                     seats_bound=t.enforcing)
+
+    async def run(self) -> None:
+        if self._journal is None:
+            return
+        while True:
+            await asyncio.sleep(REFRESH_SECONDS)
+            try:
+                table = await asyncio.to_thread(self._journal.read, self.config.token)
+            except PrincipalError as exc:
+                log.error("principal tables refused; the running ones are kept", reason=str(exc))
+                continue
+            if table is not None:
+                self._swap(table)
+                log.info("principals reloaded", principals=len(table.principals),
+                         tokens=len(table.by_digest))
+
+    def reload(self) -> dict:
+        """SIGHUP: re-read the file (PrincipalError, a ValueError: keep the old)."""
+        if self.config.principals_file is None:
+            return {}
+        self._swap(read_principals_file(self.config.principals_file, self.config.token))
+        return {"principals": len(self.table.principals)}
+
+    def _swap(self, table: PrincipalTable) -> None:
+        self.table = table
+        self.changes += 1
+        if self.router is not None:
+            self.router.post_control(revalidate)
+
+    async def close(self) -> None:
+        if self._journal is not None:
+            await asyncio.to_thread(self._journal.close)

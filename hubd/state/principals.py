@@ -1,0 +1,336 @@
+"""Principals: who may speak for which seat, and what else they may do.
+
+A principal is a name, the digests of its tokens, the seat patterns it may
+speak for, and its grants (docs/identity.md). Everything here is pure: the
+table is an immutable snapshot a hub swaps whole when its source changes, and
+every decision is a function of the table, the principal and the request.
+
+Seat patterns: `*` (every seat), `PROJ/alice` (that seat), `PROJ/*` or
+`acme/dev/joel/*` (every seat under that prefix, at any depth). A pattern
+that admits a seat also admits the seat's `-rx` wake sidecar.
+
+Grants, each a tuple of patterns, or None for the default:
+- `claim`: namespaces it may claim in (default: the namespaces of its seats);
+- `board`: namespaces whose board tasks it may post and update (same default);
+- `mailbox`: seats whose mailbox it may read with mailbox_for, beyond its own
+  seats and their -rx sidecars (default: none).
+A namespace pattern is a namespace (`PROJ`) or `*`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import hmac
+import re
+from dataclasses import dataclass, field
+
+from hubd.state.presence import RX_SUFFIX
+
+EVERY = "*"
+SHARED_TOKEN_PRINCIPAL = "shared-token"
+GRANTS = ("claim", "board", "mailbox")
+MAX_PRINCIPALS = 10_000
+MAX_PATTERNS = 256
+MAX_TOKENS_PER_PRINCIPAL = 64
+MAX_NAME_BYTES = 128
+MAX_LABEL_BYTES = 64
+
+# A principal's name: what the journal records and `hubd principal` names.
+# Slashes allowed so a REDSYN person (org/team/user) is one.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+# one segment of a seat name or namespace: no glob characters, no '/', no '@'
+_SEGMENT = re.compile(r"[^/*?\[\]@\s]+")
+
+
+class PrincipalError(ValueError):
+    """A principal, pattern, grant or principals file that cannot be used."""
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_name(name: object) -> str:
+    if (not isinstance(name, str) or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES
+            or not _NAME.fullmatch(name) or "//" in name or name.endswith("/")):
+        raise PrincipalError(f"a principal's name is letters, digits, '.', '_', '-' and '/' "
+                             f"(at most {MAX_NAME_BYTES} bytes): {name!r}")
+    return name
+
+
+def check_label(label: object) -> str:
+    if (not isinstance(label, str) or len(label) > MAX_LABEL_BYTES
+            or not _LABEL.fullmatch(label)):
+        raise PrincipalError(f"a token label is letters, digits, '.', '_', '-' "
+                             f"(at most {MAX_LABEL_BYTES}): {label!r}")
+    return label
+
+
+def check_seat_pattern(pattern: object) -> str:
+    """`*`, an exact seat, or a prefix ending in `/*`."""
+    if not isinstance(pattern, str):
+        raise PrincipalError(f"a seat pattern is a string: {pattern!r}")
+    if pattern == EVERY:
+        return pattern
+    body = pattern[:-2] if pattern.endswith("/*") else pattern
+    if not body or not all(_SEGMENT.fullmatch(part) for part in body.split("/")):
+        raise PrincipalError(f"a seat pattern is '*', a seat (PROJ/alice) or a prefix "
+                             f"ending in '/*' (PROJ/*): {pattern!r}")
+    return pattern
+
+
+def check_namespace_pattern(pattern: object) -> str:
+    if not isinstance(pattern, str) or not (pattern == EVERY or _SEGMENT.fullmatch(pattern)):
+        raise PrincipalError(f"a namespace pattern is a namespace (PROJ) or '*': {pattern!r}")
+    return pattern
+
+
+def seat_matches(pattern: str, name: str) -> bool:
+    if pattern == EVERY:
+        return True
+    if pattern.endswith("/*"):
+        prefix = pattern[:-1]  # keeps the '/'
+        return name.startswith(prefix) and len(name) > len(prefix)
+    return name == pattern
+
+
+def namespace_of(seat: str) -> str | None:
+    head, sep, _ = seat.partition("/")
+    return head if sep else None
+
+
+def _pattern_namespace(pattern: str) -> str | None:
+    """The namespace a seat pattern lies in (`*` for every one)."""
+    if pattern == EVERY:
+        return EVERY
+    return namespace_of(pattern if not pattern.endswith("/*") else pattern[:-1])
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    name: str
+    seats: tuple[str, ...]
+    claim: tuple[str, ...] | None = None
+    board: tuple[str, ...] | None = None
+    mailbox: tuple[str, ...] | None = None
+
+    def speaks_for(self, seat: str) -> bool:
+        base = seat[:-len(RX_SUFFIX)] if seat.endswith(RX_SUFFIX) else None
+        for pattern in self.seats:
+            if seat_matches(pattern, seat) or (base and seat_matches(pattern, base)):
+                return True
+        return False
+
+    def own_namespaces(self) -> tuple[str, ...]:
+        found = (_pattern_namespace(p) for p in self.seats)
+        return tuple(sorted({n for n in found if n is not None}))
+
+    def may_claim_in(self, namespace: str | None) -> bool:
+        return _namespace_granted(self.claim, self, namespace)
+
+    def may_post_board_in(self, namespace: str | None) -> bool:
+        return _namespace_granted(self.board, self, namespace)
+
+    def may_read_mailbox(self, identity: str) -> bool:
+        if self.speaks_for(identity):
+            return True
+        return any(seat_matches(p, identity) for p in self.mailbox or ())
+
+    def grants(self) -> dict:
+        """The grants as stored and shown (None: the default)."""
+        return {g: (list(v) if (v := getattr(self, g)) is not None else None) for g in GRANTS}
+
+
+def _namespace_granted(grant: tuple[str, ...] | None, principal: Principal,
+                       namespace: str | None) -> bool:
+    patterns = grant if grant is not None else principal.own_namespaces()
+    if EVERY in patterns:
+        return True
+    return namespace is not None and namespace in patterns
+
+
+# The shared --token: it may speak for every seat and do everything (the
+# reference's one-secret hub).
+SHARED = Principal(SHARED_TOKEN_PRINCIPAL, (EVERY,), claim=(EVERY,), board=(EVERY,),
+                   mailbox=(EVERY,))
+
+
+def make_principal(name: object, seats, grants: dict | None = None) -> Principal:
+    name = check_name(name)
+    if name == SHARED_TOKEN_PRINCIPAL:
+        raise PrincipalError(f"'{SHARED_TOKEN_PRINCIPAL}' is the shared --token's principal")
+    if not isinstance(seats, (list, tuple)) or not seats or len(seats) > MAX_PATTERNS:
+        raise PrincipalError(f"principal {name!r}: seats is a list of 1-{MAX_PATTERNS} patterns")
+    checked = tuple(dict.fromkeys(check_seat_pattern(s) for s in seats))
+    values = {}
+    for grant, value in (grants or {}).items():
+        if grant not in GRANTS:
+            raise PrincipalError(f"principal {name!r}: unknown grant {grant!r} "
+                                 f"(grants are {', '.join(GRANTS)})")
+        if value is None:
+            continue
+        if not isinstance(value, (list, tuple)) or len(value) > MAX_PATTERNS:
+            raise PrincipalError(f"principal {name!r}: grant {grant} is a list of at most "
+                                 f"{MAX_PATTERNS} patterns")
+        check = check_seat_pattern if grant == "mailbox" else check_namespace_pattern
+        values[grant] = tuple(dict.fromkeys(check(p) for p in value))
+    return Principal(name, checked, **values)
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """What a token proves: the principal, and which of its tokens it was."""
+    principal: Principal
+    digest: str
+    label: str
+
+
+@dataclass(frozen=True)
+class PrincipalTable:
+    """One snapshot of the hub's principals (swapped whole on a change).
+
+    `shared` is the shared --token's digest, if the hub has one. With no
+    principals and no shared token the hub is open (see `open`)."""
+    principals: dict = field(default_factory=dict)    # name -> Principal
+    by_digest: dict = field(default_factory=dict)     # token digest -> Credential
+    shared: str | None = None
+    source: str = "journal"
+
+    @property
+    def open(self) -> bool:
+        return not self.by_digest
+
+    @property
+    def enforcing(self) -> bool:
+        """Principals of its own exist: seats are bound, routing is private."""
+        return bool(self.principals)
+
+    def authenticate(self, token: str) -> Credential | None:
+        wanted = token_digest(token)
+        credential = self.by_digest.get(wanted)
+        # The dict lookup matched on the digest; compare again in constant
+        # time so the answer's timing says nothing about near misses.
+        if credential is not None and hmac.compare_digest(wanted, credential.digest):
+            return credential
+        return None
+
+    def credential(self, digest: str | None) -> Credential | None:
+        return self.by_digest.get(digest) if digest is not None else None
+
+
+def build_table(principals: list[Principal], tokens: list[tuple[str, str, str]],
+                shared_token: str | None = None, source: str = "journal") -> PrincipalTable:
+    """principals, and tokens as (principal name, digest, label)."""
+    if len(principals) > MAX_PRINCIPALS:
+        raise PrincipalError(f"at most {MAX_PRINCIPALS} principals")
+    by_name: dict[str, Principal] = {}
+    for principal in principals:
+        if principal.name in by_name:
+            raise PrincipalError(f"principal {principal.name!r} is named twice")
+        by_name[principal.name] = principal
+    by_digest: dict[str, Credential] = {}
+    for name, digest, label in tokens:
+        if not _DIGEST.fullmatch(digest):
+            raise PrincipalError(f"principal {name!r}: a token digest is 64 lower-case hex")
+        principal = by_name.get(name)
+        if principal is None:
+            raise PrincipalError(f"a token names principal {name!r}, which does not exist")
+        if digest in by_digest:
+            raise PrincipalError(f"one token digest is given to two principals "
+                                 f"({by_digest[digest].principal.name!r}, {name!r})")
+        by_digest[digest] = Credential(principal, digest, label)
+    shared = None
+    if shared_token is not None:
+        shared = token_digest(shared_token)
+        if shared in by_digest:
+            raise PrincipalError("the shared --token is also a principal's token")
+        by_digest[shared] = Credential(SHARED, shared, "shared")
+    return PrincipalTable(by_name, by_digest, shared, source)
+
+
+def parse_principals_file(doc: object, shared_token: str | None = None,
+                          source: str = "file") -> PrincipalTable:
+    """The declarative form (`--principals FILE`, docs/identity.md):
+
+        {"principals": [{"name": "alice", "seats": ["PROJ/alice"],
+                         "tokens": [{"sha256": "<64 hex>", "label": "laptop"}],
+                         "grants": {"claim": ["PROJ"], "mailbox": []}}]}
+    """
+    if not isinstance(doc, dict) or set(doc) - {"principals"} or not isinstance(
+            doc.get("principals"), list):
+        raise PrincipalError('a principals file is {"principals": [...]}')
+    principals, tokens = [], []
+    for entry in doc["principals"]:
+        if not isinstance(entry, dict) or set(entry) - {"name", "seats", "tokens", "grants"}:
+            raise PrincipalError("each principal is {name, seats, tokens, grants}")
+        grants = entry.get("grants")
+        if grants is not None and not isinstance(grants, dict):
+            raise PrincipalError(f"principal {entry.get('name')!r}: grants is an object")
+        principal = make_principal(entry.get("name"), entry.get("seats"), grants)
+        principals.append(principal)
+        listed = entry.get("tokens", [])
+        if not isinstance(listed, list) or len(listed) > MAX_TOKENS_PER_PRINCIPAL:
+            raise PrincipalError(f"principal {principal.name!r}: tokens is a list of at most "
+                                 f"{MAX_TOKENS_PER_PRINCIPAL}")
+        for token in listed:
+            if not isinstance(token, dict) or set(token) - {"sha256", "label"} or not isinstance(
+                    token.get("sha256"), str):
+                raise PrincipalError(f"principal {principal.name!r}: a token is "
+                                     '{"sha256": "<digest>", "label": "..."} (never the token)')
+            tokens.append((principal.name, token["sha256"],
+                           check_label(token.get("label", "default"))))
+    return build_table(principals, tokens, shared_token, source)
+
+
+# -- decisions the doors and the Router make
+
+
+def speak_refusal(table: PrincipalTable, credential: Credential | None, seat: str) -> str | None:
+    """Why this connection may not register as `seat`, or None if it may."""
+    if not table.enforcing or credential is None:
+        return None  # an open or shared-token hub: names are not bound
+    principal = credential.principal
+    if principal.speaks_for(seat):
+        return None
+    return (f"Principal '{principal.name}' may not speak for '{seat}' "
+            f"(its seats: {', '.join(principal.seats)}).")
+
+
+def takeover_refusal(holder_principal: str, principal: str, seat: str) -> str | None:
+    if holder_principal == principal:
+        return None
+    return (f"Takeover of '{seat}' denied: it is held by another principal; "
+            "a takeover works only within the same principal.")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def admission_refusal(table: PrincipalTable, peer_host: str, open_network: bool) -> str | None:
+    """An open hub (no token, no principals) admits agents from loopback only,
+    unless the operator opened it to the network on purpose."""
+    if not table.open or open_network or _is_loopback(peer_host):
+        return None
+    return ("This hub has no --token and no principals, so it admits agents from "
+            "loopback only (start it with --token, principals, or --open-network).")
+
+
+def session_refusal(table: PrincipalTable, credential: str | None, seat: str | None) -> str | None:
+    """Why a live session may no longer stay, after the table changed."""
+    if credential is None:
+        if table.open:
+            return None
+        return "This hub now requires a token; reconnect with one."
+    found = table.credential(credential)
+    if found is None:
+        return "Token revoked."
+    if seat is None:
+        return None
+    return speak_refusal(table, found, seat)

@@ -1,0 +1,256 @@
+"""Principals on the WebSocket door, with real hub processes (docs/identity.md):
+a token speaks only for its principal's seats, a takeover stays within the
+principal, directed chats reach only their recipients, the journal records
+who caused each event, and a change made with `hubd principal` (or a SIGHUP'd
+--principals file) applies to a running hub within a second."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hubd.journal import principals as store
+from hubd.state.principals import token_digest
+from tests.support.procs import hubd_process
+from tests.support.wsprobe import WsProbe
+
+
+def principal(db, *args) -> str:
+    out = subprocess.run([sys.executable, "-m", "hubd", "principal", *args, "--db", str(db)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+async def connect(url: str, name: str, token: str | None, **extra) -> WsProbe:
+    probe = await WsProbe.open(url)
+    frame = {"sender": name, "target": "System", "type": "heartbeat", "payload": "online",
+             "timestamp": time.time(), **extra}
+    if token is not None:
+        frame["token"] = token
+    await probe.send_json(frame)
+    return probe
+
+
+async def online(url: str, name: str, token: str, **extra) -> WsProbe:
+    probe = await connect(url, name, token, **extra)
+    await probe.recv_type("presence_update", agent=name, event="joined")
+    return probe
+
+
+async def refused(probe: WsProbe) -> dict:
+    denied = await probe.recv_type("auth_denied")
+    closed = await probe.wait_closed()
+    assert closed.code == 4010, closed
+    return denied
+
+
+@pytest.fixture
+def hub(tmp_path):
+    # made in this process (the CLI is driven by the running-hub test below)
+    db = tmp_path / "hubd.db"
+    tokens = {}
+    for name, seat in (("alice", "PROJ/alice"), ("bob", "PROJ/bob"),
+                       ("mallory", "PROJ/mallory"), ("team", "PROJ/*")):
+        store.add(db, name, [seat])
+        tokens[name] = store.new_token(db, name, "laptop")
+    proc = hubd_process(tmp_path / "hub", db=db).start()
+    yield proc, db, tokens
+    proc.stop()
+
+
+async def test_a_token_speaks_only_for_its_principals_seats(hub):
+    proc, db, tokens = hub
+    # alice's token cannot register bob's seat: refused before anything is registered
+    probe = await connect(proc.url, "PROJ/bob", tokens["alice"])
+    denied = await refused(probe)
+    assert "alice" in denied["payload"] and "PROJ/bob" in denied["payload"]
+    assert tokens["alice"] not in json.dumps(denied)
+    await probe.close()
+    # nor can a wrong token or none at all
+    for token in ("hubd_not-a-token", None):
+        probe = await WsProbe.open(proc.url)
+        await probe.send_json({"sender": "PROJ/alice", "type": "heartbeat", "target": "System",
+                               "payload": "online", **({"token": token} if token else {})})
+        await refused(probe)
+        await probe.close()
+
+    alice = await online(proc.url, "PROJ/alice", tokens["alice"])
+    bob = await online(proc.url, "PROJ/bob", tokens["bob"])
+    who = await _who(bob)
+    assert who == ["PROJ/alice", "PROJ/bob"]
+    # nobody else takes over alice's socket: not mallory, who may not speak for
+    # her seat, nor the team principal, which may (PROJ/*) but is not alice's
+    thief = await connect(proc.url, "PROJ/alice", tokens["mallory"], takeover=True)
+    assert "may not speak for 'PROJ/alice'" in (await refused(thief))["payload"]
+    await thief.close()
+    thief = await connect(proc.url, "PROJ/alice", tokens["team"], takeover=True)
+    assert "another principal" in (await refused(thief))["payload"]
+    await thief.close()
+    assert await _who(bob) == ["PROJ/alice", "PROJ/bob"]
+    # alice's own second session may take over (same principal), and her -rx sidecar is hers
+    again = await connect(proc.url, "PROJ/alice", tokens["alice"], takeover=True)
+    assert (await alice.wait_closed()).code == 4010
+    sidecar = await online(proc.url, "PROJ/alice-rx", tokens["alice"])
+    for probe in (again, sidecar, bob):
+        await probe.close()
+    await alice.close()
+
+
+async def _who(probe: WsProbe) -> list[str]:
+    await probe.send_json({"type": "who_request", "sender": probe_name(probe),
+                           "target": "System", "payload": ""})
+    return (await probe.recv_type("who_snapshot"))["online_agents"]
+
+
+def probe_name(probe: WsProbe) -> str:
+    for frame in probe.frames:
+        if frame.get("type") == "presence_update" and frame.get("event") == "joined":
+            return frame["agent"]
+    raise AssertionError("probe never joined")
+
+
+async def test_directed_chats_reach_only_their_recipients_and_the_journal_names_who(hub):
+    proc, db, tokens = hub
+    alice = await online(proc.url, "PROJ/alice", tokens["alice"])
+    bob = await online(proc.url, "PROJ/bob", tokens["bob"])
+    mallory = await online(proc.url, "PROJ/mallory", tokens["mallory"])
+    await alice.chat("PROJ/alice", "PROJ/bob", "for bob only")
+    await alice.chat("PROJ/alice", "all", "for everyone")
+    got = await bob.recv_type("chat", payload="for bob only")
+    assert got["sender"] == "PROJ/alice"
+    await mallory.recv_type("chat", payload="for everyone")
+    # the directed chat was journaled before the broadcast, so mallory has seen all
+    # she will of both: never the directed one, live or in history or a resume
+    assert not [f for f in mallory.seen("chat") if f["payload"] == "for bob only"]
+    for request in ({"type": "history_request"}, {"type": "resume_request", "since": 0}):
+        await mallory.send_json({**request, "sender": "PROJ/mallory", "target": "System"})
+        reply = await mallory.recv_type(request["type"].replace("_request", "_snapshot"))
+        texts = [m["payload"] for m in reply.get("history", reply.get("messages", []))]
+        assert "for everyone" in texts and "for bob only" not in texts
+    await bob.send_json({"type": "history_request", "sender": "PROJ/bob", "target": "System"})
+    texts = [m["payload"] for m in (await bob.recv_type("history_snapshot"))["history"]]
+    assert "for bob only" in texts
+    for probe in (alice, bob, mallory):
+        await probe.close()
+    proc.stop()
+    conn = sqlite3.connect(db)
+    rows = conn.execute("SELECT principal, payload FROM events WHERE kind = 'chat'").fetchall()
+    assert sorted((p, json.loads(t)["payload"]) for p, t in rows) == [
+        ("alice", "for bob only"), ("alice", "for everyone")]
+    conn.close()
+    # no token, only digests, anywhere in the journal or the log
+    files = [db, db.with_name(db.name + "-wal")]
+    blob = b"".join(f.read_bytes() for f in files if f.exists()) + proc.log().encode()
+    for token in tokens.values():
+        assert token.encode() not in blob
+    assert token_digest(tokens["alice"]).encode() in blob  # the digest is what is kept
+
+
+async def test_changes_apply_to_a_running_hub_within_a_second(hub):
+    proc, db, tokens = hub
+    principal(db, "add", "carol", "--seat", "PROJ/carol")
+    started = time.monotonic()
+    token = principal(db, "token", "carol")
+    while True:  # the new token works once the hub has looked (every 0.5 s)
+        probe = await connect(proc.url, "PROJ/carol", token)
+        frame = await probe.recv(lambda f: f.get("type") in ("presence_update", "auth_denied"))
+        if frame["type"] == "presence_update":
+            break
+        await probe.close()
+        assert time.monotonic() - started < 1.0, "a new token did not work within 1 s"
+        await asyncio.sleep(0.05)
+    added_after = time.monotonic() - started
+    # revoking the token closes its live connection within a second
+    started = time.monotonic()
+    principal(db, "revoke-token", "carol", "--label", "default")
+    closed = await probe.wait_closed(timeout=5)
+    revoked_after = time.monotonic() - started
+    assert closed.code == 4010 and revoked_after < 1.0 + 0.5, revoked_after  # + the CLI's start
+    assert (await probe.recv_type("auth_denied"))["payload"] == "Token revoked."
+    await probe.close()
+    print(f"token usable after {added_after:.2f} s, revoked connection closed after "
+          f"{revoked_after:.2f} s")
+    # removing a principal cuts it off the same way
+    bob = await online(proc.url, "PROJ/bob", tokens["bob"])
+    principal(db, "remove", "bob")
+    assert (await bob.wait_closed(timeout=5)).code == 4010
+    await bob.close()
+
+
+async def test_a_principals_file_and_sighup(tmp_path):
+    path = tmp_path / "principals.json"
+
+    def write(doc, mode=0o600):
+        path.write_text(json.dumps(doc))
+        os.chmod(path, mode)
+
+    alice_token, bob_token = "alice-secret-token", "bob-secret-token"
+    doc = {"principals": [{"name": "alice", "seats": ["PROJ/alice"],
+                           "tokens": [{"sha256": token_digest(alice_token), "label": "l"}]}]}
+    # refused at start: readable by others, malformed
+    write(doc, 0o644)
+    proc = hubd_process(tmp_path / "bad", "--principals", str(path))
+    with pytest.raises(Exception):
+        proc.start(ready_timeout=10)
+    assert "readable by others" in proc.log()
+    proc.stop()
+    write({"principals": [{"name": "alice", "seats": ["PROJ/a*"]}]})
+    proc = hubd_process(tmp_path / "bad2", "--principals", str(path))
+    with pytest.raises(Exception):
+        proc.start(ready_timeout=10)
+    assert "seat pattern" in proc.log()
+    proc.stop()
+
+    write(doc)
+    proc = hubd_process(tmp_path / "hub", "--principals", str(path)).start()
+    try:
+        alice = await online(proc.url, "PROJ/alice", alice_token)
+        # a malformed file on SIGHUP is refused and the old table kept
+        path.write_text("{not json")
+        proc.signal(signal.SIGHUP)
+        await _until(lambda: "reload refused" in proc.log())
+        probe = await online(proc.url, "PROJ/alice-rx", alice_token)
+        await probe.close()
+        # a good one replaces it: bob comes in, alice's token is gone and she is cut off
+        write({"principals": [{"name": "bob", "seats": ["PROJ/bob"],
+                               "tokens": [{"sha256": token_digest(bob_token)}]}]})
+        proc.signal(signal.SIGHUP)
+        assert (await alice.wait_closed(timeout=5)).code == 4010
+        bob = await online(proc.url, "PROJ/bob", bob_token)
+        await bob.close()
+        await alice.close()
+    finally:
+        proc.stop()
+
+
+async def _until(check, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+
+
+async def test_the_shared_token_speaks_for_every_seat_beside_principals(tmp_path):
+    db = tmp_path / "hubd.db"
+    store.add(db, "alice", ["PROJ/alice"])
+    alice_token = store.new_token(db, "alice")
+    proc = hubd_process(tmp_path / "hub", "--token", "shared-secret", db=db).start()
+    try:
+        ops = await online(proc.url, "OPS/anyone", "shared-secret")
+        alice = await online(proc.url, "PROJ/alice", alice_token)
+        # the shared token is one principal: it may not take over alice's seat
+        thief = await connect(proc.url, "PROJ/alice", "shared-secret", takeover=True)
+        assert "another principal" in (await refused(thief))["payload"]
+        for probe in (ops, alice, thief):
+            await probe.close()
+    finally:
+        proc.stop()
