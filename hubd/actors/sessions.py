@@ -72,7 +72,8 @@ def register(router: Router, session: Session, frame: dict) -> bool:
         _name_conflict(router, session, name, reserved, "reserved identity")
         return False
     table = router.hub.identity.table
-    refused = (admission_refusal(table, session.peer_host, router.config.open_network)
+    refused = (admission_refusal(table, session.credential, session.peer_host,
+                                 router.config.open_network)
                or speak_refusal(table, table.credential(session.credential), name))
     if refused is not None:
         _auth_denied(router, session, name, refused)

@@ -295,6 +295,12 @@ class Connection:
         hub = self.hub
         credential = (hub.identity.table.authenticate(token) if isinstance(token, str)
                       else None)
+        if token is None and self.peer_cert is not None:
+            # A peer hub may prove itself by its TLS client certificate alone
+            # (the serving policy pins it): only a peer claim admits this
+            # endpoint, as an agent it would still need a token (Router).
+            self.authenticated = True
+            return True
         if token is None:
             reason = "Authentication token required."
         elif credential is None:

@@ -313,10 +313,15 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def admission_refusal(table: PrincipalTable, peer_host: str, open_network: bool) -> str | None:
-    """An open hub (no token, no principals) admits agents from loopback only,
-    unless the operator opened it to the network on purpose."""
-    if not table.open or open_network or _is_loopback(peer_host):
+def admission_refusal(table: PrincipalTable, credential: str | None, peer_host: str,
+                      open_network: bool) -> str | None:
+    """Whether an agent may register at all: on a secured hub only with a
+    token (a connection that came in on a TLS client certificate alone may be
+    a peer hub, never an agent); an open hub (no token, no principals) admits
+    agents from loopback only, unless the operator opened it on purpose."""
+    if not table.open:
+        return None if credential is not None else "Authentication token required."
+    if open_network or _is_loopback(peer_host):
         return None
     return ("This hub has no --token and no principals, so it admits agents from "
             "loopback only (start it with --token, principals, or --open-network).")

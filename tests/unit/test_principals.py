@@ -98,11 +98,13 @@ def test_decisions():
     # an open hub: loopback only unless opened on purpose
     open_hub = build_table([], [])
     assert open_hub.open
-    assert admission_refusal(open_hub, "127.0.0.1", False) is None
-    assert admission_refusal(open_hub, "::1", False) is None
-    assert "loopback" in admission_refusal(open_hub, "192.0.2.7", False)
-    assert admission_refusal(open_hub, "192.0.2.7", True) is None
-    assert admission_refusal(table, "192.0.2.7", False) is None
+    assert admission_refusal(open_hub, None, "127.0.0.1", False) is None
+    assert admission_refusal(open_hub, None, "::1", False) is None
+    assert "loopback" in admission_refusal(open_hub, None, "192.0.2.7", False)
+    assert admission_refusal(open_hub, None, "192.0.2.7", True) is None
+    assert admission_refusal(table, mine.digest, "192.0.2.7", False) is None
+    # in on a client certificate alone (a peer hub's way): never an agent
+    assert admission_refusal(table, None, "127.0.0.1", True) == "Authentication token required."
     # after a change
     assert session_refusal(table, mine.digest, "PROJ/alice") is None
     assert session_refusal(table, token_digest("revoked"), "PROJ/alice") == "Token revoked."
