@@ -1,4 +1,5 @@
-"""Principals on the WebSocket door, with real hub processes (docs/identity.md):
+"""Principals on the WebSocket and REDSYN doors, with real hub processes
+(docs/identity.md):
 a token speaks only for its principal's seats, a takeover stays within the
 principal, directed chats reach only their recipients, the journal records
 who caused each event, and a change made with `hubd principal` (or a SIGHUP'd
@@ -20,6 +21,7 @@ import pytest
 from hubd.journal import principals as store
 from hubd.state.principals import token_digest
 from tests.support.procs import hubd_process
+from tests.support.redsyn_client import Client, login
 from tests.support.wsprobe import WsProbe
 
 
@@ -252,5 +254,30 @@ async def test_the_shared_token_speaks_for_every_seat_beside_principals(tmp_path
         assert "another principal" in (await refused(thief))["payload"]
         for probe in (ops, alice, thief):
             await probe.close()
+    finally:
+        proc.stop()
+
+
+async def test_a_redsyn_person_is_one_principal_on_both_doors(tmp_path):
+    db = tmp_path / "hubd.db"
+    joel = login(db, "acme/general/joel", "laptop")  # `hubd redsyn login`
+    ana = login(db, "acme/general/ana", "laptop")
+    store.add(db, "ops", ["OPS/*"])
+    ops = store.new_token(db, "ops")
+    proc = hubd_process(tmp_path / "hub", db=db).start()
+    try:
+        # REDSYN: a node speaks for its person's agents only; a principal that
+        # is not a person has no REDSYN node
+        assert Client(proc.http_url, joel).call("GET", "/inbox/acme/general/joel/x").status == 200
+        assert Client(proc.http_url, joel).call("GET", "/inbox/acme/general/ana/x").status == 403
+        answer = Client(proc.http_url, ops).call("GET", "/inbox/acme/general/joel/x")
+        assert answer.status == 403 and "not a REDSYN person" in answer.json["error"]
+        # the WebSocket door: the same token speaks for the person's seats only
+        probe = await online(proc.url, "acme/general/joel/cli", joel)
+        await probe.close()
+        denied = await refused(await connect(proc.url, "acme/general/ana/cli", joel))
+        assert "acme/general/joel" in denied["payload"]
+        probe = await online(proc.url, "acme/general/ana/cli", ana)
+        await probe.close()
     finally:
         proc.stop()
