@@ -18,8 +18,10 @@ import time
 
 import pytest
 
+from federation.tls import peer_client_context
 from hubd.journal import principals as store
 from hubd.state.principals import token_digest
+from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
 from tests.support.redsyn_client import Client, login
 from tests.support.wsprobe import WsProbe
@@ -281,3 +283,40 @@ async def test_a_redsyn_person_is_one_principal_on_both_doors(tmp_path):
         await probe.close()
     finally:
         proc.stop()
+
+
+async def test_a_client_certificate_alone_admits_a_peer_hub_never_an_agent(tmp_path):
+    """On a hub with principals, a peer hub may prove itself by its pinned
+    TLS client certificate without a token (its forward is served); the same
+    certificate without a token cannot register an agent."""
+    pki = make_pki(tmp_path / "pki", ["east", "west"])
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    db = tmp_path / "west.db"
+    store.add(db, "bob", ["PROJ/bob"])
+    bob_token = store.new_token(db, "bob")
+    west = hubd_process(tmp_path / "west", *site_flags(pki, "west", policy).serve,
+                        hub_id="west", scheme="wss", db=db).start()
+    try:
+        context = peer_client_context(pki.file("east", "client", "cert"),
+                                      pki.file("east", "client", "key"))
+        agent = await WsProbe.open(west.url, ssl=context)
+        await agent.register("PROJ/eve")
+        assert (await refused(agent))["payload"] == "Authentication token required."
+        await agent.close()
+
+        bob = await WsProbe.open(west.url)
+        await bob.register("PROJ/bob", token=bob_token)
+        await bob.recv_type("presence_update", agent="PROJ/bob")
+        peer = await WsProbe.open(west.url, ssl=context)
+        await peer.send_json({"type": "multihub_message_forward", "sender": "east",
+                              "target": "west", "forward_id": "f-cert-only", "kind": "chat",
+                              "sender_seat": "PROJ/alice", "target_seat": "PROJ/bob",
+                              "body": {"payload": "hello from east"}, "payload": ""})
+        result = await peer.recv_type("multihub_message_result")
+        assert result["disposition"] == "accepted", result
+        chat = await bob.recv_type("chat", payload="hello from east")
+        assert chat["sender"] == "PROJ/alice@east"
+        for probe in (bob, peer):
+            await probe.close()
+    finally:
+        west.stop()
