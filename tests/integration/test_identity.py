@@ -162,8 +162,8 @@ async def test_directed_chats_reach_only_their_recipients_and_the_journal_names_
 async def test_changes_apply_to_a_running_hub_within_a_second(hub):
     proc, db, tokens = hub
     principal(db, "add", "carol", "--seat", "PROJ/carol")
-    started = time.monotonic()
     token = principal(db, "token", "carol")
+    started = time.monotonic()  # the change is committed once the command has printed
     while True:  # the new token works once the hub has looked (every 0.5 s)
         probe = await connect(proc.url, "PROJ/carol", token)
         frame = await probe.recv(lambda f: f.get("type") in ("presence_update", "auth_denied"))
@@ -174,11 +174,11 @@ async def test_changes_apply_to_a_running_hub_within_a_second(hub):
         await asyncio.sleep(0.05)
     added_after = time.monotonic() - started
     # revoking the token closes its live connection within a second
-    started = time.monotonic()
     principal(db, "revoke-token", "carol", "--label", "default")
+    started = time.monotonic()
     closed = await probe.wait_closed(timeout=5)
     revoked_after = time.monotonic() - started
-    assert closed.code == 4010 and revoked_after < 1.0 + 0.5, revoked_after  # + the CLI's start
+    assert closed.code == 4010 and revoked_after < 1.0, revoked_after
     assert (await probe.recv_type("auth_denied"))["payload"] == "Token revoked."
     await probe.close()
     print(f"token usable after {added_after:.2f} s, revoked connection closed after "
