@@ -159,6 +159,11 @@ class ClaimForwarder:
         for envelope in ("type", "sender", "target", "timestamp", "hub_id", "payload"):
             fields.pop(envelope, None)
         if not granted:
+            reason = answer.get("reason_code")
+            if isinstance(reason, str) and reason and len(reason) <= 64:
+                # the owner refused the request itself (its grant for this hub,
+                # the claimant, the holder), typed: relayed as federation_reason
+                fields["federation_reason"] = reason
             return ClaimVerdict(claim, False, denied_type,
                                 detail or f"{verb} refused by the owning hub", {**common, **fields})
         effect = LEASE_EFFECT[verb]

@@ -27,7 +27,8 @@ from federation import remote_leases as rl
 from federation.claim_forwarder import (LEASE_HELD, REPLIES, ClaimForwarderFull,
                                         ClaimVerdict, ForwardClaim, refusal_text)
 from federation.ownership import namespace_of
-from federation.receiver import authorise_peer
+from federation.policy import NAMESPACE_NOT_GRANTED
+from federation.receiver import PEER_NOT_AUTHORISED, authorise_peer, seat_problem
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
 from hubd.handlers import claims as claim_handlers
@@ -38,6 +39,13 @@ log = structlog.get_logger("hubd.federation.claims")
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
+
+# typed reasons a multihub_claim_result carries when the request itself is
+# refused (beside namespace_not_granted and peer_not_authorised, the forward
+# codes): a claimant that is not one seat of the namespace, and a lease held
+# by a seat of that name that is not the peer's (docs/federation.md)
+INVALID_CLAIMANT = "invalid_claimant"
+HOLDER_NOT_AT_ORIGIN = "holder_not_at_origin"
 
 # where each verb names its task (as the local handlers read it)
 TASK_FIELDS = {"claim": ("payload",), "release": ("payload",), "task_update": ("id",),
@@ -136,6 +144,38 @@ def active_claims_with_remote(router: Router) -> list[dict]:
     return local
 
 
+def claimant_problem(claimant: str, namespace: str) -> str | None:
+    """A peer speaks only for seats on its own hub (seat@ORIGIN), as for a
+    forwarded chat's sender: the claimant is exactly one PROJECT/seat of the
+    request's namespace, without a hub, list or glob."""
+    problem = seat_problem(claimant, "claimant")
+    if problem is None and namespace_of(claimant) != namespace:
+        problem = f"claimant {claimant!r} is not in namespace {namespace!r}"
+    return problem
+
+
+def peer_principal(origin: str) -> str:
+    """What a lease taken through a peer records as its principal (no local
+    principal's name holds a ':', so it cannot be posed)."""
+    return f"federation-peer:{origin}"
+
+
+def holder_refusal(router: Router, origin: str, claimant: str, claim: dict,
+                   verb: str) -> str | None:
+    """The claimant a peer names is `claimant@ORIGIN`: the live lease it would
+    renew, release, update, checkpoint or hand off must be one taken through
+    that same peer, not a lease of a seat of the same name on this hub or on
+    another hub."""
+    task = cl.task_id_of(claim, *TASK_FIELDS[verb])
+    lease = cl.claims_of(router.state).live(task, router.now) if task else None
+    if lease is None or lease.get("owner") != claimant:
+        return None  # decided by the verb itself (not claimed, held by another name)
+    if lease.get("quota_principal") == peer_principal(origin):
+        return None
+    return (f"Task '{task}' is held by {claimant} on another hub than '{origin}'; "
+            f"{origin} may act only for its own seats ({claimant}@{origin}).")
+
+
 @verbs.handles("multihub_claim_request", peers=True)
 def claim_request(router: Router, session: Session, frame: dict, size: int) -> None:
     """Owner side: decide a claim a peer forwarded, on this hub's authority."""
@@ -150,20 +190,33 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
     request_id = frame.get("request_id") if isinstance(frame.get("request_id"), str) else None
 
     def result(granted: bool, detail: str, grant: dict | None = None,
-               lease: dict | None = None) -> dict:
+               lease: dict | None = None, reason_code: str | None = None) -> dict:
         fields = {"granted": granted, "task_id": task_id, "namespace": namespace,
                   "owner_hub_id": router.hub_id, "detail": detail, "grant": grant}
         if lease is not None:
             fields["lease"] = cl.snapshot_entry(lease)
         if request_id is not None:
             fields["request_id"] = request_id
+        if reason_code is not None:
+            # hubd's typed refusal of the request itself (the reference's
+            # claimant reads `detail` and ignores it)
+            fields["reason_code"] = reason_code
         return router.frame("multihub_claim_result", target, "Multi-hub claim result", **fields)
 
     decision = authorise_peer(router, session, sender, namespace)
     if decision is None or not decision.allowed:
-        log.info("forwarded claim refused", sender=sender,
-                 reason=decision.detail if decision else "no serving policy")
-        router.send(session.endpoint, result(False, "peer not authorised to forward claims"))
+        code = NAMESPACE_NOT_GRANTED if decision is not None and \
+            decision.reason == NAMESPACE_NOT_GRANTED else PEER_NOT_AUTHORISED
+        log.info("forwarded claim refused", sender=sender, namespace=namespace, reason=code,
+                 detail=decision.detail if decision else "no serving policy")
+        router.send(session.endpoint, result(False, "peer not authorised to forward claims",
+                                             reason_code=code))
+        return
+    problem = claimant_problem(claimant, namespace)
+    if problem is not None:
+        log.info("forwarded claim refused", sender=sender, reason=INVALID_CLAIMANT,
+                 detail=problem)
+        router.send(session.endpoint, result(False, problem, reason_code=INVALID_CLAIMANT))
         return
     authority = router.hub.federation.authority
     resolution = authority.resolve(claimant) if authority is not None and authority.configured \
@@ -178,6 +231,14 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
     if verb != "wait_request" and router.mutations_refused():
         router.send(session.endpoint, result(False, "durable journal recovery is required"))
         return
+    if verb != "wait_request":
+        refused = holder_refusal(router, sender, claimant, claim, verb)
+        if refused is not None:
+            log.info("forwarded claim refused", sender=sender, verb=verb,
+                     reason=HOLDER_NOT_AT_ORIGIN, detail=refused)
+            router.send(session.endpoint, result(False, refused,
+                                                 reason_code=HOLDER_NOT_AT_ORIGIN))
+            return
     if verb == "release":
         task, refusal, lease = claim_handlers.release_refusal(router, claimant, claim)
         if refusal is not None:
@@ -191,7 +252,7 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
         # with the old lease instead, which leaves a renewing claimant believing
         # it holds a scope and an expiry it does not.
         request = cl.read_claim(claim, claimant, claim_handlers.limits(router),
-                                f"federation-peer:{sender}")
+                                peer_principal(sender))
         outcome, granted, _ = claim_handlers.decide_and_record(router, request)
         if isinstance(outcome, cl.Deny):
             router.send(session.endpoint, result(False, outcome.text))

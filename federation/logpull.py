@@ -1,7 +1,9 @@
 """Event-log pull, serving side: `multihub_log_request` -> `multihub_log_snapshot`.
 
 Served only to a peer that holds a grant in the serving policy and presents its
-pinned client certificate on this connection. Anyone else gets the same empty
+pinned client certificate on this connection, and then only the events of the
+namespaces its grant names: every other event is a `withheld` placeholder at
+its seq (federation/logscope.py), so the log stays contiguous. Anyone else gets the same empty
 shape as "no new events" (with `log_end_seq: null`, exactly as the reference
 hub answers, so a follower cannot tell a refusal from a quiet log by content
 alone beyond that documented field).
@@ -18,6 +20,7 @@ import asyncio
 import orjson
 import structlog
 
+from federation import logscope
 from federation.receiver import authorise_peer, peer_alive
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
@@ -37,10 +40,26 @@ MAX_BYTES = 4 * 1024 * 1024
 IN_FLIGHT = 8
 
 
+def _policy_of(router: Router):
+    return router.hub.federation.serving_policy
+
+
+def _decoded(payload):
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+
+
 def _snapshot(router: Router, target: str, events: list, next_cursor: int,
-              log_end_seq) -> Message:
+              log_end_seq, served: frozenset | None = None) -> Message:
+    fields = {}
+    if served is not None:
+        # the namespaces this peer's grant shows; others' events are withheld
+        fields["served_namespaces"] = sorted(served)
     frame = router.frame("multihub_log_snapshot", target, "Multi-hub log snapshot",
-                         events=events, next_cursor=next_cursor, log_end_seq=log_end_seq)
+                         events=events, next_cursor=next_cursor, log_end_seq=log_end_seq,
+                         **fields)
     # the events are orjson fragments (their stored text): encoded now, once
     return Message(frame, orjson.dumps(frame))
 
@@ -59,6 +78,7 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
         router.send_message(session.endpoint, _snapshot(router, target, [], cursor, None))
         return
     peer_alive(router, session)
+    granted = _policy_of(router).granted_namespaces(sender, session.peer_cert, router.now)
     if after is None or after < 0 or (limit is not None and (strict_int(limit) is None
                                                              or limit <= 0)):
         router.send_message(session.endpoint, _snapshot(router, target, [], 0, None))
@@ -80,10 +100,15 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
             used += len(payload) + 64
             if events and used > MAX_BYTES:
                 break
-            events.append({"seq": seq, "ts": ts, "kind": kind,
-                           "payload": orjson.Fragment(payload)})
+            withheld = logscope.withheld_reason(kind, _decoded(payload), granted)
+            if withheld is None:
+                events.append({"seq": seq, "ts": ts, "kind": kind,
+                               "payload": orjson.Fragment(payload)})
+            else:
+                events.append(logscope.placeholder(seq, ts, withheld))
             cursor = seq
-        hub.endpoints.deliver(endpoint, _snapshot(router, target, events, cursor, end))
+        hub.endpoints.deliver(endpoint, _snapshot(router, target, events, cursor, end,
+                                                  granted))
 
     task = asyncio.get_running_loop().create_task(serve(), name=f"log-pull-{target}")
     serving.add(task)

@@ -114,7 +114,7 @@ def peer_alive(router: Router, session: Session) -> None:
         forwarding.peer_seen(session.peer_hub)
 
 
-def _seat_problem(seat, what: str) -> str | None:
+def seat_problem(seat, what: str) -> str | None:
     if not isinstance(seat, str) or not seat:
         return f"{what} must be a non-empty string"
     if "@" in seat or "," in seat or is_glob(seat) or seat == "all":
@@ -220,10 +220,10 @@ def admit(router: Router, session: Session, origin, forward: dict, size: int) ->
                       f"this hub forwards chats and rosters, not {kind!r}")
     sender_seat, target_seat, body = forward.get("sender_seat"), forward.get("target_seat"), \
         forward.get("body")
-    problem = _seat_problem(sender_seat, "sender_seat")
+    problem = seat_problem(sender_seat, "sender_seat")
     if problem is not None:
         return _entry(forward_id, "refused", INVALID_SHAPE, problem)
-    problem = _seat_problem(target_seat, "target_seat")
+    problem = seat_problem(target_seat, "target_seat")
     if problem is not None:
         return _entry(forward_id, "refused", INVALID_TARGET, problem)
     if not isinstance(body, dict) or len(codec.encode(body)) > MAX_BODY_BYTES:

@@ -24,6 +24,8 @@ from hubd.config import (DEFAULT_DB, DEFAULT_PORT, DEFAULT_QUOTA_BYTES, DEFAULT_
 from federation.config import FederationConfigError, build_federation_config
 from hubd.http.host_trust import AuthorityError, parse_advertised
 from hubd.state.claims import LeaseLimits
+from hubd.state.principals import (SHARED_TOKEN_PRINCIPAL, PrincipalError, check_name,
+                                   check_namespace_pattern)
 from hubd.state.quota import QuotaLimits
 from hubd.state.redsyn import Limits as RedsynLimits
 
@@ -187,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--no-broker", action="store_true", help="do not serve the broker")
     broker.add_argument("--broker-namespace", default="local", metavar="NS",
                         help="hub namespace of broker handles (default: local)")
+    broker.add_argument("--broker-principal", default="broker", metavar="NAME",
+                        help="the principal the broker's token maps to: the name its events "
+                             "record; it speaks for <namespace>/* (or, when a principal of "
+                             "this name exists, for that principal's seats) (default: broker)")
     broker.add_argument("--broker-no-rate-limit", action="store_true",
                         help="lift the 20 sends per 60 s per handle limit (benchmarks only)")
     logging_ = parser.add_argument_group("logging")
@@ -261,15 +267,27 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
                                  args.redsyn_max_pending_bytes)
     broker = None
     if not args.no_broker:
-        if "/" in args.broker_namespace or not args.broker_namespace.strip():
-            parser.error("--broker-namespace must be a non-empty name without '/'")
+        try:
+            if check_namespace_pattern(args.broker_namespace) == "*":
+                raise PrincipalError("'*' is not a namespace")
+        except PrincipalError:
+            parser.error("--broker-namespace must be a non-empty name without '/', '@', "
+                         "whitespace or glob characters")
+        try:
+            check_name(args.broker_principal)
+            if args.broker_principal == SHARED_TOKEN_PRINCIPAL:
+                raise PrincipalError("the shared --token's principal")
+        except PrincipalError:
+            parser.error("--broker-principal must be a principal's name (letters, digits, "
+                         f"'.', '_', '-', '/'), not '{SHARED_TOKEN_PRINCIPAL}'")
         socket_path = Path(args.broker_socket) if args.broker_socket else \
             Path(args.db).resolve().parent / "bus.sock"
         token_file = Path(args.broker_token_file) if args.broker_token_file else \
             socket_path.parent / "bus.token"
         broker = BrokerConfig(socket_path=socket_path, token_file=token_file,
                               namespace=args.broker_namespace,
-                              rate_limit=not args.broker_no_rate_limit)
+                              rate_limit=not args.broker_no_rate_limit,
+                              principal=args.broker_principal)
     quota = None if args.no_durable_ingress_quota else QuotaLimits(
         args.durable_ingress_events, args.durable_ingress_bytes, args.durable_ingress_window)
     return HubConfig(

@@ -29,6 +29,11 @@ class BrokerConfig:
     token_file: Path
     namespace: str = "local"
     rate_limit: bool = True  # off only for benchmarks (--broker-no-rate-limit)
+    # the principal the door's token maps to (docs/identity.md, "The other
+    # doors"): its name is what the broker's events record; its seats are
+    # <namespace>/*, or a principal of this name's own seats when the hub's
+    # table holds one
+    principal: str = "broker"
 
 
 @dataclass(frozen=True)

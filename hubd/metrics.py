@@ -147,7 +147,8 @@ class _Collector:
         yield _by_label("hubd_broker_requests", "Broker lines answered, by type.", "type",
                         _bounded_types(m.broker_requests, frozenset(broker_wire.VERBS)))
         yield _by_label("hubd_broker_errors", "Broker error answers, by code.", "code",
-                        _bounded_types(m.broker_errors, frozenset(broker_wire.ERROR_CODES)))
+                        _bounded_types(m.broker_errors, frozenset(broker_wire.ERROR_CODES
+                                                                  + broker_wire.HUBD_ERROR_CODES)))
         yield CounterMetricFamily("hubd_broker_refused_lines",
                                   "Broker lines refused before reaching the Router (malformed, "
                                   "over 1 MiB, bad fields).", value=m.broker_refused_lines)

@@ -28,6 +28,7 @@ from hubd.state import broker as bs
 from hubd.state import broker_rules as rules
 from hubd.state import broker_views as views
 from hubd.state.broker_rules import Limits, Refusal
+from hubd.state.principals import Principal
 from hubd.wire import broker as wire
 from hubd.wire.targets import RemoteTargetError, parse_remote
 
@@ -55,6 +56,9 @@ class Waiter:
 class BrokerLive:
     namespace: str
     limits: Limits
+    # the principal the door's token maps to: its name is what every event a
+    # broker request causes records (docs/identity.md)
+    principal: str = "broker"
     bindings: dict = field(default_factory=dict)  # endpoint id -> [handle, via]
     connected: dict = field(default_factory=dict)  # handle -> endpoints bound to it
     listeners: dict = field(default_factory=dict)  # handle -> endpoint id
@@ -114,8 +118,29 @@ def live_of(router: Router) -> BrokerLive:
         config = router.config.broker
         limits = Limits() if config is None or config.rate_limit else Limits(rate_sends=None)
         live = router.live["broker"] = BrokerLive(config.namespace if config else "local",
-                                                  limits)
+                                                  limits,
+                                                  config.principal if config else "broker")
     return live
+
+
+def broker_principal(router: Router, live: BrokerLive) -> Principal:
+    """Who the broker speaks as: the hub's principal of the configured name
+    when its table holds one (its seats then decide which handles the broker
+    may use), else the door's own, whose seats are <namespace>/*."""
+    found = router.hub.identity.table.principals.get(live.principal)
+    if found is not None:
+        return found
+    return Principal(live.principal, (f"{live.namespace}/*",), claim=(), board=(), mailbox=())
+
+
+def speaks_for(router: Router, live: BrokerLive, handle_: str) -> None:
+    """Refuse (`forbidden`, before anything is journaled) a handle whose seat
+    <namespace>/<handle> the broker's principal may not speak for."""
+    principal = broker_principal(router, live)
+    seat = f"{live.namespace}/{handle_}"
+    if not principal.speaks_for(seat):
+        raise Refusal(wire.FORBIDDEN, f"Principal '{principal.name}' may not speak for "
+                                      f"'{seat}' (its seats: {', '.join(principal.seats)}).")
 
 
 # -- the messages a broker endpoint gets (its door writes each as one line)
@@ -151,6 +176,7 @@ def handle(router: Router, endpoint: int, request: wire.Request, native=None) ->
     metrics.broker_requests[request.type] = metrics.broker_requests.get(request.type, 0) + 1
     verb = VERBS[request.type]
     live.request_id = request.id
+    router.acting = live.principal  # the events it journals record the broker's principal
     try:
         result = verb(router, live, endpoint, request.fields, native)
     except Refusal as refusal:
@@ -169,6 +195,8 @@ def handle(router: Router, endpoint: int, request: wire.Request, native=None) ->
         if router.out.events:
             raise  # the Router drops this command's events and rebuilds
         return
+    finally:
+        router.acting = None
     if result is DEFERRED:
         return
     router.out.sends.append((endpoint, answer_message(request.id, result), ANSWER))
@@ -252,11 +280,15 @@ def proven(router: Router, proven: dict) -> None:
     are the handle's and not further along)."""
     live = live_of(router)
     state = bs.of(router.state)
-    for handle_, ids in proven.items():
-        table = state.deliveries.get(handle_, {})
-        ids = [i for i in ids if i in table]
-        if ids:
-            _journal(router, live, rules.decide_advance(state, handle_, ids, "delivered"))
+    router.acting = live.principal  # journaled as if the adapter had sent `delivered`
+    try:
+        for handle_, ids in proven.items():
+            table = state.deliveries.get(handle_, {})
+            ids = [i for i in ids if i in table]
+            if ids:
+                _journal(router, live, rules.decide_advance(state, handle_, ids, "delivered"))
+    finally:
+        router.acting = None
 
 
 def _notify(router: Router, live: BrokerLive, handle_: str, item: dict) -> None:
@@ -469,17 +501,19 @@ def wire_text(value) -> str:
 
 # -- the verbs
 
-def _bound(live: BrokerLive, endpoint: int) -> str:
+def _bound(router: Router, live: BrokerLive, endpoint: int) -> str:
     handle_ = live.handle_of(endpoint)
     if handle_ is None:
         raise Refusal(wire.BAD_REQUEST, "This connection has no handle yet: register or "
                                         "session first.")
+    speaks_for(router, live, handle_)  # the principal's seats may have changed since
     return handle_
 
 
-def _known(state: bs.BrokerState, handle_: str) -> str:
-    if handle_ not in state.peers:
+def _known(router: Router, live: BrokerLive, handle_: str) -> str:
+    if handle_ not in bs.of(router.state).peers:
         raise Refusal(wire.UNKNOWN_HANDLE, f"No handle '{handle_}' on this broker.")
+    speaks_for(router, live, handle_)
     return handle_
 
 
@@ -496,7 +530,9 @@ def v_auth(router, live, endpoint, f, native):
 
 def v_register(router, live, endpoint, f, native):
     state = bs.of(router.state)
-    result = _journal(router, live, rules.decide_register(state, f, router.now))
+    decision = rules.decide_register(state, f, router.now)
+    speaks_for(router, live, decision.result["handle"])
+    result = _journal(router, live, decision)
     via = rules.resolve_via(state, f.get("ancestors") or ())
     live.bind(endpoint, result["handle"], via)
     return dict(result, via=live.via_of(endpoint))
@@ -506,6 +542,7 @@ def v_session(router, live, endpoint, f, native):
     state = bs.of(router.state)
     decision = rules.decide_session(state, f, router.now)
     handle_ = decision.result["handle"]
+    speaks_for(router, live, handle_)  # a title's slug may rename the handle
     previous = decision.events[0][1].get("renamedFrom")
     if f.get("listen") and previous not in live.listeners and handle_ not in live.listeners \
             and len(live.listeners) >= MAX_LISTENERS:
@@ -535,28 +572,28 @@ def _set_native(live: BrokerLive, handle_: str, native) -> None:
 
 
 def v_delivered(router, live, endpoint, f, native):
-    handle_ = _bound(live, endpoint)
+    handle_ = _bound(router, live, endpoint)
     _journal(router, live, rules.decide_advance(bs.of(router.state), handle_, f["ids"],
                                                 "delivered"))
     return {"delivered": list(dict.fromkeys(f["ids"]))}
 
 
 def v_ack(router, live, endpoint, f, native):
-    handle_ = _bound(live, endpoint)
+    handle_ = _bound(router, live, endpoint)
     _journal(router, live, rules.decide_advance(bs.of(router.state), handle_, f["ids"],
                                                 "acknowledged"))
     return {"acknowledged": list(dict.fromkeys(f["ids"]))}
 
 
 def v_send(router, live, endpoint, f, native):
-    handle_ = _bound(live, endpoint)
+    handle_ = _bound(router, live, endpoint)
     return _journal(router, live, rules.decide_send(
         bs.of(router.state), handle_, live.via_of(endpoint), f, router.now, live.listeners,
         live.namespace, hub_target_check(router), live.limits))
 
 
 def v_reply(router, live, endpoint, f, native):
-    handle_ = _bound(live, endpoint)
+    handle_ = _bound(router, live, endpoint)
     return _journal(router, live, rules.decide_reply(
         bs.of(router.state), handle_, live.via_of(endpoint), f, router.now, live.listeners,
         live.limits))
@@ -570,7 +607,7 @@ def v_read(router, live, endpoint, f, native):
 
 
 def v_inbox(router, live, endpoint, f, native):
-    return views.inbox_view(bs.of(router.state), _bound(live, endpoint), f["unreadOnly"])
+    return views.inbox_view(bs.of(router.state), _bound(router, live, endpoint), f["unreadOnly"])
 
 
 def v_thread(router, live, endpoint, f, native):
@@ -626,7 +663,7 @@ def v_hook(router, live, endpoint, f, native):
         handle_ = live.handle_of(endpoint)
     if handle_ is None:
         raise Refusal(wire.UNKNOWN_HANDLE, "hook: no handle, session hint or bound handle.")
-    _known(state, handle_)
+    _known(router, live, handle_)
     ids = rules.pending_pushes(state, handle_, HOOK_MESSAGES, states=("queued", "sent"))
     messages = _mark_sent(router, live, handle_, ids, "delivered") if ids else []
     texts = [views.push_text(m) for m in messages]
@@ -636,14 +673,14 @@ def v_hook(router, live, endpoint, f, native):
 
 
 def v_native_register(router, live, endpoint, f, native):
-    _known(bs.of(router.state), f["handle"])
+    _known(router, live, f["handle"])
     _set_native(live, f["handle"], native)
     return {}
 
 
 def v_fetch_push(router, live, endpoint, f, native):
     state = bs.of(router.state)
-    handle_ = _known(state, f["handle"])
+    handle_ = _known(router, live, f["handle"])
     ids = rules.pending_pushes(state, handle_, f["limit"])
     messages = _mark_sent(router, live, handle_, ids, "sent") if ids else []
     return {"messages": [views.message_view(m, True) for m in messages],

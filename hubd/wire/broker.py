@@ -48,6 +48,9 @@ INTERNAL = "internal"
 ERROR_CODES = (AUTH_REQUIRED, BAD_TOKEN, BROKER_CLOSED, BROKER_DOWN, UNKNOWN_HANDLE,
                UNKNOWN_GROUP, UNKNOWN_THREAD, UNKNOWN_MESSAGE, DUPLICATE, RATE_LIMITED,
                CAP_THREAD, CAP_INBOX, BAD_REQUEST, TIMEOUT, NATIVE_FAILED, INTERNAL)
+# hubd's own (docs/broker.md): a handle the broker's principal may not speak for
+FORBIDDEN = "forbidden"
+HUBD_ERROR_CODES = (FORBIDDEN,)
 
 # types (seed 004)
 DELIVERY_STATES = ("queued", "sent", "delivered", "acknowledged", "replied")
