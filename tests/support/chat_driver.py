@@ -159,7 +159,8 @@ async def hello(args) -> int:
         while True:
             msg = await asyncio.wait_for(ws.receive(), 10)
             if msg.type != aiohttp.WSMsgType.TEXT:
-                emit(event="closed", code=ws.close_code)
+                closing = msg.type == aiohttp.WSMsgType.CLOSE
+                emit(event="closed", code=msg.data if closing else ws.close_code)
                 return 0
             frame = json.loads(msg.data)
             if frame.get("type") == "presence_update" and frame.get("agent") == args.name:
