@@ -14,6 +14,7 @@ from hubd.composition import build_hub
 from hubd.config import HubConfig
 from hubd.http.app import make_app
 from hubd.hub import JournalRefused, _Stop
+from hubd.state.principals import PrincipalError
 
 log = structlog.get_logger("hubd")
 
@@ -46,7 +47,7 @@ class HubServer:
             raise StartupError(str(exc)) from exc
         try:
             await self.hub.open()
-        except JournalRefused as exc:
+        except (JournalRefused, PrincipalError) as exc:  # PrincipalError: --principals FILE
             await self.hub.shutdown()
             raise StartupError(str(exc)) from exc
         self._runner = web.AppRunner(make_app(self.hub), access_log=None, handle_signals=False,

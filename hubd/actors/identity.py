@@ -33,17 +33,22 @@ def read_principals_file(path: Path, shared_token: str | None) -> PrincipalTable
     """The file's table, or PrincipalError saying why it cannot be used."""
     try:
         info = path.stat()
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise PrincipalError(f"principals file {path} is readable by others "
-                                 f"(mode {stat.S_IMODE(info.st_mode):o}); chmod 600 it")
-        if info.st_size > MAX_FILE_BYTES:
-            raise PrincipalError(f"principals file {path} is over {MAX_FILE_BYTES} bytes")
-        doc = json.loads(path.read_bytes())
+        data = path.read_bytes() if info.st_size <= MAX_FILE_BYTES else None
     except OSError as exc:
         raise PrincipalError(f"cannot read principals file {path}: {exc.strerror}") from exc
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise PrincipalError(f"principals file {path} is readable by others "
+                             f"(mode {stat.S_IMODE(info.st_mode):o}); chmod 600 it")
+    if data is None:
+        raise PrincipalError(f"principals file {path} is over {MAX_FILE_BYTES} bytes")
+    try:
+        doc = json.loads(data)
     except ValueError as exc:
         raise PrincipalError(f"principals file {path} is not JSON: {exc}") from exc
-    return parse_principals_file(doc, shared_token, source=str(path))
+    try:
+        return parse_principals_file(doc, shared_token, source=str(path))
+    except PrincipalError as exc:
+        raise PrincipalError(f"principals file {path}: {exc}") from None
 
 
 class IdentityWatch:

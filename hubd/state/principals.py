@@ -20,8 +20,8 @@ A namespace pattern is a namespace (`PROJ`) or `*`.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import hmac
+import ipaddress
 import re
 from dataclasses import dataclass, field
 

@@ -320,3 +320,28 @@ async def test_a_client_certificate_alone_admits_a_peer_hub_never_an_agent(tmp_p
             await probe.close()
     finally:
         west.stop()
+
+
+async def test_the_ingress_quota_charges_the_principal(tmp_path):
+    """Every session of one principal draws on one bucket; another principal's
+    is its own."""
+    db = tmp_path / "hubd.db"
+    for name, seats in (("alice", ["PROJ/alice", "PROJ/alice-laptop"]), ("bob", ["PROJ/bob"])):
+        store.add(db, name, seats)
+    tokens = {name: store.new_token(db, name) for name in ("alice", "bob")}
+    proc = hubd_process(tmp_path / "hub", "--durable-ingress-events", "3", db=db).start()
+    try:
+        one = await online(proc.url, "PROJ/alice", tokens["alice"])
+        two = await online(proc.url, "PROJ/alice-laptop", tokens["alice"])
+        bob = await online(proc.url, "PROJ/bob", tokens["bob"])
+        for i, probe in enumerate((one, two, one)):
+            await probe.chat(probe_name(probe), "PROJ/bob", f"chat {i}")
+            await bob.recv_type("chat", payload=f"chat {i}")
+        await two.chat("PROJ/alice-laptop", "PROJ/bob", "one too many")
+        assert "quota exceeded" in (await two.recv_type("error"))["payload"]
+        await bob.chat("PROJ/bob", "PROJ/alice", "bob's own bucket")
+        await one.recv_type("chat", payload="bob's own bucket")
+        for probe in (one, two, bob):
+            await probe.close()
+    finally:
+        proc.stop()

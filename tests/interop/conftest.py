@@ -106,10 +106,30 @@ def _start(kind: str, workdir: Path, token: str | None, request: pytest.FixtureR
     return Hub(kind, proc, token)
 
 
-@pytest.fixture(params=KINDS)
+# The reference client's own scenarios (tests that drive it through `ref`) also
+# run against hubd with a shared --token: the one-secret hub of docs/identity.md
+# must serve them unchanged.
+SHARED_TOKEN_KIND = "hubd-shared-token"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "hub" in metafunc.fixturenames:
+        kinds = list(KINDS)
+        if "ref" in metafunc.fixturenames and metafunc.module.__name__.endswith(
+                "test_client_interop"):
+            kinds.append(SHARED_TOKEN_KIND)
+        metafunc.parametrize("hub", kinds, indirect=True)
+
+
+@pytest.fixture
 def hub(request: pytest.FixtureRequest, tmp_path: Path):
-    """A fresh open hub (durable journal, hub_id iop-east)."""
-    h = _start(request.param, tmp_path / f"{request.param}-hub", None, request)
+    """A fresh open hub (durable journal, hub_id iop-east), or for the
+    reference client's scenarios also hubd with a shared --token."""
+    kind = request.param
+    if kind == SHARED_TOKEN_KIND:
+        h = _start("hubd", tmp_path / "hubd-token-hub", TOKEN, request)
+    else:
+        h = _start(kind, tmp_path / f"{kind}-hub", None, request)
     yield h
     h.proc.stop()
 
@@ -145,5 +165,5 @@ def make_ref(reference_venv_status, tmp_path: Path) -> Callable[..., RefClient]:
 
 @pytest.fixture
 def ref(hub: Hub, make_ref) -> RefClient:
-    """The reference client pointed at ``hub``."""
-    return make_ref(hub)
+    """The reference client pointed at ``hub`` (with its token, if it has one)."""
+    return make_ref(hub, token=hub.token)

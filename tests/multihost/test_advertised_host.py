@@ -143,9 +143,11 @@ def test_wildcard_bind_with_advertised_host_trusts_only_it(tmp_path):
         topo.link("east", "west", "203.0.113.0/30")
         west_addr = topo.addr("west", "east-west")
         authority = f"{west_addr}:{PORT}"
+        # bob reaches west by its outside address, not loopback: an open hub
+        # admits that only with --open-network (docs/identity.md)
         west = start_hub(topo, tmp_path, "west", [
             "--host", "0.0.0.0", "--port", str(PORT), *site_flags(pki, "west", policy).serve,
-            "--advertised-host", authority])
+            "--advertised-host", authority, "--open-network"])
         east = start_hub(topo, tmp_path, "east", east_flags(pki, f"wss://{authority}/"))
         wait_for("west listening", lambda: topo.probe_tcp("east", west_addr, PORT) is None)
         assert https_status(topo, "east", west_addr, PORT, authority) == 200

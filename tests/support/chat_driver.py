@@ -152,6 +152,27 @@ async def answer(args) -> int:
         await session.close()
 
 
+async def hello(args) -> int:
+    """Register and say how the hub answered: joined, or refused and closed."""
+    session, ws = await _open(args.url, args.name)
+    try:
+        while True:
+            msg = await asyncio.wait_for(ws.receive(), 10)
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                closing = msg.type == aiohttp.WSMsgType.CLOSE
+                emit(event="closed", code=msg.data if closing else ws.close_code)
+                return 0
+            frame = json.loads(msg.data)
+            if frame.get("type") == "presence_update" and frame.get("agent") == args.name:
+                emit(event="joined")
+                return 0
+            if frame.get("type") == "auth_denied":
+                emit(event="auth_denied", payload=frame.get("payload"))
+    finally:
+        await ws.close()
+        await session.close()
+
+
 def get(args) -> int:
     import ssl
 
@@ -180,6 +201,9 @@ def main() -> int:
     r.add_argument("--expect", type=int, required=True)
     r.add_argument("--timeout", type=float, default=90.0)
     r.add_argument("--linger", type=float, default=1.0)
+    h = sub.add_parser("hello")
+    h.add_argument("--url", required=True)
+    h.add_argument("--name", required=True)
     g = sub.add_parser("get")
     g.add_argument("--url", required=True)
     a = sub.add_parser("answer")
@@ -192,7 +216,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.command == "get":
         return get(args)
-    runs = {"send": send, "receive": receive, "answer": answer}
+    runs = {"send": send, "receive": receive, "answer": answer, "hello": hello}
     return asyncio.run(runs[args.command](args))
 
 
