@@ -6,6 +6,11 @@ If the journal cannot take a write, only the requesting connection hears of
 it, with the seed's exact sentence ("Task '<id>' was not journalled; mutation
 rolled back." / "Progress note was not journalled; mutation rolled back.");
 nothing is broadcast and the projection is restored from the journal.
+
+The three writes need the principal's board grant in the namespaces they touch
+(hubd.state.board.namespaces_touched; docs/identity.md, "Grants"); a refusal
+is journaled as `acl_denial` and answered with a private `error`
+(`error_code: not_granted`) before anything else is looked at.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from hubd.core.plugin import Verbs
 from hubd.state import board as bd
 from hubd.state.presence import Session
 
-from . import idempotency
+from . import grants, idempotency
 
 log = structlog.get_logger("hubd.board")
 
@@ -39,7 +44,21 @@ def _parent(router: Router, session: Session, frame: dict):
     return False, None
 
 
+def _not_granted(router: Router, session: Session, frame: dict, verb: str) -> bool:
+    """True when the principal may not post this write (refused and journaled)."""
+    board = bd.board_of(router.state)
+    refusal = grants.board_refusal(router, session,
+                                   bd.namespaces_touched(board, frame, session.name, verb))
+    if refusal is None:
+        return False
+    task_id = bd.task_id_text(frame)
+    grants.refuse(router, session, refusal, verb, task_id=task_id or None)
+    return True
+
+
 def _write_task(router: Router, session: Session, frame: dict, verb: str) -> None:
+    if _not_granted(router, session, frame, verb):
+        return
     keyed = idempotency.begin(router, session, verb, frame)
     if keyed is idempotency.HANDLED:
         return
@@ -89,6 +108,8 @@ def ledger_task_update(router: Router, session: Session, frame: dict, size: int)
 
 @verbs.handles("ledger_progress")
 def ledger_progress(router: Router, session: Session, frame: dict, size: int) -> None:
+    if _not_granted(router, session, frame, "ledger_progress"):
+        return
     keyed = idempotency.begin(router, session, "ledger_progress", frame)
     if keyed is idempotency.HANDLED:
         return

@@ -4,7 +4,13 @@ read-only release_confirmation.
 
 Decisions are made by hubd.state.claims (pure); this module turns them into
 events and frames. Every grant goes through `grant_or_deny`, the one place a
-lease is granted or refused.
+lease is granted or refused on this hub's authority.
+
+The principal's claim grant (docs/identity.md, "Grants") gates the verbs that
+take or give a lease: `claim` (a new lease or a renewal) in the claimant
+seat's namespace, `handoff` in the holder's and the recipient's. `release`,
+`task_update`, `checkpoint` act only on a lease the seat already holds and
+`wait_request` writes nothing, so they need no grant.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from hubd.state import claims as cl
 from hubd.state import idem
 from hubd.state.presence import Session
 
-from . import idempotency
+from hubd.wire.targets import project_of
+
+from . import grants, idempotency
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
@@ -56,6 +64,13 @@ def _gated(router: Router, session: Session, frame: dict, verb: str) -> bool:
 
 @verbs.handles("claim")
 def claim(router: Router, session: Session, frame: dict, size: int) -> None:
+    # the principal's claim grant first, before the namespace owner's gate:
+    # a claim this session may not make is refused here whoever owns it
+    refusal = grants.claim_refusal(router, session, (project_of(session.name),))
+    if refusal is not None:
+        grants.refuse_claim(router, session, cl.read_claim(
+            frame, session.name, limits(router), session.principal), refusal)
+        return
     if _gated(router, session, frame, "claim"):
         return
     keyed = idempotency.begin(router, session, "claim", frame)
@@ -304,6 +319,17 @@ def save_checkpoint(router: Router, who: str, frame: dict) -> Answer:
 
 @verbs.handles("handoff")
 def handoff(router: Router, session: Session, frame: dict, size: int) -> None:
+    # giving a lease is claiming on the recipient's behalf: the claim grant must
+    # cover the holder's namespace and the recipient's
+    to = handoff_target(frame)
+    wanted = (project_of(session.name),)
+    if to != "all" and project_of(to) != wanted[0]:
+        wanted += (project_of(to),)
+    refusal = grants.claim_refusal(router, session, wanted)
+    if refusal is not None:
+        grants.refuse(router, session, refusal, "handoff", reply="handoff_denied",
+                      task_id=cl.task_id_of(frame, "id", "payload"))
+        return
     _keyed_verb(router, session, frame, "handoff", hand_off,
                 lambda task_id, who: f"Handoff of '{task_id}' was not journalled; "
                                      f"{who} still holds it. Retry.")

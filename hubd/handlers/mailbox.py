@@ -10,23 +10,29 @@ from hubd.core.plugin import Verbs
 from hubd.core.message import Message
 from hubd.state import delivery
 from hubd.state import events as ev
-from hubd.state.presence import RX_SUFFIX, Session
+from hubd.state.presence import Session
 from hubd.wire import codec
 from hubd.wire.envelope import strict_int
 from hubd.wire.targets import parse_target
+
+from . import grants
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
 
 
-def mailbox_identity(session: Session, mailbox_for) -> str:
-    """Whose mailbox a connection may read: its own, or its seat's when it is
-    that seat's -rx wake sidecar. Anything else falls back to its own."""
-    name = session.name
-    if isinstance(mailbox_for, str) and mailbox_for and (
-            mailbox_for == name or name == mailbox_for + RX_SUFFIX):
-        return mailbox_for
-    return name
+def mailbox_identity(router: Router, session: Session, frame: dict, verb: str) -> str | None:
+    """Whose mailbox a connection reads (or acks): its own, its seat's when it
+    is that seat's -rx wake sidecar, or, on a hub with principals, another seat
+    its principal's mailbox grant covers (docs/identity.md, "Grants"). Without
+    principals anything else falls back to its own. None when the grant
+    refuses it: the refusal is journaled (acl_denial) and answered with a
+    private error, and nothing else may happen for this frame."""
+    identity, refusal = grants.mailbox_choice(router, session, frame.get("mailbox_for"))
+    if refusal is None:
+        return identity
+    grants.refuse(router, session, refusal, verb)
+    return None
 
 
 def _roles(router: Router, session: Session, identity: str) -> tuple[str, ...]:
@@ -35,7 +41,9 @@ def _roles(router: Router, session: Session, identity: str) -> tuple[str, ...]:
 
 def serve_mailbox(router: Router, session: Session, frame: dict) -> None:
     state = router.state
-    identity = mailbox_identity(session, frame.get("mailbox_for"))
+    identity = mailbox_identity(router, session, frame, "heartbeat")
+    if identity is None:
+        return
     since = strict_int(frame.get("since_seq"))
     if since is None or since < 0:
         since = 0
@@ -78,7 +86,9 @@ def ack(router: Router, session: Session, frame: dict, size: int) -> None:
     if seq is None or seq <= 0:
         return  # the reference ignores a malformed ack silently; so does hubd
     state = router.state
-    identity = mailbox_identity(session, frame.get("mailbox_for"))
+    identity = mailbox_identity(router, session, frame, "ack")
+    if identity is None:
+        return
     roles = _roles(router, session, identity)
     if not state.mailbox.directed_to(seq, identity, roles):
         return  # not this identity's mail: neither advances nor fabricates a receipt

@@ -290,6 +290,49 @@ def decide_update(board: BoardState, frame: dict, now: float) -> TaskWrite | str
     return TaskWrite(task, False)
 
 
+def _namespace(name: str) -> str | None:
+    head, sep, _ = name.partition("/")
+    return head if sep and head else None
+
+
+def task_id_text(frame: dict) -> str:
+    """The task id a board frame names, as the decisions read it."""
+    return _text(frame.get("task_id"))
+
+
+def task_namespace(task: dict) -> str | None:
+    """The namespace a board task lies in: its project's first segment when
+    it has a project, else its creator seat's namespace (None for a bare seat)."""
+    project = task.get("project") or ""
+    if project:
+        return project.split("/", 1)[0]
+    return _namespace(task.get("created_by") or "")
+
+
+def namespaces_touched(board: BoardState, frame: dict, sender: str, verb: str) -> tuple:
+    """The namespaces a board write lies in, for the board grant
+    (docs/identity.md): a new task's (its project, else the sender's); for an
+    existing task, its namespace now and, when the write changes its project,
+    the one it moves to. A progress note lies in its task's namespace when it
+    names a task on the board, else in the sender's."""
+    task_id = _text(frame.get("task_id"))
+    current = board.tasks.get(task_id) if task_id else None
+    if verb == "ledger_progress":
+        return (task_namespace(current) if current is not None else _namespace(sender),)
+    if verb == "ledger_task":
+        project = _text(frame.get("project"))
+    else:
+        raw = frame.get("project")
+        project = _text(raw) if raw is not None else None
+    if current is None:
+        return (task_namespace({"project": project or "", "created_by": sender}),)
+    now = task_namespace(current)
+    if project is None or (verb == "ledger_task" and not project):
+        return (now,)  # the project stays as it is
+    after = task_namespace({"project": project, "created_by": current.get("created_by", "")})
+    return (now,) if after == now else (now, after)
+
+
 def read_progress(frame: dict, sender: str, now: float) -> dict | str:
     """A ledger_progress note, or the refusal text."""
     kind = frame.get("kind")

@@ -339,3 +339,153 @@ def session_refusal(table: PrincipalTable, credential: str | None, seat: str | N
     if seat is None:
         return None
     return speak_refusal(table, found, seat)
+
+
+# -- grants: the seat-level ACL for claims, the board and mailbox_for
+#
+# Each check answers None (allowed) or a GrantRefusal. No ACL applies on a hub
+# without principals of its own (open, or only the shared --token): there the
+# verbs behave exactly as before principals. On a hub with principals a
+# session's credential names its principal (the shared --token's holds every
+# grant); a session whose token is gone (revoked, awaiting its 4010) holds none.
+
+NOT_GRANTED = "NOT_GRANTED"  # the reason_code of every grant refusal
+ERROR_CODE = "not_granted"  # the error_code of a grant refusal sent as `error`
+# the audit-only journal kind of a grant refusal (claims keep claim_denial);
+# it has no applier, so replay never changes state from it
+ACL_DENIAL = "acl_denial"
+EVIDENCE_CHARS = 256  # names kept in an acl_denial row are cut to this
+
+
+@dataclass(frozen=True, slots=True)
+class GrantRefusal:
+    grant: str  # claim | board | mailbox
+    principal: str
+    namespace: str | None  # claim, board: the namespace refused
+    mailbox: str | None  # mailbox: the seat whose mailbox was asked for
+    text: str
+    reason_code: str = NOT_GRANTED
+
+
+def _grantee(table: PrincipalTable, credential: str | None, name: str) -> Principal | None:
+    """The principal whose grants decide, or None when no ACL applies."""
+    if not table.enforcing:
+        return None
+    found = table.credential(credential)
+    if found is None:  # no token (or a revoked one) beside principals: no grants
+        return Principal(name or "unknown", (), claim=(), board=(), mailbox=())
+    return found.principal
+
+
+def _shown(patterns: tuple[str, ...]) -> str:
+    return ", ".join(patterns) if patterns else "none"
+
+
+def _namespace_grant_shown(principal: Principal, grant: str) -> str:
+    value = getattr(principal, grant)
+    if value is None:
+        own = principal.own_namespaces()
+        bare = " and seats without a namespace" if _has_bare_seat(principal) else ""
+        return f"its own namespaces: {_shown(own)}{bare}"
+    return _shown(value)
+
+
+def _has_bare_seat(principal: Principal) -> bool:
+    return any(p != EVERY and "/" not in p for p in principal.seats)
+
+
+def _namespace_allowed(principal: Principal, grant: str, namespace: str | None) -> bool:
+    value = getattr(principal, grant)
+    if namespace is None and value is None and _has_bare_seat(principal):
+        return True  # a bare seat's own claims and tasks have no namespace
+    return _namespace_granted(value, principal, namespace)
+
+
+def _in(namespace: str | None) -> str:
+    return f"namespace '{namespace}'" if namespace is not None else "no namespace"
+
+
+def claim_refusal(table: PrincipalTable, credential: str | None, principal_name: str,
+                  namespaces) -> GrantRefusal | None:
+    """Whether this session may take or give a lease in every one of
+    `namespaces` (a claim: the claimant seat's; a handoff: the holder's and the
+    recipient's). The first one refused, or None."""
+    principal = _grantee(table, credential, principal_name)
+    if principal is None:
+        return None
+    for namespace in namespaces:
+        if not _namespace_allowed(principal, "claim", namespace):
+            return GrantRefusal("claim", principal.name, namespace, None,
+                                f"Principal '{principal.name}' may not claim in "
+                                f"{_in(namespace)} (its claim grant: "
+                                f"{_namespace_grant_shown(principal, 'claim')}).")
+    return None
+
+
+def board_refusal(table: PrincipalTable, credential: str | None, principal_name: str,
+                  namespaces) -> GrantRefusal | None:
+    """Whether this session may post to the board in every one of `namespaces`
+    (hubd.state.board.namespaces_touched). The first one refused, or None."""
+    principal = _grantee(table, credential, principal_name)
+    if principal is None:
+        return None
+    for namespace in namespaces:
+        if not _namespace_allowed(principal, "board", namespace):
+            return GrantRefusal("board", principal.name, namespace, None,
+                                f"Principal '{principal.name}' may not post to the board in "
+                                f"{_in(namespace)} (its board grant: "
+                                f"{_namespace_grant_shown(principal, 'board')}); "
+                                "nothing was changed.")
+    return None
+
+
+def mailbox_choice(table: PrincipalTable, credential: str | None, principal_name: str,
+                   seat: str, mailbox_for) -> tuple[str, GrantRefusal | None]:
+    """Whose mailbox a session may read or ack, and the refusal if it asked for
+    one it may not: (identity, None) or (its own seat, refusal).
+
+    Its own seat, or the seat whose -rx wake sidecar it is, needs no grant.
+    On a hub without principals of its own any other name falls back to the
+    session's own mailbox, as before principals. With principals, another
+    name is read when the principal's mailbox grant covers it (its own seats,
+    their sidecars, and the `mailbox` patterns), refused otherwise."""
+    if not isinstance(mailbox_for, str) or not mailbox_for:
+        return seat, None
+    if mailbox_for == seat or seat == mailbox_for + RX_SUFFIX:
+        return mailbox_for, None
+    principal = _grantee(table, credential, principal_name)
+    if principal is None:
+        return seat, None
+    if principal.may_read_mailbox(mailbox_for):
+        return mailbox_for, None
+    granted = _shown(principal.mailbox or ())
+    shown = mailbox_for[:EVIDENCE_CHARS]
+    return seat, GrantRefusal("mailbox", principal.name, None, shown,
+                              f"Principal '{principal.name}' may not read the mailbox of "
+                              f"'{shown}' (beyond its own seats, its "
+                              f"mailbox grant: {granted}).")
+
+
+def refusal_evidence(refusal: GrantRefusal, verb: str, seat: str | None,
+                     task_id: str | None = None) -> dict:
+    """The content-minimised acl_denial row: who (principal, seat), what verb
+    and grant, where (namespace, or the mailbox asked for), and why. A task is
+    named only by the SHA-256 of its id; no body, note, title or text."""
+    row = {
+        "decision": "deny",
+        "durable": True,
+        "grant": refusal.grant,
+        "principal": refusal.principal[:EVIDENCE_CHARS],
+        "reason_code": refusal.reason_code,
+        "seat": (seat or "")[:EVIDENCE_CHARS],
+        "verb": verb,
+    }
+    if refusal.grant == "mailbox":
+        row["mailbox"] = refusal.mailbox
+    else:
+        row["namespace"] = (refusal.namespace[:EVIDENCE_CHARS]
+                            if refusal.namespace is not None else None)
+    if task_id is not None:
+        row["task_id_sha256"] = hashlib.sha256(
+            task_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return row
