@@ -405,38 +405,36 @@ def _in(namespace: str | None) -> str:
     return f"namespace '{namespace}'" if namespace is not None else "no namespace"
 
 
+def _namespace_refusal(grant: str, doing: str, table: PrincipalTable, credential: str | None,
+                       principal_name: str, namespaces) -> GrantRefusal | None:
+    principal = _grantee(table, credential, principal_name)
+    if principal is None:
+        return None
+    for namespace in namespaces:
+        if not _namespace_allowed(principal, grant, namespace):
+            return GrantRefusal(grant, principal.name, namespace, None,
+                                f"Principal '{principal.name}' may not {doing} "
+                                f"{_in(namespace)} (its {grant} grant: "
+                                f"{_namespace_grant_shown(principal, grant)})"
+                                + ("." if grant == "claim" else "; nothing was changed."))
+    return None
+
+
 def claim_refusal(table: PrincipalTable, credential: str | None, principal_name: str,
                   namespaces) -> GrantRefusal | None:
     """Whether this session may take or give a lease in every one of
     `namespaces` (a claim: the claimant seat's; a handoff: the holder's and the
     recipient's). The first one refused, or None."""
-    principal = _grantee(table, credential, principal_name)
-    if principal is None:
-        return None
-    for namespace in namespaces:
-        if not _namespace_allowed(principal, "claim", namespace):
-            return GrantRefusal("claim", principal.name, namespace, None,
-                                f"Principal '{principal.name}' may not claim in "
-                                f"{_in(namespace)} (its claim grant: "
-                                f"{_namespace_grant_shown(principal, 'claim')}).")
-    return None
+    return _namespace_refusal("claim", "claim in", table, credential, principal_name,
+                              namespaces)
 
 
 def board_refusal(table: PrincipalTable, credential: str | None, principal_name: str,
                   namespaces) -> GrantRefusal | None:
     """Whether this session may post to the board in every one of `namespaces`
     (hubd.state.board.namespaces_touched). The first one refused, or None."""
-    principal = _grantee(table, credential, principal_name)
-    if principal is None:
-        return None
-    for namespace in namespaces:
-        if not _namespace_allowed(principal, "board", namespace):
-            return GrantRefusal("board", principal.name, namespace, None,
-                                f"Principal '{principal.name}' may not post to the board in "
-                                f"{_in(namespace)} (its board grant: "
-                                f"{_namespace_grant_shown(principal, 'board')}); "
-                                "nothing was changed.")
-    return None
+    return _namespace_refusal("board", "post to the board in", table, credential,
+                              principal_name, namespaces)
 
 
 def mailbox_choice(table: PrincipalTable, credential: str | None, principal_name: str,

@@ -18,6 +18,7 @@ import time
 
 from hubd.journal import principals as store
 from tests.support.procs import hubd_process
+from tests.support.seats import online
 from tests.support.wsprobe import WsProbe
 
 PRINCIPALS = {
@@ -27,17 +28,6 @@ PRINCIPALS = {
     "ci": (["PROJ/ci/*"], {"claim": [], "board": ["OPS"]}),  # narrowed, and moved
     "ops": (["OPS/*"], {"claim": ["*"], "mailbox": ["PROJ/bob"]}),  # widened
 }
-
-
-async def online(url: str, name: str, token: str | None, **extra) -> WsProbe:
-    probe = await WsProbe.open(url)
-    frame = {"sender": name, "target": "System", "type": "heartbeat", "payload": "online",
-             "timestamp": time.time(), **extra}
-    if token is not None:
-        frame["token"] = token
-    await probe.send_json(frame)
-    await probe.recv_type("presence_update", agent=name, event="joined")
-    return probe
 
 
 async def send(probe: WsProbe, sender: str, type_: str, **fields) -> None:

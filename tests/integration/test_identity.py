@@ -24,6 +24,7 @@ from hubd.state.principals import token_digest
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
 from tests.support.redsyn_client import Client, login
+from tests.support.seats import connect, online, refused
 from tests.support.wsprobe import WsProbe
 
 
@@ -32,29 +33,6 @@ def principal(db, *args) -> str:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
-
-
-async def connect(url: str, name: str, token: str | None, **extra) -> WsProbe:
-    probe = await WsProbe.open(url)
-    frame = {"sender": name, "target": "System", "type": "heartbeat", "payload": "online",
-             "timestamp": time.time(), **extra}
-    if token is not None:
-        frame["token"] = token
-    await probe.send_json(frame)
-    return probe
-
-
-async def online(url: str, name: str, token: str, **extra) -> WsProbe:
-    probe = await connect(url, name, token, **extra)
-    await probe.recv_type("presence_update", agent=name, event="joined")
-    return probe
-
-
-async def refused(probe: WsProbe) -> dict:
-    denied = await probe.recv_type("auth_denied")
-    closed = await probe.wait_closed()
-    assert closed.code == 4010, closed
-    return denied
 
 
 @pytest.fixture
