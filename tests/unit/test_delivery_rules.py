@@ -247,3 +247,18 @@ def test_content_identity_covers_every_semantic_field():
     expected = hashlib.sha256(json.dumps(req.content(), sort_keys=True, separators=(",", ":"))
                               .encode()).hexdigest()
     assert digest == expected
+
+
+def test_only_delivery_frames_get_past_the_door_with_an_escaped_lone_surrogate():
+    from hubd.wire import codec
+    frame = codec.decode_frame('{"type":"delivery_request","sender":"p/a","body":"\\ud800"}')
+    assert frame["body"] == "\ud800"
+    refused(r.read_request({**frame, "request_id": "r", "idempotency_key": "k",
+                            "target": "p/b", "target_incarnation": INC, "mode": "next_turn",
+                            "deadline": NOW + 5}, NOW), r.INVALID_SHAPE, "r")
+    for text in ('{"type":"chat","payload":"\\ud800"}',
+                 '{"type":"delivery_request","sender":"\\ud800"}',
+                 '{"type":"delivery_request","target":["x"],"body":"\\ud800"}',
+                 '{"type":"delivery_request","deadline":NaN,"body":"\\ud800"}',
+                 '["delivery_request","\\ud800"]'):
+        assert isinstance(codec.decode_frame(text), codec.DecodeError), text
