@@ -7,16 +7,18 @@ from hubd.core.plugin import Plugin
 from hubd.state import board as board_state
 from hubd.state import capabilities as capability_state
 from hubd.state import claims as claim_state
+from hubd.state import delivery_intents as delivery_state
 from hubd.state import hub as hub_state
 from hubd.state import idem as idem_state
 
-from . import board, capabilities, chat, claims, mailbox, queries
+from . import board, capabilities, chat, claims, delivery, mailbox, queries
 
 
 def core_plugin() -> Plugin:
     """Everything a single hub does: chat, mailbox, receipts, presence
     queries, claims and leases, the board, capability cards."""
-    state_modules = (hub_state, board_state, capability_state, claim_state, idem_state)
+    state_modules = (hub_state, board_state, capability_state, claim_state, idem_state,
+                     delivery_state)
     appliers: dict[str, list] = {}
     projections: dict = {}
     for module in state_modules:
@@ -24,7 +26,7 @@ def core_plugin() -> Plugin:
             appliers.setdefault(kind, []).extend(fns)
         projections.update(getattr(module, "PROJECTIONS", {}))
     verbs: dict = {}
-    for module in (board, capabilities, chat, claims, mailbox, queries):
+    for module in (board, capabilities, chat, claims, delivery, mailbox, queries):
         overlap = verbs.keys() & module.verbs.keys()
         if overlap:
             raise ValueError(f"verbs {sorted(overlap)} declared twice")
@@ -34,9 +36,10 @@ def core_plugin() -> Plugin:
         verbs=verbs,
         appliers=appliers,
         projections=projections,
-        on_register=(claims.on_register, mailbox.on_register),
-        on_unregister=(capabilities.on_unregister, claims.on_unregister),
-        periodic=(claims.sweep,),
+        on_register=(claims.on_register, mailbox.on_register, delivery.on_register),
+        on_unregister=(capabilities.on_unregister, claims.on_unregister,
+                       delivery.on_unregister),
+        periodic=(claims.sweep, delivery.sweep),
         state_sections=claims.STATE_SECTIONS,
         health_sections={"active_claims": claims.health_active_claims},
     )

@@ -14,6 +14,8 @@ from hubd.state.presence import RX_SUFFIX, Session
 from hubd.wire.envelope import strict_int
 from hubd.wire.targets import parse_target
 
+from . import delivery
+
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
 
@@ -51,6 +53,10 @@ def who(router: Router, session: Session, frame: dict, size: int) -> None:
         return
     presence = router.presence
     by_name = presence.by_name
+    extra = {}
+    sessions = delivery.who_sessions(router, session)
+    if sessions is not None:  # v3 requesters only
+        extra["delivery_sessions"] = sessions
     router.reply(
         session, "who_snapshot", "Who snapshot",
         online_agents=presence.online(),
@@ -61,7 +67,8 @@ def who(router: Router, session: Session, frame: dict, size: int) -> None:
         wake_capabilities={n: s.wake_capability for n, s in by_name.items() if s.wake_capability},
         agent_liveness={n: {"proven_live": True, "has_live_waiter": False,
                             "last_reaction_age": round(router.now - s.last_reaction, 3)}
-                        for n, s in by_name.items()})
+                        for n, s in by_name.items()},
+        **extra)
 
 
 @verbs.handles("state_request", reads_only=True)

@@ -7,6 +7,7 @@ hub sends back in its error frame.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import orjson
@@ -52,13 +53,46 @@ def decode_frame(data: str | bytes, max_depth: int | None = MAX_DEPTH) -> dict |
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return DecodeError(MALFORMED_JSON)
+        value = _delivery_with_surrogates(data)
+        if value is None:
+            return DecodeError(MALFORMED_JSON)
     if not isinstance(value, dict):
         return DecodeError(NOT_AN_OBJECT)
     if max_depth is None:
         return value  # a trusted peer's frame: orjson's own 1024-level bound applies
     if nests_deeper(data, value, max_depth):
         return DecodeError(MALFORMED_JSON)
+    return value
+
+
+# v3 delivery frames whose text holds an escaped unpaired surrogate still
+# reach their verb, so the refusal is typed (invalid_shape) and correlated to
+# the request; the delivery rules check every string they keep or echo
+# (hubd/state/delivery_rules.py). Every other frame stays refused here.
+DELIVERY_TYPES = frozenset({"delivery_request", "delivery_status_request", "delivery_cancel",
+                            "delivery_boundary", "delivery_ack", "delivery_outcome"})
+
+
+def _refuse_constant(name: str):
+    raise ValueError(name)
+
+
+def _delivery_with_surrogates(data: str | bytes) -> dict | None:
+    try:
+        value = json.loads(data, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or value.get("type") not in DELIVERY_TYPES:
+        return None
+    for name in ("sender", "target"):  # routing fields must stay encodable
+        field = value.get(name)
+        if field is not None:
+            if not isinstance(field, str):
+                return None
+            try:
+                field.encode("utf-8")
+            except UnicodeEncodeError:
+                return None
     return value
 
 

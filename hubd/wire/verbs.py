@@ -7,6 +7,8 @@ CLIENT_TYPES = frozenset({
     "claim", "release", "task_update", "handoff", "checkpoint", "wait_request", "resource",
     "ledger_task", "ledger_task_update", "ledger_progress", "board_request",
     "advertise", "manifest_request",
+    "delivery_request", "delivery_status_request", "delivery_cancel",
+    "delivery_boundary", "delivery_ack", "delivery_outcome",
     "multihub_message_forward", "multihub_log_request", "multihub_claim_request",
 })
 

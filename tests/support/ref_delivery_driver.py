@@ -1,0 +1,168 @@
+"""Drive the reference client's delivery API as a black box (JSON lines out).
+
+Executed by the REFERENCE virtual environment's python, never imported by the
+tests or by hubd (the reference package is AGPL and runs only as a separate
+program). Two agents of the published client on one hub:
+
+* the recipient `<ns>/bob`: SynapseAgent(delivery_capabilities=...) composed
+  with DeliveryParticipantBridge and a participant that answers every turn;
+* the sender `<ns>/alice`: request_who(), request_delivery(...) with the
+  incarnation from the who_snapshot, request_delivery_status,
+  cancel_delivery; report_delivery_stage is exercised by the bridge.
+
+Prints one JSON object per line: {"event": "frame", "who": "alice"|"bob",
+"frame": {...}}, {"event": "op", "name": ..., "operation_key": ...},
+{"event": "refused", "op": ..., "code": ...} and finally {"event": "done"}.
+
+--scenario full: a next_turn delivery the bridge runs to completed, then a
+second one cancelled while it waits. --scenario v2hub: request_delivery
+against a hub whose welcome says an older version (refused locally).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def emit(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj, default=repr) + "\n")
+    sys.stdout.flush()
+
+
+async def wait_for(frames: list, pred, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for f in frames:
+            if pred(f):
+                return f
+        await asyncio.sleep(0.02)
+    raise TimeoutError("no matching frame")
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--uri", required=True)
+    ap.add_argument("--ns", default="iop")
+    ap.add_argument("--ledger", required=True)
+    ap.add_argument("--scenario", default="full")
+    args = ap.parse_args()
+
+    from synapse_channel.client.agent import SynapseAgent  # reference venv only
+    from synapse_channel.participants.delivery_bridge import DeliveryParticipantBridge
+    from synapse_channel.participants.participant import (Participant, ParticipantChannel,
+                                                          ParticipantHealth)
+
+    bob_name, alice_name = f"{args.ns}/bob", f"{args.ns}/alice"
+    seen = {"alice": [], "bob": []}
+
+    class Answering(Participant):
+        identity = bob_name
+        channel = ParticipantChannel.API
+
+        def health(self):
+            return ParticipantHealth(bob_name, ParticipantChannel.API, True, "ready")
+
+        async def take_turn(self, request):
+            emit({"event": "turn", "topic_id": request.topic_id, "prompt": request.prompt})
+            return {"kind": "turn_result", "participant": bob_name, "channel": "api",
+                    "topic_id": request.topic_id, "answer": "done", "rationale": "",
+                    "abstained": False, "is_error": False, "reason": "", "session": "",
+                    "cost_usd": 0.0, "stop_reason": "end", "model": "none",
+                    "input_tokens": 0, "output_tokens": 0, "rate_limit_utilisation": None}
+
+    box: dict = {}
+
+    async def on_bob(frame):
+        seen["bob"].append(frame)
+        emit({"event": "frame", "who": "bob", "frame": frame})
+        result = box["bridge"].on_message(frame)
+        if asyncio.iscoroutine(result):
+            await result
+
+    async def on_alice(frame):
+        seen["alice"].append(frame)
+        emit({"event": "frame", "who": "alice", "frame": frame})
+
+    alice = SynapseAgent(alice_name, on_alice, uri=args.uri, verbose=False)
+    tasks = [asyncio.create_task(alice.connect())]
+    if not await alice.wait_until_ready(timeout=5):
+        emit({"event": "not_ready"})
+        return 1
+    if args.scenario == "v2hub":
+        try:
+            await alice.request_delivery(target=bob_name, target_incarnation="a" * 64,
+                                         mode="next_turn", body="x", deadline=time.time() + 60,
+                                         request_id="v2", idempotency_key="v2")
+            emit({"event": "sent", "op": "request_delivery"})
+        except Exception as exc:  # the reference's DeliveryRefusal
+            emit({"event": "refused", "op": "request_delivery",
+                  "code": getattr(exc, "reason_code", None) or getattr(exc, "code", None),
+                  "type": type(exc).__name__, "text": str(exc)})
+        await asyncio.sleep(0.3)
+        emit({"event": "done"})
+        alice.running = False
+        await alice.connection.close()
+        return 0
+
+    bob = SynapseAgent(bob_name, on_bob, uri=args.uri, verbose=False,
+                       delivery_capabilities={"next_turn": "native", "follow_up": "emulated"})
+    bridge = box["bridge"] = DeliveryParticipantBridge(bob, Answering(),
+                                                       ledger_path=Path(args.ledger))
+    started = bridge.start()
+    if asyncio.iscoroutine(started):
+        await started
+    tasks.append(asyncio.create_task(bob.connect()))
+    await bob.wait_until_ready(timeout=5)
+    await wait_for(seen["bob"], lambda f: f.get("type") == "delivery_session")
+
+    await alice.request_who()
+    who = await wait_for(seen["alice"], lambda f: f.get("type") == "who_snapshot")
+    inc = who["delivery_sessions"][bob_name]["incarnation"]
+    emit({"event": "incarnation", "value": inc})
+
+    def stage_of(key, stage):
+        return lambda f: (f.get("type") == "delivery_status" and f.get("operation_key") == key
+                          and f.get("stage") == stage)
+
+    key = await alice.request_delivery(target=bob_name, target_incarnation=inc, mode="next_turn",
+                                       body="summarise the log", deadline=time.time() + 60,
+                                       request_id="job-1", idempotency_key="idem-1",
+                                       task_id="task-1")
+    emit({"event": "op", "name": "job-1", "operation_key": key})
+    await wait_for(seen["alice"], stage_of(key, "completed"))
+    await alice.request_delivery_status(key)
+    await asyncio.sleep(0.3)
+
+    # a second delivery, cancelled by its sender (a request: the stage stays)
+    key2 = await alice.request_delivery(target=bob_name, target_incarnation=inc,
+                                        mode="steer", allowed_fallbacks=("follow_up",),
+                                        body="second", deadline=time.time() + 60,
+                                        request_id="job-2", idempotency_key="idem-2",
+                                        task_id="task-2")
+    emit({"event": "op", "name": "job-2", "operation_key": key2})
+    await alice.cancel_delivery(key2, mutation_id="cancel-2")
+    await asyncio.sleep(1.0)
+    await alice.request_delivery_status(key2)
+    await asyncio.sleep(0.5)
+    emit({"event": "done"})
+    for agent in (alice, bob):
+        agent.running = False
+        try:
+            await asyncio.wait_for(agent.connection.close(), 3)
+        except Exception:
+            pass
+    close = bridge.close()
+    if asyncio.iscoroutine(close):
+        await close
+    for task in tasks:
+        task.cancel()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

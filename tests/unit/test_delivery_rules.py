@@ -1,0 +1,264 @@
+"""The pure delivery decisions (hubd/state/delivery_rules.py): shapes, mode
+selection, authority, caps, stage transitions, and the two digests the
+reference client computes on its side."""
+
+import hashlib
+import json
+
+import pytest
+
+from hubd.state import delivery_rules as r
+
+NOW = 1_000_000.0
+INC = "a" * 64
+
+
+def frame(**kw):
+    base = {"type": "delivery_request", "sender": "p/alice", "target": "p/bob",
+            "protocol_version": 3, "request_id": "r1", "idempotency_key": "k1",
+            "target_incarnation": INC, "mode": "next_turn", "allowed_fallbacks": [],
+            "task_id": "t1", "body": "hello", "deadline": NOW + 60}
+    base.update(kw)
+    return {k: v for k, v in base.items() if v is not ...}
+
+
+def refused(result, code, request_id=None):
+    assert isinstance(result, r.Refusal), result
+    assert result.reason_code == code, result
+    if request_id is not None:
+        assert result.request_id == request_id
+    return result
+
+
+def test_a_good_request_reads_whole():
+    req = r.read_request(frame(allowed_fallbacks=["follow_up"]), NOW)
+    assert req == r.Request("r1", "k1", "p/bob", INC, "next_turn", ("follow_up",), "t1",
+                            "hello", NOW + 60)
+    assert r.read_request(frame(task_id=...), NOW).task_id == ""
+
+
+@pytest.mark.parametrize("field,value,code", [
+    ("idempotency_key", ..., r.INVALID_SHAPE),
+    ("idempotency_key", "k" * 129, r.INVALID_SHAPE),
+    ("target", "all", r.INVALID_SHAPE),
+    ("target", "p/*", r.INVALID_SHAPE),
+    ("target", "p/a,p/b", r.INVALID_SHAPE),
+    ("target", "p/bob@east", r.UNKNOWN_HUB),
+    ("target_incarnation", "A" * 64, r.INVALID_SHAPE),
+    ("target_incarnation", "x", r.INVALID_SHAPE),
+    ("mode", "shout", r.UNSUPPORTED_MODE),
+    ("mode", None, r.UNSUPPORTED_MODE),
+    ("mode", ["next_turn"], r.UNSUPPORTED_MODE),
+    ("allowed_fallbacks", "follow_up", r.INVALID_SHAPE),
+    ("allowed_fallbacks", ["steer", "interrupt", "follow_up", "next_turn"], r.INVALID_SHAPE),
+    ("allowed_fallbacks", ["follow_up", "follow_up"], r.INVALID_SHAPE),
+    ("allowed_fallbacks", ["next_turn"], r.INVALID_SHAPE),
+    ("allowed_fallbacks", ["bogus"], r.UNSUPPORTED_MODE),
+    ("allowed_fallbacks", [None], r.UNSUPPORTED_MODE),
+    ("task_id", "t" * 129, r.INVALID_SHAPE),
+    ("task_id", 7, r.INVALID_SHAPE),
+    ("body", ..., r.INVALID_SHAPE),
+    ("body", "", r.INVALID_SHAPE),
+    ("body", "x" * 8193, r.INVALID_SHAPE),
+    ("body", "é" * 4097, r.INVALID_SHAPE),  # 8,194 UTF-8 bytes
+    ("body", "\ud800x", r.INVALID_SHAPE),
+    ("deadline", "soon", r.INVALID_SHAPE),
+    ("deadline", True, r.INVALID_SHAPE),
+    ("deadline", float("nan"), r.INVALID_SHAPE),
+    ("deadline", NOW + 86_401, r.INVALID_SHAPE),
+    ("deadline", NOW, r.DEADLINE_EXPIRED),
+])
+def test_each_bad_field_is_refused_with_its_code_and_the_request_id(field, value, code):
+    refused(r.read_request(frame(**{field: value}), NOW), code, "r1")
+
+
+def test_body_limits_are_utf8_bytes_inclusive():
+    assert isinstance(r.read_request(frame(body="x" * 8192), NOW), r.Request)
+    assert isinstance(r.read_request(frame(body="é" * 4096), NOW), r.Request)
+    assert isinstance(r.read_request(frame(deadline=NOW + 86_400), NOW), r.Request)
+
+
+@pytest.mark.parametrize("rid", [..., 5, "", "r" * 129, "\udc00r", "a\nb", None])
+def test_an_invalid_request_id_is_never_echoed(rid):
+    refused(r.read_request(frame(request_id=rid), NOW), r.INVALID_SHAPE, "")
+
+
+def test_the_first_failure_wins_in_order():
+    # a bad idempotency key is reported before a bad body or mode
+    result = r.read_request(frame(idempotency_key=1, body="", mode="x"), NOW)
+    assert result.text == "idempotency_key must be a string"
+
+
+def test_selection_takes_the_first_advertised_of_mode_then_fallbacks():
+    caps = {"next_turn": "native", "follow_up": "emulated"}
+    assert r.select_mode("follow_up", (), caps) == r.Selection("follow_up", "emulated")
+    assert r.select_mode("steer", ("next_turn", "follow_up"), caps) == \
+        r.Selection("next_turn", "native")
+    assert r.select_mode("interrupt", ("follow_up",), caps) == \
+        r.Selection("follow_up", "emulated")
+    refused(r.select_mode("interrupt", ("steer",), caps), r.UNSUPPORTED_MODE)
+    # an advertised quality the hub does not know never selects anything
+    refused(r.select_mode("next_turn", (), {"next_turn": "super"}), r.UNSUPPORTED_MODE)
+
+
+def test_control_modes_are_refused_until_grants_exist():
+    open_hub = r.Requester("p/alice", "open-host:127.0.0.1", authenticated_hub=False)
+    token_hub = r.Requester("p/alice", "tok:ab", authenticated_hub=True)
+    for mode in ("interrupt", "steer"):
+        refused(r.may_control(open_hub, "p/bob", mode), r.UNAUTHORISED_REQUESTER)
+        refused(r.may_control(token_hub, "p/bob", mode), r.UNAUTHORISED_REQUESTER)
+    for mode in ("follow_up", "next_turn"):
+        assert r.may_control(open_hub, "p/bob", mode) is None
+
+
+def test_the_grant_seam():
+    asked = []
+
+    def grants(principal, right, target):
+        asked.append((principal, right, target))
+        return principal == "tok:ab"
+
+    ok = r.Requester("p/alice", "tok:ab", authenticated_hub=True)
+    other = r.Requester("p/eve", "tok:cd", authenticated_hub=True)
+    forwarded = r.Requester("p/alice@west", "tok:ab", authenticated_hub=True, forwarded=True)
+    assert r.may_control(ok, "p/bob", "steer", grants, target_claimed=True) is None
+    refused(r.may_control(ok, "p/bob", "steer", grants, target_claimed=False),
+            r.UNAUTHORISED_REQUESTER)
+    refused(r.may_control(other, "p/bob", "steer", grants, target_claimed=True),
+            r.UNAUTHORISED_REQUESTER)
+    refused(r.may_control(forwarded, "p/bob", "interrupt", grants, target_claimed=True),
+            r.UNAUTHORISED_REQUESTER)
+    assert ("tok:ab", "DELIVERY_CONTROL", "p/bob") in asked
+
+
+def test_caps():
+    assert r.admission_caps(127, 15, 5, 100) is None
+    refused(r.admission_caps(128, 0, 5, 100), r.RECIPIENT_QUEUE_FULL)
+    refused(r.admission_caps(20, 16, 5, 100), r.RECIPIENT_QUEUE_FULL)
+    refused(r.admission_caps(0, 0, 100, 100), r.RECIPIENT_QUEUE_FULL)
+
+
+def test_session_adverts():
+    token = "0f" * 32
+    assert r.read_session({"type": "heartbeat"}, 3) is None
+    advert = r.read_session({"delivery_session_token": token,
+                             "delivery_capabilities": {"follow_up": "native"}}, 7)
+    assert advert == r.SessionAdvert(token, {"follow_up": "native"})
+    assert r.read_session({"delivery_session_token": token, "delivery_capabilities": {}},
+                          3).capabilities == {}
+    cases = [
+        ({"delivery_session_token": token, "delivery_capabilities": {}}, 2,
+         r.UNSUPPORTED_PROTOCOL),
+        ({"delivery_session_token": token, "delivery_capabilities": {}}, None,
+         r.UNSUPPORTED_PROTOCOL),
+        ({"delivery_session_token": "AB" * 32, "delivery_capabilities": {}}, 3, r.INVALID_SHAPE),
+        ({"delivery_session_token": "ab" * 10, "delivery_capabilities": {}}, 3, r.INVALID_SHAPE),
+        ({"delivery_capabilities": {}}, 3, r.INVALID_SHAPE),
+        ({"delivery_session_token": token}, 3, r.INVALID_SHAPE),
+        ({"delivery_session_token": token, "delivery_capabilities": {"shout": "native"}}, 3,
+         r.INVALID_SHAPE),
+        ({"delivery_session_token": token, "delivery_capabilities": {"steer": "super"}}, 3,
+         r.INVALID_SHAPE),
+    ]
+    for advert_frame, version, code in cases:
+        refused(r.read_session(advert_frame, version), code)
+
+
+def test_protocol_gate():
+    assert r.speaks_v3(7, {"protocol_version": 3})
+    assert not r.speaks_v3(2, {"protocol_version": 3})
+    assert not r.speaks_v3(None, {"protocol_version": 3})
+    assert not r.speaks_v3(7, {})
+    assert not r.speaks_v3(7, {"protocol_version": "3"})
+    assert not r.speaks_v3(7, {"protocol_version": 4})
+    assert not r.speaks_v3(7, {"protocol_version": True})
+
+
+def report(verb="delivery_boundary", **kw):
+    base = {"operation_key": "b" * 64, "request_id": "r1", "task_id": "t1",
+            "mutation_id": "m1", "stage": "boundary_delivered",
+            "evidence": {"boundary": "turn-3"}}
+    base.update(kw)
+    return r.read_report(verb, {k: v for k, v in base.items() if v is not ...})
+
+
+def test_reports():
+    assert report().stage == r.BOUNDARY_DELIVERED
+    assert report(stage=...).stage == r.BOUNDARY_DELIVERED
+    ack = report("delivery_ack", stage="acknowledged", evidence={"receipt_id": "x"})
+    assert ack.stage == r.ACKNOWLEDGED
+    done = report("delivery_outcome", stage="completed",
+                  evidence={"executor_ref": "e", "outcome_code": "ok"})
+    assert done.evidence == {"executor_ref": "e", "outcome_code": "ok"}
+    refused(report(operation_key="x"), r.INVALID_SHAPE, "")
+    refused(report(mutation_id=...), r.INVALID_SHAPE, "r1")
+    refused(report(mutation_id="m" * 129), r.INVALID_SHAPE, "r1")
+    refused(report(mutation_id="\ud800"), r.INVALID_SHAPE, "r1")
+    refused(report(stage="acknowledged"), r.INVALID_SHAPE, "r1")  # never reinterpreted
+    refused(report("delivery_outcome", stage=...), r.INVALID_SHAPE, "r1")
+    refused(report("delivery_outcome", stage="superseded",
+                   evidence={"executor_ref": "e", "outcome_code": "ok"}), r.INVALID_SHAPE)
+    refused(report(evidence={}), r.INVALID_SHAPE)
+    refused(report(evidence={"boundary": ""}), r.INVALID_SHAPE)
+    refused(report(evidence={"boundary": "x", "extra": "y"}), r.INVALID_SHAPE)
+    refused(report(evidence={"boundary": "\udc00"}), r.INVALID_SHAPE)
+    refused(report("delivery_outcome", stage="completed", evidence={"executor_ref": "e"}),
+            r.INVALID_SHAPE)
+
+
+def test_transitions():
+    order = [r.QUEUED, r.BOUNDARY_DELIVERED, r.ACKNOWLEDGED]
+    for current, nxt in zip(order, order[1:]):
+        assert r.report_transition(current, nxt) is None
+    for outcome in (r.COMPLETED, r.FAILED, r.CANCELLED):
+        assert r.report_transition(r.ACKNOWLEDGED, outcome) is None
+        refused(r.report_transition(r.QUEUED, outcome), r.INVALID_TRANSITION)
+        refused(r.report_transition(r.BOUNDARY_DELIVERED, outcome), r.INVALID_TRANSITION)
+    refused(r.report_transition(r.QUEUED, r.ACKNOWLEDGED), r.INVALID_TRANSITION)
+    for terminal in r.TERMINAL:
+        for stage in (r.BOUNDARY_DELIVERED, r.ACKNOWLEDGED, r.COMPLETED):
+            refused(r.report_transition(terminal, stage), r.INVALID_TRANSITION)
+
+
+def test_cancel_is_a_request_never_terminal():
+    assert r.cancel_decision(r.QUEUED, False) == "request"
+    assert r.cancel_decision(r.ACKNOWLEDGED, True) == "repeat"
+    for terminal in r.TERMINAL:
+        refused(r.cancel_decision(terminal, True), r.INVALID_TRANSITION)
+
+
+def test_the_digests_the_reference_client_computes():
+    # observed on the wire against the reference hub (docs/reference-observed.md)
+    assert r.operation_key("ref-hub", "p/alice", "r1") == \
+        "fb9195073b9779135fd06f233dd5bfc82213125b6f2cd16f27ab0e9c1093d48b"
+    token = "94088e2b1f76c63b04d1b73e05e4ba892e56eb39930e4feda0463f56e9a8e3ad"
+    assert r.incarnation_of("ref-hub", "p/bob", token) == \
+        "62a7aa4ff3a6d1440288d3b40118d6a9327365b83050f8e2808db5e1599e0faf"
+    assert r.notification_id("ab", 2) == "delivery:ab:2"
+
+
+def test_content_identity_covers_every_semantic_field():
+    req = r.read_request(frame(), NOW)
+    digest = req.digest()
+    for field, value in [("body", "other"), ("deadline", NOW + 61), ("mode", "follow_up"),
+                         ("task_id", "t2"), ("idempotency_key", "k2"),
+                         ("allowed_fallbacks", ["follow_up"]), ("target_incarnation", "c" * 64)]:
+        assert r.read_request(frame(**{field: value}), NOW).digest() != digest, field
+    expected = hashlib.sha256(json.dumps(req.content(), sort_keys=True, separators=(",", ":"))
+                              .encode()).hexdigest()
+    assert digest == expected
+
+
+def test_only_delivery_frames_get_past_the_door_with_an_escaped_lone_surrogate():
+    from hubd.wire import codec
+    frame = codec.decode_frame('{"type":"delivery_request","sender":"p/a","body":"\\ud800"}')
+    assert frame["body"] == "\ud800"
+    refused(r.read_request({**frame, "request_id": "r", "idempotency_key": "k",
+                            "target": "p/b", "target_incarnation": INC, "mode": "next_turn",
+                            "deadline": NOW + 5}, NOW), r.INVALID_SHAPE, "r")
+    for text in ('{"type":"chat","payload":"\\ud800"}',
+                 '{"type":"delivery_request","sender":"\\ud800"}',
+                 '{"type":"delivery_request","target":["x"],"body":"\\ud800"}',
+                 '{"type":"delivery_request","deadline":NaN,"body":"\\ud800"}',
+                 '["delivery_request","\\ud800"]'):
+        assert isinstance(codec.decode_frame(text), codec.DecodeError), text
