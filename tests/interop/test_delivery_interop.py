@@ -65,8 +65,9 @@ def test_reference_client_delivery_api_against_hubd(reference_venv_status, tmp_p
             ("completed", True, True)
         offers = [f for f in to_bob if f.get("type") == "delivery_offer"]
         assert [o["request_id"] for o in offers] == ["job-1", "job-2"]
-        assert [line["prompt"] for line in lines if line["event"] == "turn"] == \
-            ["summarise the log", "second"]
+        # the second turn runs unless the bridge saw the cancel first
+        turns = [line["prompt"] for line in lines if line["event"] == "turn"]
+        assert turns in (["summarise the log"], ["summarise the log", "second"]), turns
         # job-2: steer is not advertised, the sender's fallback is; its cancel
         # stays a request, and the bridge's completion keeps both facts
         key2 = ops["job-2"]
@@ -75,6 +76,8 @@ def test_reference_client_delivery_api_against_hubd(reference_venv_status, tmp_p
         assert (last2["selected_mode"], last2["quality"], last2["cancel_requested"]) == \
             ("follow_up", "emulated", True)
         assert last2["stage"] in ("completed", "acknowledged", "boundary_delivered", "queued")
+        if len(turns) == 2:  # the completion racing the cancel keeps both facts
+            assert last2["stage"] == "completed" and last2["task_completed"] is True
         kinds = [k for _, k, p in delivery_rows(hub.argv[hub.argv.index("--db") + 1])
                  if p.get("operation_key") == key]
         assert kinds[:2] == ["delivery_intent_accepted", "delivery_intent_queued"]
