@@ -79,8 +79,8 @@ from tests.bench.bench_local import dir_bytes, run_from_snapshot, snapshot_hubd 
 from tests.bench.order import in_turn  # noqa: E402
 from tests.support.procs import REPO, HubProcess, hubd_process, reference_hub_process  # noqa: E402
 
-VARIANTS = ("reference", "hubd")
-HUB_IDS = {"reference": "bench-ref", "hubd": "bench-hubd"}
+VARIANTS = ("reference", "hubd", "hubd-base")  # hubd-base: hubd at --base-rev
+HUB_IDS = {"reference": "bench-ref", "hubd": "bench-hubd", "hubd-base": "bench-hubd"}
 CAPS = {"follow_up": "native", "next_turn": "emulated"}
 PER_SENDER = 16       # unfinished per sender within one recipient incarnation
 PER_INCARNATION = 128  # unfinished per recipient incarnation
@@ -546,9 +546,12 @@ def client_entry(cfg_json: str) -> int:
 
 # ============================================================================ the orchestrator
 
-def make_hub(variant: str, workdir: Path, hubd_src: Path | None, hubd_flags: list[str]) -> HubProcess:
+def make_hub(variant: str, workdir: Path, hubd_src: Path | None, hubd_flags: list[str],
+             base_src: Path | None = None) -> HubProcess:
     if variant == "reference":
         return reference_hub_process(workdir, "--no-durable-ingress-quota", hub_id=HUB_IDS[variant])
+    if variant == "hubd-base":
+        hubd_src = base_src
     hub = hubd_process(workdir, "--no-durable-ingress-quota", "--welcome-wire-v3", *hubd_flags,
                        hub_id=HUB_IDS[variant])
     if hubd_src is not None:
@@ -561,7 +564,7 @@ def run_one(variant: str, scen: str, args, base: Path, tag: str) -> dict:
     workdir = base / tag
     rec: dict = {"variant": variant, "scenario": scen, "label": sc["label"],
                  "loadavg_before": round(os.getloadavg()[0], 2)}
-    hub = make_hub(variant, workdir, args.hubd_src, args.hubd_flags.split())
+    hub = make_hub(variant, workdir, args.hubd_src, args.hubd_flags.split(), args.base_src)
     try:
         try:
             hub.start(ready_timeout=30)
@@ -576,7 +579,8 @@ def run_one(variant: str, scen: str, args, base: Path, tag: str) -> dict:
             warm = 0 if sc["senders"] == 1 and args.warmup == 0 else max(args.warmup, sc["senders"])
         else:
             dur = None
-            count = args.adm_count or (QUICK_ADM_COUNT if args.quick else ADM_COUNT)[variant]
+            count = args.adm_count or (QUICK_ADM_COUNT if args.quick else ADM_COUNT)[
+                "reference" if variant == "reference" else "hubd"]
             warm = sc["senders"] * 2
             count = min(count, TOTAL_CAP - warm - 64)
         cfg = {"url": hub.url, "hub_id": HUB_IDS[variant], "hub_pid": hub.pid, "kind": sc["kind"],
@@ -685,23 +689,28 @@ RATIO_METRICS = {
 }
 
 
+RATIO_PAIRS = (("hubd", "reference"), ("hubd-base", "reference"), ("hubd", "hubd-base"))
+
+
 def ratios(runs, scenarios):
+    """Per-round paired ratios variant / baseline, median [min..max] over rounds."""
     out = []
+    ok = [r for r in runs if "error" not in r]
     for scen in scenarios:
-        refs = {r["round"]: r for r in runs if r["variant"] == "reference" and r["scenario"] == scen
-                and "error" not in r}
-        mine = {r["round"]: r for r in runs if r["variant"] == "hubd" and r["scenario"] == scen
-                and "error" not in r}
-        paired = sorted(set(refs) & set(mine))
-        if not paired:
-            continue
-        row = {"scenario": scen, "label": SCENARIOS[scen]["label"], "rounds": len(paired)}
-        for name, get in RATIO_METRICS.items():
-            vals = [get(mine[k]) / get(refs[k]) for k in paired
-                    if get(mine[k]) is not None and get(refs[k])]
-            row[name] = (round(statistics.median(vals), 3), round(min(vals), 3), round(max(vals), 3)) \
-                if vals else None
-        out.append(row)
+        for var, against in RATIO_PAIRS:
+            refs = {r["round"]: r for r in ok if r["variant"] == against and r["scenario"] == scen}
+            mine = {r["round"]: r for r in ok if r["variant"] == var and r["scenario"] == scen}
+            paired = sorted(set(refs) & set(mine))
+            if not paired:
+                continue
+            row = {"scenario": scen, "label": SCENARIOS[scen]["label"], "rounds": len(paired),
+                   "variant": var, "against": against}
+            for name, get in RATIO_METRICS.items():
+                vals = [get(mine[k]) / get(refs[k]) for k in paired
+                        if get(mine[k]) is not None and get(refs[k])]
+                row[name] = (round(statistics.median(vals), 3), round(min(vals), 3),
+                             round(max(vals), 3)) if vals else None
+            out.append(row)
     return out
 
 
@@ -709,7 +718,7 @@ def verdict(rows, rat) -> list[str]:
     """The issue's goal: >= 10x the reference's round-trip throughput, with p99 < 20 ms."""
     lines = []
     by = {(r["scenario"], r["variant"]): r for r in rows}
-    rr = {r["scenario"]: r for r in rat}
+    rr = {r["scenario"]: r for r in rat if (r["variant"], r["against"]) == ("hubd", "reference")}
     for scen in ("l", "a"):
         if scen not in rr or not rr[scen].get("ops/s"):
             continue
@@ -762,14 +771,15 @@ def print_table(rows, rat) -> None:
             print(f"  ! {r['scenario']} {r['variant']}: {r['errors'][0][:300]}")
     if rat:
         print()
-        print("hubd / reference, median of per-round paired ratios [min..max]  (ops/s: higher is better; "
+        print("variant / baseline, median of per-round paired ratios [min..max]  (ops/s: higher is better; "
               "p50, p99 (rt or adm latency), cpu/op: lower is better; |ratio-1| < 0.25 is noise):")
         for r in rat:
             parts = []
             for name in RATIO_METRICS:
                 v = r.get(name)
                 parts.append(f"{name} {v[0]:.2f}x [{v[1]:.2f}..{v[2]:.2f}]" if v else f"{name} -")
-            print(f"  {r['scenario']} {r['label']:<9} rounds {r['rounds']}:  " + ";  ".join(parts))
+            print(f"  {r['scenario']} {r['label']:<9} {r['variant'] + ' / ' + r['against']:<22} "
+                  f"rounds {r['rounds']}:  " + ";  ".join(parts))
     print()
     print("goal (issue 11): >= 10x the reference's throughput with p99 under 20 ms")
     for line in verdict(rows, rat):
@@ -784,7 +794,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Interleaved delivery (wire v3) benchmark: reference vs hubd.")
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
     ap.add_argument("--quick", action="store_true", help="1 round (unless --rounds), short runs")
-    ap.add_argument("--only", default=None, help="reference | hubd")
+    ap.add_argument("--only", default=None, help="comma list of reference, hubd, hubd-base")
+    ap.add_argument("--base-rev", default=None,
+                    help="also run hubd as committed at this revision (variant hubd-base), e.g. the "
+                         "commit before a change; ratios then include hubd / hubd-base")
     ap.add_argument("--scenarios", default="u,l,a", help="comma list of u, l, a (default all)")
     ap.add_argument("--duration", type=float, default=None, help="seconds of measured load, rt scenarios")
     ap.add_argument("--adm-count", type=int, default=None, help="admissions per adm run (both hubs)")
@@ -800,7 +813,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     rounds = args.rounds or (1 if args.quick else 3)
-    variants = list(VARIANTS) if args.only is None else [v.strip() for v in args.only.split(",")]
+    if args.only is not None:
+        variants = [v.strip() for v in args.only.split(",")]
+    else:
+        variants = ["reference", "hubd"] + (["hubd-base"] if args.base_rev else [])
     for v in variants:
         if v not in VARIANTS:
             ap.error(f"unknown hub {v!r}")
@@ -810,6 +826,13 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown scenario {s!r}")
     base = Path(tempfile.mkdtemp(prefix="hubd-bench-dlv-"))
     args.hubd_src = None
+    args.base_src = None
+    base_version = None
+    if "hubd-base" in variants:
+        if not args.base_rev:
+            ap.error("hubd-base needs --base-rev")
+        args.base_src = base / "hubd-base-src"
+        base_version = "git " + snapshot_hubd(args.base_rev, args.base_src)
     hubd_version = "working tree"
     if args.hubd_rev and "hubd" in variants:
         args.hubd_src = base / "hubd-src"
@@ -817,9 +840,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpus": os.cpu_count(),
             "python": sys.version.split()[0], "rounds": rounds, "variants": variants, "scenarios": scenarios,
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "loadavg_start": os.getloadavg(), "hubd": hubd_version}
+            "loadavg_start": os.getloadavg(), "hubd": hubd_version, "hubd_base": base_version}
     print(f"bench_delivery: {rounds} round(s), hubs {variants}, scenarios {scenarios}, hubd from "
-          f"{hubd_version}, executor {'pipelined' if args.pipelined else 'sequential'}, "
+          f"{hubd_version}{', hubd-base from ' + base_version if base_version else ''}, executor {'pipelined' if args.pipelined else 'sequential'}, "
           f"{os.cpu_count()} cpus, loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())}, temp {base}")
     if os.getloadavg()[0] > 0.5:
         print("  warning: the box is not idle (loadavg > 0.5); figures will be noisier")
