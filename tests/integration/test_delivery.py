@@ -470,6 +470,75 @@ def test_sender_notifications_missed_offline_replay_by_stable_id(hub):
     run(case())
 
 
+def _metric(hub, name: str) -> float:
+    for line in hub.get_text("/metrics").splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_settlements_ride_on_later_commits_not_a_commit_of_their_own(hub):
+    """A request -> completed round trip commits four times (admission, boundary, ack,
+    outcome). The settlement of a notification the sender was sent joins a commit
+    that happens anyway, or the once-a-second sweep; journaled on its own it put one
+    more fsync in front of every next stage (seven serial commits per round trip)."""
+    rounds = 8
+
+    async def case():
+        bob = await Agent.join(hub.url, "perf/bob", recipient=True)
+        alice = await Agent.join(hub.url, "perf/alice")
+        commits = _metric(hub, "hubd_journal_commit_seconds_count")
+        started = time.monotonic()
+        notes = []
+        for i in range(rounds):
+            rid = f"rt-{i}"
+            await alice.request("perf/bob", bob.incarnation, rid)
+            offer = await bob.offer(rid)
+            for stage in ("boundary_delivered", "acknowledged", "completed"):
+                await bob.report(offer, stage)
+                notes.append((await alice.notification(rid, stage))["notification_id"])
+        spent = _metric(hub, "hubd_journal_commit_seconds_count") - commits
+        sweeps = int(time.monotonic() - started) + 2  # each may commit held settlements
+        assert spent <= 4 * rounds + sweeps, (spent, rounds)
+        # ... and every one of them is settled soon (by the sweep at the latest)
+        deadline = time.monotonic() + 5
+        while True:
+            settled = {nid for _, kind, p in delivery_rows(hub.db) if kind == "delivery_notified"
+                       and p["audience"] == "perf/alice" for nid in p["notification_ids"]}
+            if set(notes) <= settled or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert set(notes) <= settled
+        assert _metric(hub, "hubd_delivery_settlements_held") == 0
+        # settled notifications are not sent again when the sender registers again
+        await alice.close()
+        alice = await Agent.join(hub.url, "perf/alice")
+        await alice.probe.drain(0.3)
+        assert not alice.probe.seen("delivery_status")
+        await alice.close()
+        await bob.close()
+    run(case())
+
+
+def test_a_reconnect_right_after_the_release_gets_no_second_copy(hub):
+    """Held settlements of an audience are journaled before its replay: a sender that
+    registers again at once is not sent what its earlier socket already got."""
+    async def case():
+        bob = await Agent.join(hub.url, "perf2/bob", recipient=True)
+        alice = await Agent.join(hub.url, "perf2/alice")
+        await alice.request("perf2/bob", bob.incarnation, "quick")
+        offer = await bob.offer("quick")
+        await bob.report(offer, "boundary_delivered")
+        await alice.notification("quick", "boundary_delivered")
+        await alice.close()
+        alice = await Agent.join(hub.url, "perf2/alice")
+        await alice.probe.drain(0.3)
+        assert not alice.probe.seen("delivery_status")
+        await alice.close()
+        await bob.close()
+    run(case())
+
+
 # -- 8. crashes
 
 
