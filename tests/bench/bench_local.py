@@ -5,17 +5,23 @@ hubd-private; reversed in even rounds, tests/bench/order.py) this starts a *fres
 hub with a fresh durable journal in its own temporary directory, runs one load from a
 separate client process (``tests.bench.loadgen``), reads the hub's CPU time from
 /proc, stops the hub by its PID and deletes the directory. The table shows medians over rounds, and for
-each hubd variant the median over rounds of the paired ratio hubd/reference.
+each hubd variant the median over rounds of the paired ratio hubd/reference
+(hubd-principals: against hubd-private and hubd, when they ran).
 
     .venv/bin/python -m tests.bench.bench_local                 # 3 rounds, scenarios a,b
     .venv/bin/python -m tests.bench.bench_local --quick
     .venv/bin/python -m tests.bench.bench_local --only reference --rounds 3 --json out.json
     .venv/bin/python -m tests.bench.bench_local --scenarios a,b,c,d,e --rounds 5 --hubd-rev HEAD
+    .venv/bin/python -m tests.bench.bench_local --only hubd,hubd-private,hubd-principals --rounds 6
 
 Hubs as started:
   reference     synapse hub --db <fresh> --hub-id bench-ref --metrics --no-durable-ingress-quota
   hubd          python -m hubd --db <fresh> --hub-id bench-hubd --no-durable-ingress-quota
   hubd-private  python -m hubd --db <fresh> --hub-id bench-hubd --no-durable-ingress-quota --private-directed-messages
+  hubd-principals  as hubd, on a journal that holds one principal (seats bench/*) and its
+                token, made before the hub starts; the loadgen sends the token in every
+                socket's first frame (--token). Principals force private routing, so its
+                fair baseline is hubd-private (same routing, no token, no seat check).
 
 Both hubs run with their ingress quota off (the reference's refuses chat 101+ per minute on
 an open loopback hub; hubd's default, 6000 chats per principal per 60 s, refused chats in a
@@ -44,7 +50,15 @@ if __package__ in (None, ""):  # run as a script: python tests/bench/bench_local
 from tests.bench.order import in_turn  # noqa: E402
 from tests.support.procs import REPO, HubProcess, hubd_process, reference_hub_process  # noqa: E402
 
-VARIANTS = ("reference", "hubd", "hubd-private", "hubd-base", "hubd-base-private")
+VARIANTS = ("reference", "hubd", "hubd-private", "hubd-principals", "hubd-base", "hubd-base-private")
+# without --only (and without --base-rev); the hubd-base* variants need --base-rev
+DEFAULT_VARIANTS = ("reference", "hubd", "hubd-private")
+# hubd variants that take --hubd-flags (the ones running the hubd under test, not hubd-base*)
+HUBD_UNDER_TEST = ("hubd", "hubd-private", "hubd-principals")
+# loadgen's names are <prefix>/<run>-s<i> and <prefix>/<run>-r<i>: hubd-principals' one
+# principal may speak for every seat under the prefix
+BENCH_PREFIX = "bench"
+PRINCIPAL = "bench"
 
 # name -> (label, senders, window, receipts, {variant kind: count})
 SCENARIOS: dict[str, dict] = {
@@ -76,7 +90,7 @@ def make_hub(variant: str, workdir: Path, hubd_extra: list[str], hubd_src: Path 
         if base_src is None:
             raise ValueError(f"{variant} needs --base-rev")
         hubd_src = base_src
-    if variant in ("hubd", "hubd-base"):
+    if variant in ("hubd", "hubd-base", "hubd-principals"):
         hub = hubd_process(workdir, *hubd_extra, hub_id="bench-hubd")
     elif variant in ("hubd-private", "hubd-base-private"):
         hub = hubd_process(workdir, *hubd_extra, "--private-directed-messages", hub_id="bench-hubd")
@@ -85,6 +99,28 @@ def make_hub(variant: str, workdir: Path, hubd_extra: list[str], hubd_src: Path 
     if hubd_src is not None:
         run_from_snapshot(hub, hubd_src)
     return hub
+
+
+def provision_principal(db: Path, hubd_src: Path | None) -> str:
+    """hubd-principals: make one principal (seats <BENCH_PREFIX>/*) and a token in the hub's
+    fresh journal, before the hub starts; return the token. It runs in a child process with
+    the same hubd the hub runs (the working tree, or the --hubd-rev snapshot first on
+    sys.path), so the tables are the ones that hub reads."""
+    code = ("import sys\n"
+            + (f"sys.path.insert(0, {str(hubd_src)!r})\n" if hubd_src is not None else "")
+            + "from hubd.journal import principals as p\n"
+            "db, name, seat = sys.argv[1:4]\n"
+            "p.add(db, name, [seat])\n"
+            "print(p.new_token(db, name, 'loadgen'))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(db), PRINCIPAL, f"{BENCH_PREFIX}/*"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise RuntimeError(f"could not make the principal: {out.stderr.strip()[-400:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def hub_db(hub: HubProcess) -> Path:
+    return Path(hub.argv[hub.argv.index("--db") + 1])
 
 
 def run_from_snapshot(hub: HubProcess, hubd_src: Path) -> HubProcess:
@@ -128,12 +164,15 @@ def run_one(variant: str, scen: str, count: int, args, base: Path, tag: str) -> 
     rec: dict = {"variant": variant, "scenario": scen, "label": sc["label"], "count": count,
                  "loadavg_before": os.getloadavg()[0]}
     extra = [] if args.hubd_default_quota else ["--no-durable-ingress-quota"]
-    if variant in ("hubd", "hubd-private"):
+    if variant in HUBD_UNDER_TEST:
         extra += args.hubd_flags.split()
     hub = make_hub(variant, workdir, extra, args.hubd_src, args.base_src)
     base_bytes = 0
+    token = None
     try:
         try:
+            if variant == "hubd-principals":
+                token = provision_principal(hub_db(hub), args.hubd_src)
             hub.start(ready_timeout=30)
         except Exception as e:  # noqa: BLE001 - e.g. hubd not runnable yet
             rec["error"] = f"hub did not start: {e}; log: {' '.join(hub.log()[-600:].split())}"
@@ -143,7 +182,9 @@ def run_one(variant: str, scen: str, count: int, args, base: Path, tag: str) -> 
         cmd = [sys.executable, "-m", "tests.bench.loadgen", "--url", hub.url,
                "--senders", str(sc["senders"]), "--window", str(sc["window"]),
                "--warmup", str(args.warmup), "--procs", str(args.procs), "--client", args.client,
-               "--hub-pid", str(hub.pid), "--json"]
+               "--hub-pid", str(hub.pid), "--prefix", BENCH_PREFIX, "--json"]
+        if token is not None:
+            cmd += ["--token", token]
         if args.duration and sc["senders"] > 1:
             cmd += ["--duration", str(args.duration)]
         else:
@@ -235,37 +276,52 @@ def baseline_of(variant: str) -> str:
     return {"hubd": "hubd-base", "hubd-private": "hubd-base-private"}.get(variant, "reference")
 
 
+def baselines_of(variant: str, variants: list[str]) -> list[str]:
+    """Every variant of this run that `variant`'s ratios compare it with.
+
+    hubd-principals: hubd-private first (the same forced private routing, without the token
+    and seat checks: the fair baseline), then hubd (the default routing), then the reference
+    if it ran. Any other variant: its baseline_of if it ran, else the reference."""
+    if variant == "reference":
+        return []
+    if variant == "hubd-principals":
+        return [b for b in ("hubd-private", "hubd", "reference") if b in variants]
+    against = baseline_of(variant)
+    if against not in variants:
+        against = "reference"
+    return [] if against == variant else [against]
+
+
 def ratios(runs: list[dict], variants: list[str], scenarios: list[str]) -> list[dict]:
-    """Per-round paired ratios variant / its baseline (the reference, or hubd-base* when it
-    ran), median over rounds."""
+    """Per-round paired ratios variant / each of its baselines (baselines_of), median over
+    rounds. A pair is the two variants' runs of the same round and scenario."""
     out = []
     metrics = {"msg/s": lambda r: r["msg_per_s"], "p50": lambda r: r["lat_ms"]["p50"],
                "p99": lambda r: r["lat_ms"]["p99"], "cpu/msg": lambda r: r.get("hub_cpu_ms_per_msg")}
     for scen in scenarios:
         for var in variants:
-            against = baseline_of(var)
-            if against not in variants:
-                against = "reference"
-            if var == against or var == "reference":
-                continue
-            refs = {r["round"]: r for r in runs if r["variant"] == against and r["scenario"] == scen
-                    and "error" not in r}
-            mine = {r["round"]: r for r in runs if r["variant"] == var and r["scenario"] == scen
-                    and "error" not in r}
-            paired = sorted(set(refs) & set(mine))
-            if not paired:
-                continue
-            row = {"scenario": scen, "label": SCENARIOS[scen]["label"], "variant": var, "against": against,
-                   "rounds": len(paired)}
-            for name, get in metrics.items():
-                vals = []
-                for k in paired:
-                    a, b = get(mine[k]), get(refs[k])
-                    if a is not None and b:
-                        vals.append(a / b)
-                row[name] = (round(statistics.median(vals), 3), round(min(vals), 3), round(max(vals), 3)) \
-                    if vals else None
-            out.append(row)
+            for against in baselines_of(var, variants):
+                refs = {r["round"]: r for r in runs if r["variant"] == against and r["scenario"] == scen
+                        and "error" not in r}
+                mine = {r["round"]: r for r in runs if r["variant"] == var and r["scenario"] == scen
+                        and "error" not in r}
+                paired = sorted(set(refs) & set(mine))
+                if not paired:
+                    continue
+                row = {"scenario": scen, "label": SCENARIOS[scen]["label"], "variant": var, "against": against,
+                       "rounds": len(paired)}
+                per_round: dict[str, list] = {}
+                for name, get in metrics.items():
+                    vals = []
+                    for k in paired:
+                        a, b = get(mine[k]), get(refs[k])
+                        if a is not None and b:
+                            vals.append(a / b)
+                            per_round.setdefault(name, []).append((k, round(a / b, 3)))
+                    row[name] = (round(statistics.median(vals), 3), round(min(vals), 3), round(max(vals), 3)) \
+                        if vals else None
+                row["per_round"] = per_round  # (round, ratio) per metric, for the JSON
+                out.append(row)
     return out
 
 
@@ -308,7 +364,7 @@ def print_table(rows: list[dict], rat: list[dict]) -> None:
             for name in ("msg/s", "p50", "p99", "cpu/msg"):
                 v = r.get(name)
                 parts.append(f"{name} {v[0]:.2f}x [{v[1]:.2f}..{v[2]:.2f}]" if v else f"{name} -")
-            print(f"  {r['scenario']} {r['label']:<9} {r['variant'] + ' / ' + r['against']:<30} "
+            print(f"  {r['scenario']} {r['label']:<9} {r['variant'] + ' / ' + r['against']:<32} "
                   f"rounds {r['rounds']}:  " + ";  ".join(parts))
 
 
@@ -317,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
     ap.add_argument("--quick", action="store_true", help="1 round (unless --rounds), smaller counts")
     ap.add_argument("--only", default=None,
-                    help="reference | hubd (= hubd and hubd-private) | comma list of variants")
+                    help="reference | hubd (= hubd and hubd-private) | comma list of variants "
+                         f"({', '.join(VARIANTS)}); default {','.join(DEFAULT_VARIANTS)}")
     ap.add_argument("--scenarios", default="a,b",
                     help="comma list: a=4x8, b=1x1 with receipts, c=4x8 with receipts, d=1x1, "
                          "e=4x64 (default a,b)")
@@ -339,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="git revision the hubd-base* variants run (e.g. the commit before a change); "
                          "with it, --only defaults to hubd,hubd-base and ratios compare with the base")
     ap.add_argument("--hubd-flags", default="",
-                    help="extra flags for the hubd variants (not hubd-base*), e.g. \"--no-redsyn "
+                    help="extra flags for the hubd variants (hubd, hubd-private, hubd-principals; not "
+                         "hubd-base*), e.g. \"--no-redsyn "
                          "--no-broker\" to leave out the doors a base revision did not have")
     ap.add_argument("--hubd-default-quota", action="store_true",
                     help="leave hubd's ingress quota on (default: off, like the reference's)")
@@ -350,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only is None and args.base_rev:
         variants = ["hubd-base", "hubd"]
     elif args.only is None:
-        variants = list(VARIANTS)
+        variants = list(DEFAULT_VARIANTS)
     elif args.only == "hubd":
         variants = ["hubd", "hubd-private"]
     else:
@@ -409,13 +467,13 @@ def main(argv: list[str] | None = None) -> int:
                     if "error" in rec:
                         if rec["error"].startswith("hub did not start"):
                             start_failures[var] = start_failures.get(var, 0) + 1
-                        print(f"  round {rnd} {scen} {SCENARIOS[scen]['label']:<9} {var:<13} ERROR {rec['error'][:300]}")
+                        print(f"  round {rnd} {scen} {SCENARIOS[scen]['label']:<9} {var:<15} ERROR {rec['error'][:300]}")
                     else:
                         lat = rec["lat_ms"]
                         bad = {k: rec[k] for k in ("missing", "refused", "duplicates", "late", "unexpected", "malformed",
                                                    "errors", "receipts_negative", "receipt_missing",
                                                    "closed_sockets", "aborted") if rec.get(k)}
-                        print(f"  round {rnd} {scen} {SCENARIOS[scen]['label']:<9} {var:<13} "
+                        print(f"  round {rnd} {scen} {SCENARIOS[scen]['label']:<9} {var:<15} "
                               f"n={rec['delivered']:<6} {rec['msg_per_s']:>8.0f} msg/s  p50 {lat['p50']:>7.2f}  "
                               f"p99 {lat['p99']:>7.2f} ms  hub {fmt(rec.get('hub_cpu_ms_per_msg'), 3)} ms/msg  "
                               f"client {rec['client_cpu_util']:.0%} {fmt(rec.get('client_cpu_us_per_msg'), 1)} us/msg  other {fmt(rec.get('other_cores'), 2)} cores  "

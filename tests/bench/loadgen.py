@@ -76,6 +76,19 @@ class LoadConfig:
     # measured phase, whatever is in flight (raw client only). ``window`` then only applies to
     # the probe and warm-up.
     rate: float | None = None
+    # A secured hub (principals, or a shared --token): every socket's first frame (its
+    # registration heartbeat) carries this token, and the welcome comes after it. Without a
+    # token the client waits for the welcome first (an open hub sends it on connect).
+    token: str | None = None
+
+
+def registration_frame(name: str, token: str | None = None) -> str:
+    """The heartbeat that registers a socket under ``name``; with a token, the first frame
+    of a secured hub (the token is JSON-escaped, though hubd's tokens need no escaping)."""
+    frame = '{"sender":"%s","target":"System","type":"heartbeat","payload":"online"' % name
+    if token is not None:
+        frame += ',"token":' + json.dumps(token)
+    return frame + "}"
 
 
 def ssl_client_context():
@@ -181,15 +194,23 @@ class Pair:
         ws = await session.ws_connect(url, autoping=True, heartbeat=None, compress=0,
                                       decode_text=False, max_msg_size=16 * 1024 * 1024,
                                       ssl=ssl_client_context() if url.startswith("wss:") else None)
+        token = self.cfg.token
+        if token is not None:  # secured hub: nothing comes before the first frame, the token's
+            await ws.send_str(registration_frame(name, token))
         deadline = time.monotonic() + self.cfg.connect_timeout
+        refusal = None
         while True:  # open hub: the welcome comes first, before registration
             msg = await ws.receive(timeout=max(0.1, deadline - time.monotonic()))
             if msg.type not in (TEXT, BINARY):
-                raise RuntimeError(f"{name}: socket closed before welcome: {msg.type} {msg.data!r} {msg.extra!r}")
+                raise RuntimeError(f"{name}: socket closed before welcome: {msg.type} {msg.data!r} {msg.extra!r}"
+                                   + (f" after {refusal}" if refusal else ""))
             d = json.loads(msg.data)
             if d.get("type") == "welcome":
                 break
-        await ws.send_str('{"sender":"%s","target":"System","type":"heartbeat","payload":"online"}' % name)
+            if isinstance(d, dict) and d.get("type") in ERROR_TYPES:
+                refusal = f"{d.get('type')}: {d.get('payload')!r}"
+        if token is None:
+            await ws.send_str(registration_frame(name))
         return ws
 
     # -- bookkeeping -------------------------------------------------------------------
@@ -779,6 +800,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hub-pid", type=int, default=None, help="measure this PID's CPU over the run")
     ap.add_argument("--max-missing", type=int, default=200, help="stop after this many missing messages")
     ap.add_argument("--prefix", default="bench")
+    ap.add_argument("--token", default=None,
+                    help="secured hub: send this token in every socket's first frame (the "
+                         "registration heartbeat); the welcome follows it")
     ap.add_argument("--json", action="store_true", help="print the full result as JSON")
     a = ap.parse_args(argv)
     cfg = LoadConfig(url=a.url, senders=1 if a.unloaded else a.senders, window=1 if a.unloaded else a.window,
@@ -786,7 +810,8 @@ def main(argv: list[str] | None = None) -> int:
                      warmup=a.warmup, msg_timeout=a.msg_timeout, drain_timeout=a.drain_timeout,
                      procs=a.procs, verify=not a.no_verify, prefix=a.prefix, hub_pid=a.hub_pid,
                      max_missing=a.max_missing, client=a.client, recv_url=a.recv_url,
-                     target_suffix=a.target_suffix, peer_hub_pid=a.peer_hub_pid, rate=a.rate)
+                     target_suffix=a.target_suffix, peer_hub_pid=a.peer_hub_pid, rate=a.rate,
+                     token=a.token)
     r = run_load(cfg)
     if a.json:
         print(json.dumps(r))

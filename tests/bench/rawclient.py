@@ -539,6 +539,7 @@ class RawPair(lg.Pair):
     async def _open_raw(self, name: str, hot_mode, url: str) -> WSClientProtocol:
         cfg = self.cfg
         welcomed = asyncio.get_running_loop().create_future()
+        refusal: list[str] = []
 
         def setup(p: WSClientProtocol) -> None:
             def until_welcome(buf, s, e, t):  # open hub: the welcome comes first, before registration
@@ -546,15 +547,20 @@ class RawPair(lg.Pair):
                     d = json.loads(buf[s:e])
                 except ValueError:
                     return
-                if isinstance(d, dict) and d.get("type") == "welcome":
+                if not isinstance(d, dict):
+                    return
+                if d.get("type") == "welcome":
                     hot_mode(p)
                     if not welcomed.done():
                         welcomed.set_result(True)
+                elif d.get("type") in lg.ERROR_TYPES:  # e.g. auth_denied before the close
+                    refusal.append(f"{d.get('type')}: {d.get('payload')!r}")
 
             def lost(proto):
                 if not welcomed.done():
                     welcomed.set_exception(RuntimeError(
-                        f"{name}: socket closed before welcome (close code {proto.close_code})"))
+                        f"{name}: socket closed before welcome (close code {proto.close_code}"
+                        + (f", {refusal[-1]}" if refusal else "") + ")"))
                 if not self.shared.closing:
                     self.shared.note_close(name, proto)
 
@@ -562,12 +568,15 @@ class RawPair(lg.Pair):
             p.on_lost = lost
 
         p = await connect(url, cfg.connect_timeout, setup=setup)
+        if cfg.token is not None:  # secured hub: the token's frame first, then the welcome
+            p.send_text(lg.registration_frame(name, cfg.token).encode())
         try:
             await asyncio.wait_for(welcomed, cfg.connect_timeout)
         except BaseException:
             p.transport.abort()
             raise
-        p.send_text(b'{"sender":"%s","target":"System","type":"heartbeat","payload":"online"}' % name.encode())
+        if cfg.token is None:
+            p.send_text(lg.registration_frame(name).encode())
         return p
 
     # -- bookkeeping overrides ------------------------------------------------------------
