@@ -94,6 +94,14 @@ class IdentityWatch:
                 log.info("principals reloaded", principals=len(table.principals),
                          tokens=len(table.by_digest))
 
+    def summary(self) -> dict:
+        """For /health: where the principals come from and what kind of hub this is."""
+        t = self.table
+        return {"mode": "principals" if t.enforcing else "shared-token" if not t.open
+                else "open-network" if self.config.open_network else "open-loopback",
+                "source": t.source, "principals": len(t.principals),
+                "tokens": len(t.by_digest)}
+
     def reload(self) -> dict:
         """SIGHUP: re-read the file (PrincipalError, a ValueError: keep the old)."""
         if self.config.principals_file is None:

@@ -66,6 +66,7 @@ def health_document(hub) -> dict:
         "online_agents": len(presence.by_name) if presence else 0,
         "journal_seq": hub.writer.committed_seq,
         "journal_corrupt_rows": len(hub.corrupt_rows),
+        "identity": hub.identity.summary(),
     }
     # the plugins' sections (federation's message_forward and multihub, the
     # core's active_claims); a section with nothing to say is left out

@@ -65,6 +65,8 @@ async def test_a_token_speaks_only_for_its_principals_seats(hub):
         await refused(probe)
         await probe.close()
 
+    assert proc.get_json("/health")["identity"] == {
+        "mode": "principals", "source": "journal", "principals": 4, "tokens": 4}
     alice = await online(proc.url, "PROJ/alice", tokens["alice"])
     bob = await online(proc.url, "PROJ/bob", tokens["bob"])
     who = await _who(bob)
