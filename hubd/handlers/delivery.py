@@ -422,7 +422,7 @@ def delivery_report(router: Router, session: Session, frame: dict, size: int) ->
         no(rules.STALE_INCARNATION, "recipient session changed")
         return
     expire_due(router)
-    step = rules.report_transition(op.stage, report.stage)
+    step = rules.report_transition(op.stage, report.stage, op.cancel_requested)
     if step is not None:
         no(step.reason_code, step.text)
         return

@@ -323,21 +323,32 @@ def admission_caps(unfinished_for_incarnation: int, unfinished_from_sender: int,
 # -- stage reports
 
 
-# verb -> the stages it may report, and the evidence each needs (exact keys)
+# verb -> the stages it may report -> the evidence shapes each takes (each an
+# exact key set; the first is the one a refusal's text describes)
+OUTCOME_EVIDENCE = ("executor_ref", "outcome_code")
+# a cancellation the executor confirmed before it started anything: the
+# reference bridge sends {"reason_code": "sender_cancelled"}; one that stopped
+# a started turn may name the executor's own reference and outcome instead
+CANCEL_EVIDENCE = (("reason_code",), OUTCOME_EVIDENCE)
 REPORT_STAGES = {
-    "delivery_boundary": {BOUNDARY_DELIVERED: ("boundary",)},
-    "delivery_ack": {ACKNOWLEDGED: ("receipt_id",)},
-    "delivery_outcome": {COMPLETED: ("executor_ref", "outcome_code"),
-                         FAILED: ("executor_ref", "outcome_code"),
-                         CANCELLED: ("executor_ref", "outcome_code")},
+    "delivery_boundary": {BOUNDARY_DELIVERED: (("boundary",),)},
+    "delivery_ack": {ACKNOWLEDGED: (("receipt_id",),)},
+    "delivery_outcome": {COMPLETED: (OUTCOME_EVIDENCE,),
+                         FAILED: (OUTCOME_EVIDENCE,),
+                         CANCELLED: CANCEL_EVIDENCE},
 }
 _EVIDENCE_TEXT = {BOUNDARY_DELIVERED: "boundary evidence is required",
                   ACKNOWLEDGED: "recipient acknowledgement evidence is required"}
+# an evidence reason_code is a machine-readable code like the hub's own:
+# lower-case letters, digits and underscores, starting with a letter
+_REASON_CODE = re.compile(r"^[a-z][a-z0-9_]{0,127}$")
 
-# which stage may follow which, for the recipient's reports
+# which stage may follow which, for the recipient's reports. An executor's
+# `cancelled` is not here: it may end any unfinished stage, but only as the
+# confirmation of a cancellation the sender requested (report_transition).
 _NEXT = {QUEUED: {BOUNDARY_DELIVERED},
          BOUNDARY_DELIVERED: {ACKNOWLEDGED},
-         ACKNOWLEDGED: OUTCOME_STAGES}
+         ACKNOWLEDGED: {COMPLETED, FAILED}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,24 +393,42 @@ def read_report(verb: str, frame: dict) -> Report | Refusal:
     if not isinstance(stage, str) or stage not in stages:
         return Refusal(INVALID_SHAPE, "delivery stage is unsupported for this frame", rid)
     evidence = frame.get("evidence")
-    keys = stages[stage]
+    shapes = stages[stage]
+    required = _EVIDENCE_TEXT.get(stage, "executor outcome evidence is required")
     if not isinstance(evidence, dict):
-        return Refusal(INVALID_SHAPE, _EVIDENCE_TEXT.get(stage, "executor outcome evidence is required"), rid)
-    if set(evidence) - set(keys):
+        return Refusal(INVALID_SHAPE, required, rid)
+    given = set(evidence)
+    keys = next((k for k in shapes if given == set(k)), None)
+    if keys is None:
+        # fields missing from a shape: what is required; anything else (an
+        # unknown key, two shapes mixed) is not a shape this stage takes
+        if any(given < set(k) for k in shapes):
+            return Refusal(INVALID_SHAPE, required, rid)
         return Refusal(INVALID_SHAPE, "delivery evidence shape is unsupported", rid)
     for key in keys:
         text = bounded_text(evidence.get(key), key)
         if isinstance(text, Refusal):
             if isinstance(evidence.get(key), str) and "UTF-8" in text.text:
                 return Refusal(INVALID_SHAPE, f"{key} must be valid UTF-8", rid)
-            return Refusal(INVALID_SHAPE,
-                           _EVIDENCE_TEXT.get(stage, "executor outcome evidence is required"), rid)
+            return Refusal(INVALID_SHAPE, required, rid)
+        if key == "reason_code" and not _REASON_CODE.match(text):
+            return Refusal(INVALID_SHAPE, "delivery evidence field is malformed", rid)
     return Report(op_key, rid, task_id, mid, stage, {k: evidence[k] for k in keys})
 
 
-def report_transition(current: str, reported: str) -> Refusal | None:
+def report_transition(current: str, reported: str, cancel_requested: bool = False
+                      ) -> Refusal | None:
     """May the recipient move an operation from `current` to `reported`?
-    Terminal stages take nothing; a report cannot skip a stage."""
+    Terminal stages take nothing; a report cannot skip a stage, except the
+    executor's confirmed cancellation: `cancelled` ends any unfinished stage
+    (queued included: the executor never started the turn), but only once the
+    sender's cancel request is on record. A cancel is a request until the
+    executor confirms it, and an executor that stops work nobody asked it to
+    stop has failed it, not cancelled it."""
+    if reported == CANCELLED and current in UNFINISHED:
+        if cancel_requested:
+            return None
+        return Refusal(INVALID_TRANSITION, "delivery cancellation was not requested")
     if reported in _NEXT.get(current, ()):
         return None
     return Refusal(INVALID_TRANSITION, "delivery stage transition is invalid")

@@ -370,6 +370,92 @@ def test_queued_cancellation_and_a_completion_racing_a_cancel(hub, replay_ledger
     run(case())
 
 
+def test_the_executor_confirms_a_queued_cancellation_as_terminal(hub, replay_ledger):
+    """queued -> the sender's cancel request -> the executor's `cancelled`
+    (before it started the turn, as the reference bridge reports it: no
+    boundary, evidence {"reason_code": "sender_cancelled"}); and a
+    `cancelled` nobody asked for is refused, nothing appended."""
+    async def case():
+        bob = await Agent.join(hub.url, "xc/bob", recipient=True)
+        alice = await Agent.join(hub.url, "xc/alice")
+
+        # no cancel request on record: the executor cannot end it as cancelled
+        unasked = await alice.request("xc/bob", bob.incarnation, "unasked")
+        offer_u = await bob.offer("unasked")
+        seq = last_seq(hub)
+        no = await bob.report(offer_u, "cancelled", mutation_id="bridge:cancelled:u",
+                              reason_code="sender_cancelled")
+        assert (no["type"], no["reason_code"], no["request_id"]) == \
+            ("delivery_refused", "invalid_transition", "unasked")
+        assert "cancel" in no["payload"]
+        assert appended(hub, seq) == [], "a refused cancelled outcome appended"
+        assert (await alice.status(unasked["operation_key"]))["stage"] == "queued"
+        # nor with the executor's own evidence, from a later stage
+        await bob.report(offer_u, "boundary_delivered")
+        await bob.report(offer_u, "acknowledged")
+        seq = last_seq(hub)
+        no = await bob.report(offer_u, "cancelled", mutation_id="x-u",
+                              executor_ref="exec-u", outcome_code="stopped")
+        assert no["reason_code"] == "invalid_transition"
+        assert appended(hub, seq) == []
+        # bad evidence is a shape refusal before any transition
+        assert (await bob.report(offer_u, "cancelled", mutation_id="y-u",
+                                 reason_code="Sender Cancelled"))["reason_code"] == "invalid_shape"
+        assert (await bob.report(offer_u, "cancelled", mutation_id="z-u", reason_code="x",
+                                 executor_ref="e"))["reason_code"] == "invalid_shape"
+        assert appended(hub, seq) == []
+        remember(replay_ledger, "xc/alice", await alice.status(unasked["operation_key"]))
+
+        # asked, then confirmed while still queued
+        queued = await alice.request("xc/bob", bob.incarnation, "asked")
+        offer = await bob.offer("asked")
+        op = queued["operation_key"]
+        asked = await alice.cancel(op, "cancel-asked")
+        assert (asked["stage"], asked["cancel_requested"]) == ("queued", True)
+        told = await bob.notification("asked", "queued")
+        assert told["notification_id"] == f"delivery:{op}:2"
+        seq = last_seq(hub)
+        # (completed or failed still cannot skip the boundary)
+        assert (await bob.report(offer, "completed"))["reason_code"] == "invalid_transition"
+        confirmed = await bob.report(offer, "cancelled", mutation_id=f"bridge:cancelled:{op}",
+                                     reason_code="sender_cancelled")
+        assert (confirmed["type"], confirmed["stage"], confirmed["cancel_requested"],
+                confirmed["task_completed"], confirmed["boundary_delivered"],
+                confirmed["explicitly_acknowledged"]) == \
+            ("delivery_status", "cancelled", True, False, False, False)
+        rows = appended(hub, seq)
+        assert [(kind, p["stage"], p["source"], p["evidence"]) for _, kind, p in rows] == \
+            [("delivery_stage", "cancelled", "recipient", {"reason_code": "sender_cancelled"})]
+        assert confirmed["latest_event_seq"] == rows[0][0]
+        # the sender is told, with the next stable id
+        note = await alice.notification("asked", "cancelled")
+        assert (note["source"], note["cancel_requested"], note["notification_id"],
+                note["event_seq"]) == ("recipient", True, f"delivery:{op}:3", rows[0][0])
+        status = await alice.status(op)
+        assert {k: status[k] for k in FACTS} == {k: confirmed[k] for k in FACTS}
+        # terminal: the same mutation again is the status; anything else is refused
+        seq = last_seq(hub)
+        again = await bob.report(offer, "cancelled", mutation_id=f"bridge:cancelled:{op}",
+                                 reason_code="sender_cancelled")
+        assert (again["stage"], again["latest_event_seq"]) == ("cancelled", rows[0][0])
+        assert (await bob.report(offer, "cancelled", mutation_id="other",
+                                 reason_code="sender_cancelled"))["reason_code"] == \
+            "invalid_transition"
+        assert (await bob.report(offer, "boundary_delivered"))["reason_code"] == \
+            "invalid_transition"
+        assert (await alice.cancel(op, "cancel-again"))["reason_code"] == "invalid_transition"
+        assert appended(hub, seq) == []
+        # a reconnect with the same token does not offer terminal work again
+        await bob.close()
+        bob2 = await Agent.join(hub.url, "xc/bob", token=bob.token)
+        await bob2.probe.drain(0.3)
+        assert bob2.probe.seen("delivery_offer") == []  # nothing of xc/bob's is still queued
+        remember(replay_ledger, "xc/alice", status)
+        for agent in (alice, bob2):
+            await agent.close()
+    run(case())
+
+
 # -- 6. deadlines
 
 

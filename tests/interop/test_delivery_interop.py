@@ -65,19 +65,38 @@ def test_reference_client_delivery_api_against_hubd(reference_venv_status, tmp_p
             ("completed", True, True)
         offers = [f for f in to_bob if f.get("type") == "delivery_offer"]
         assert [o["request_id"] for o in offers] == ["job-1", "job-2"]
-        # the second turn runs unless the bridge saw the cancel first
+        # job-2 was cancelled right after it was requested. A cancel is a
+        # request: the bridge either ran the turn anyway (it had the offer
+        # first) and completed it, keeping both facts, or confirmed the cancel
+        # before starting it, which is terminal too. The driver waited for one.
         turns = [line["prompt"] for line in lines if line["event"] == "turn"]
         assert turns in (["summarise the log"], ["summarise the log", "second"]), turns
-        # job-2: steer is not advertised, the sender's fallback is; its cancel
-        # stays a request, and the bridge's completion keeps both facts
+        terminal = [line for line in lines if line["event"] in ("terminal", "no_terminal")]
+        assert [t["event"] for t in terminal] == ["terminal"], lines[-20:]
         key2 = ops["job-2"]
         last2 = [f for f in to_alice if f.get("type") == "delivery_status"
                  and "audience" not in f and f["operation_key"] == key2][-1]
+        # steer is not advertised, the sender's fallback is
         assert (last2["selected_mode"], last2["quality"], last2["cancel_requested"]) == \
             ("follow_up", "emulated", True)
-        assert last2["stage"] in ("completed", "acknowledged", "boundary_delivered", "queued")
+        notes2 = [f for f in to_alice if f.get("type") == "delivery_status" and "audience" in f
+                  and f["operation_key"] == key2]
         if len(turns) == 2:  # the completion racing the cancel keeps both facts
-            assert last2["stage"] == "completed" and last2["task_completed"] is True
+            assert terminal[0]["stage"] == "completed"
+            assert (last2["stage"], last2["task_completed"],
+                    last2["explicitly_acknowledged"]) == ("completed", True, True)
+        else:  # the bridge confirmed the cancel: no turn, no completion
+            assert terminal[0]["stage"] == "cancelled"
+            assert (last2["stage"], last2["task_completed"]) == ("cancelled", False)
+            assert notes2[-1]["source"] == "recipient"
+            rows2 = [p for _, k, p in delivery_rows(hub.argv[hub.argv.index("--db") + 1])
+                     if k == "delivery_stage" and p.get("operation_key") == key2]
+            # observed: {"reason_code": "sender_cancelled"}, the bridge's
+            # confirmation before the turn; the executor's own shape is allowed too
+            assert rows2[-1]["stage"] == "cancelled", rows2
+            assert rows2[-1]["evidence"] == {"reason_code": "sender_cancelled"} or \
+                set(rows2[-1]["evidence"]) == {"executor_ref", "outcome_code"}, rows2
+        assert [n["stage"] for n in notes2][-1] == last2["stage"]
         kinds = [k for _, k, p in delivery_rows(hub.argv[hub.argv.index("--db") + 1])
                  if p.get("operation_key") == key]
         assert kinds[:2] == ["delivery_intent_accepted", "delivery_intent_queued"]
@@ -88,12 +107,13 @@ def test_reference_client_delivery_api_against_hubd(reference_venv_status, tmp_p
 
         async def replayed():
             alice = await Agent.join(hub.url, "iop/alice")
-            status = await alice.status(key)
+            statuses = [await alice.status(key), await alice.status(key2)]
             await alice.close()
-            return status
-        status = asyncio.run(replayed())
-        assert {k: status[k] for k in ("stage", "task_completed", "latest_event_seq")} == \
-            {k: final[k] for k in ("stage", "task_completed", "latest_event_seq")}
+            return statuses
+        status, status2 = asyncio.run(replayed())
+        facts = ("stage", "task_completed", "cancel_requested", "latest_event_seq")
+        assert {k: status[k] for k in facts} == {k: final[k] for k in facts}
+        assert {k: status2[k] for k in facts} == {k: last2[k] for k in facts}
     finally:
         hub.stop()
 

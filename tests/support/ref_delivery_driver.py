@@ -15,7 +15,9 @@ Prints one JSON object per line: {"event": "frame", "who": "alice"|"bob",
 {"event": "refused", "op": ..., "code": ...} and finally {"event": "done"}.
 
 --scenario full: a next_turn delivery the bridge runs to completed, then a
-second one cancelled while it waits. --scenario v2hub: request_delivery
+second one cancelled right after it is requested, waited for until it is
+terminal: completed (the bridge ran the turn) or cancelled (it confirmed the
+cancel first); {"event": "terminal", "stage": ...} says which. --scenario v2hub: request_delivery
 against a hub whose welcome says an older version (refused locally).
 """
 
@@ -138,7 +140,8 @@ async def main() -> int:
     await alice.request_delivery_status(key)
     await asyncio.sleep(0.3)
 
-    # a second delivery, cancelled by its sender (a request: the stage stays)
+    # a second delivery, cancelled by its sender at once (a request: only the
+    # executor's report ends it)
     key2 = await alice.request_delivery(target=bob_name, target_incarnation=inc,
                                         mode="steer", allowed_fallbacks=("follow_up",),
                                         body="second", deadline=time.time() + 60,
@@ -146,13 +149,18 @@ async def main() -> int:
                                         task_id="task-2")
     emit({"event": "op", "name": "job-2", "operation_key": key2})
     await alice.cancel_delivery(key2, mutation_id="cancel-2")
-    # A cancel is only a request: the bridge may still run the turn and report
-    # it completed (it did whenever the offer reached it before the cancel),
-    # or never start it. Give it the time a loaded machine needs to finish.
+    # A cancel is only a request: the bridge either runs the turn anyway (it
+    # had the offer before the cancel) and reports completed, or confirms the
+    # cancel without starting it and reports cancelled. Either is terminal:
+    # wait for it (long enough for a loaded machine), then ask for the status.
+    terminal = lambda f: (f.get("type") == "delivery_status" and "audience" in f  # noqa: E731
+                          and f.get("operation_key") == key2
+                          and f.get("stage") in ("completed", "cancelled"))
     try:
-        await wait_for(seen["alice"], stage_of(key2, "completed"), timeout=5.0)
+        note = await wait_for(seen["alice"], terminal, timeout=20.0)
+        emit({"event": "terminal", "name": "job-2", "stage": note["stage"]})
     except TimeoutError:
-        pass
+        emit({"event": "no_terminal", "name": "job-2"})
     await alice.request_delivery_status(key2)
     await asyncio.sleep(0.5)
     emit({"event": "done"})

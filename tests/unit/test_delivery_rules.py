@@ -210,14 +210,59 @@ def test_transitions():
     order = [r.QUEUED, r.BOUNDARY_DELIVERED, r.ACKNOWLEDGED]
     for current, nxt in zip(order, order[1:]):
         assert r.report_transition(current, nxt) is None
-    for outcome in (r.COMPLETED, r.FAILED, r.CANCELLED):
+    for outcome in (r.COMPLETED, r.FAILED):
         assert r.report_transition(r.ACKNOWLEDGED, outcome) is None
         refused(r.report_transition(r.QUEUED, outcome), r.INVALID_TRANSITION)
         refused(r.report_transition(r.BOUNDARY_DELIVERED, outcome), r.INVALID_TRANSITION)
+        # a cancel request does not open a shortcut to a completion
+        refused(r.report_transition(r.QUEUED, outcome, True), r.INVALID_TRANSITION)
     refused(r.report_transition(r.QUEUED, r.ACKNOWLEDGED), r.INVALID_TRANSITION)
     for terminal in r.TERMINAL:
-        for stage in (r.BOUNDARY_DELIVERED, r.ACKNOWLEDGED, r.COMPLETED):
+        for stage in (r.BOUNDARY_DELIVERED, r.ACKNOWLEDGED, r.COMPLETED, r.CANCELLED):
             refused(r.report_transition(terminal, stage), r.INVALID_TRANSITION)
+            refused(r.report_transition(terminal, stage, True), r.INVALID_TRANSITION)
+
+
+def test_the_executor_confirms_a_requested_cancel_from_any_unfinished_stage():
+    for current in (r.QUEUED, r.BOUNDARY_DELIVERED, r.ACKNOWLEDGED):
+        assert r.report_transition(current, r.CANCELLED, True) is None
+        # nobody asked: the executor cannot end the work as "cancelled"
+        no = r.report_transition(current, r.CANCELLED, False)
+        refused(no, r.INVALID_TRANSITION)
+        assert no.text == "delivery cancellation was not requested"
+    assert r.report_transition(r.ACKNOWLEDGED, r.CANCELLED) is not None  # default: not requested
+    assert r.CANCELLED in r.TERMINAL and r.CANCELLED not in r.UNFINISHED
+
+
+def cancelled(evidence):
+    return report("delivery_outcome", stage="cancelled", evidence=evidence)
+
+
+def test_cancelled_evidence_takes_exactly_one_of_two_shapes():
+    # the reference bridge's confirmation before it started the turn
+    before = cancelled({"reason_code": "sender_cancelled"})
+    assert (before.stage, before.evidence) == (r.CANCELLED, {"reason_code": "sender_cancelled"})
+    # an executor that stopped a started turn
+    stopped = cancelled({"executor_ref": "e", "outcome_code": "stopped"})
+    assert stopped.evidence == {"executor_ref": "e", "outcome_code": "stopped"}
+    assert before.digest() != stopped.digest()
+    for evidence in ({}, {"executor_ref": "e"}, {"outcome_code": "x"}, None, ["reason_code"]):
+        refused(cancelled(evidence), r.INVALID_SHAPE, "r1")
+    assert cancelled({}).text == "executor outcome evidence is required"
+    for evidence in ({"reason_code": "sender_cancelled", "executor_ref": "e"},
+                     {"foo": "bar"}, {"reason_code": "x", "extra": "y"}):
+        no = cancelled(evidence)
+        refused(no, r.INVALID_SHAPE, "r1")
+        assert no.text == "delivery evidence shape is unsupported"
+    for code in ("", "a" * 129, 5, None, "Sender_Cancelled", "sender cancelled", "1st",
+                 "sender\ncancelled", "\ud800"):
+        refused(cancelled({"reason_code": code}), r.INVALID_SHAPE, "r1")
+    assert cancelled({"reason_code": "a" * 128}).evidence == {"reason_code": "a" * 128}
+    # reason_code is cancellation evidence only: a completion still needs the executor's
+    refused(report("delivery_outcome", stage="completed", evidence={"reason_code": "x"}),
+            r.INVALID_SHAPE, "r1")
+    refused(report("delivery_outcome", stage="failed", evidence={"reason_code": "x"}),
+            r.INVALID_SHAPE, "r1")
 
 
 def test_cancel_is_a_request_never_terminal():
