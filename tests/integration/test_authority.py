@@ -30,6 +30,15 @@ async def agent(url, name):
     return probe
 
 
+def route_up(hub, peer):
+    """Wait until hub's claim route to peer is up (its /health). A claim made
+    while the route is still dialling (just after a start) is refused at once
+    naming the owner (forward_error "closed"), by design; a test that means to
+    reach the owner waits for the route first."""
+    wait_for(lambda: hub.get_json("/health")["multihub"]["claim_routes"][peer]["link"] == "up",
+             what=f"claim route to {peer} up")
+
+
 async def claim(probe, name, task_id, paths, **extra):
     await probe.send_json({"sender": name, "target": "System", "type": "claim",
                            "payload": task_id, "task_id": task_id, "worktree": "/repo",
@@ -70,9 +79,10 @@ def test_claims_route_to_the_owner_and_a_second_owner_partitions(tmp_path, sites
     # north is misconfigured and believes it owns PROJ too.
     east = start("east", {"west": ["PROJ"], "north": ["PROJ"]}, "--namespace-owner", "PROJ=east",
                  *route("multihub-watch", "north"), "--multihub-watch-interval", "1")
-    start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
-          *route("claim-peer", "east"))
+    west = start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
+                 *route("claim-peer", "east"))
     start("north", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=north")
+    route_up(west, "east")
 
     async def scenario():
         amy = await agent(url["west"], "PROJ/amy")
@@ -211,6 +221,7 @@ def test_every_claim_verb_reaches_the_owner_and_the_claimants_snapshot_shows_its
     start("east", {"west": ["PROJ"]}, "--namespace-owner", "PROJ=east")
     west = start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
                  *route("claim-peer", "east"))
+    route_up(west, "east")
 
     async def snapshot(probe, name):
         await probe.send_json({"sender": name, "type": "state_request"})
@@ -281,6 +292,7 @@ def test_every_claim_verb_reaches_the_owner_and_the_claimants_snapshot_shows_its
         ["claim", "task_update", "checkpoint", "handoff"]
     west.stop()
     west.start()
+    route_up(west, "east")
 
     async def after_restart():
         cat = await agent(url["west"], "PROJ/cat")
@@ -306,6 +318,7 @@ def test_one_link_per_peer_carries_forwards_claims_and_the_watch(tmp_path, sites
     west = start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
                  *route("claim-peer", "east"), *route("multihub-watch", "east"),
                  *route("message-peer", "east"), "--multihub-watch-interval", "1")
+    route_up(west, "east")
 
     async def scenario():
         amy = await agent(url["west"], "PROJ/amy")

@@ -37,8 +37,10 @@ def hub(tmp_path_factory):
     work = tmp_path_factory.mktemp("redsyn")
     db = work / "hubd.db"
     tokens = {key: login(db, person, name) for key, (person, name) in NODES.items()}
+    # A failing webhook is retried after 0.01 s, then 0.02, 0.04, ... (doubling,
+    # as in production from 10 s): its ten attempts take about 5 s.
     proc = hubd_process(work, "--redsyn-allow-loopback-webhooks",
-                        "--redsyn-webhook-first-retry", "0.05", db=db).start()
+                        "--redsyn-webhook-first-retry", "0.01", db=db).start()
     clients = {key: Client(proc.http_url, token) for key, token in tokens.items()}
     yield SimpleNamespace(proc=proc, db=db, work=work, tokens=tokens, **clients)
     proc.stop()

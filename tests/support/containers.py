@@ -50,6 +50,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.procs import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO / "compose"
 DEPLOY_TESTS = REPO / "tests" / "deploy"
@@ -309,12 +311,6 @@ def _die_with_parent() -> None:
     import signal
 
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -7,7 +7,10 @@ processes on loopback ports and stopped by their PID.
 
 from __future__ import annotations
 
+import fcntl
+import itertools
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,10 +25,60 @@ REFERENCE_SPEC = "synapse-channel[encryption]==0.99.38"
 REFERENCE_EXTRA = ["websockets==17.4"]
 
 
+def _port_band() -> range:
+    """Where free_port() looks: the 12288 ports just below the kernel's
+    ephemeral range (32768-60999 by default: 20480-32767), or empty when the
+    range starts too low to leave room under it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(max(1024, low - 12288), low)
+
+
+def _worker_slot() -> tuple[int, int]:
+    """(this pytest-xdist worker's index, how many workers): (0, 1) when not
+    under xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if worker.startswith("gw") and worker[2:].isdigit() and count > 1:
+        return int(worker[2:]) % count, count
+    return 0, 1
+
+
+_port_walk: "itertools.cycle | None" = None
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, for a hub (or peer) a test starts
+    next. The port is only checked, not held, so it must stay free until the
+    hub binds it. It is therefore taken from below the ephemeral range (no
+    bind to port 0 and no outgoing connection, here or in any other process,
+    is given it in between), from this xdist worker's own share of that band
+    (two workers are never handed the same port), walked in order from a
+    random start (one process does not hand a port out twice until it has
+    gone round its share), skipping any port something holds."""
+    global _port_walk
+    band = _port_band()
+    index, count = _worker_slot()
+    ports = band[index::count]
+    if len(ports) < 256:  # no room under the ephemeral range: let the kernel choose
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    if _port_walk is None:
+        start = random.randrange(len(ports))
+        _port_walk = itertools.cycle([*ports[start:], *ports[:start]])
+    for _ in range(len(ports)):
+        port = next(_port_walk)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (or lingering): the next one
+            return port
+    raise RuntimeError(f"no free port in {ports}")
 
 
 def wait_port(host: str, port: int, timeout: float = 20.0, proc: subprocess.Popen | None = None) -> None:
@@ -175,10 +228,16 @@ def reference_venv() -> Path:
     if marker.exists():
         return venv
     venv.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", REFERENCE_SPEC, *REFERENCE_EXTRA],
-                   check=True)
-    marker.write_text(REFERENCE_SPEC + "\n")
+    # One builder at a time (two xdist workers, or two suites, would otherwise
+    # --clear each other's half-built venv); the others wait, then reuse it.
+    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists():
+            return venv
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", REFERENCE_SPEC,
+                        *REFERENCE_EXTRA], check=True)
+        marker.write_text(REFERENCE_SPEC + "\n")
     return venv
 
 
