@@ -48,6 +48,10 @@ class HubMetrics:
         self.broker_bad_tokens = 0
         self.broker_slow_consumers = 0
         self.broker_pushes = 0
+        # the REDSYN door's webhook pusher: rounds (one take per agent with a
+        # webhook) and POST attempts by whether they got a 2xx
+        self.redsyn_webhook_rounds = 0
+        self.redsyn_webhook_attempts: dict[bool, int] = {}
         self.commit_batch = Histogram(
             "hubd_journal_commit_batch_events", "Events per journal commit (group commit size).",
             buckets=BATCH_SIZE_BUCKETS, registry=self.registry)
@@ -114,6 +118,12 @@ class _Collector:
                                   value=m.dead_letters)
         yield _by_label("hubd_quota_refusals", "Frames refused by the ingress quota.", "reason",
                         m.quota_refusals)
+        yield CounterMetricFamily("hubd_redsyn_webhook_rounds",
+                                  "REDSYN webhook rounds (one look at an agent's box).",
+                                  value=m.redsyn_webhook_rounds)
+        yield _by_label("hubd_redsyn_webhook_attempts", "REDSYN webhook POSTs, by outcome.",
+                        "outcome", {("ok" if ok else "failed"): n
+                                    for ok, n in m.redsyn_webhook_attempts.items()})
         yield CounterMetricFamily("hubd_auth_denied", "Connections refused for a missing or wrong token.",
                                   value=m.auth_denied)
         yield CounterMetricFamily("hubd_name_conflicts", "Registrations refused with name_conflict.",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -328,6 +329,14 @@ def test_webhooks_deliver_genuinely_and_a_failing_one_tells_the_sender(hub):
         assert "webhook did not take it in 10 attempts" in error["body"]["text"]
         assert len(bad.deliveries) == 10 and all(g for _, _, g in bad.deliveries)
         assert len(good.deliveries) == 1
+        # while a delivery waits out its back-off the pusher sleeps until it
+        # lapses: a few rounds per attempt (plus the loop's 1 s tick), not a
+        # loop that keeps turning with nothing to send
+        metrics = hub.proc.get_text("/metrics")
+        rounds = float(re.search(r"^hubd_redsyn_webhook_rounds_total (\S+)$", metrics,
+                                 re.M).group(1))
+        assert 'hubd_redsyn_webhook_attempts_total{outcome="failed"} 10.0' in metrics
+        assert rounds < 100, rounds
     finally:
         good.close()
         bad.close()

@@ -89,8 +89,7 @@ class RedsynDoor:
         self._polls: dict[str, int] = defaultdict(int)
         self._webhook_wake = asyncio.Event()
         self._replies = _Replies()
-        self.metrics = {"requests": defaultdict(int), "polls_refused": 0,
-                        "webhook_deliveries": defaultdict(int)}
+        self.metrics = {"requests": defaultdict(int), "polls_refused": 0}
 
     # -- lifetime
 
@@ -394,12 +393,18 @@ class RedsynDoor:
                     self.hub.track(task)
 
     async def _push(self, http, slots, agent, hook, busy) -> None:
+        """One round for one agent: take what is ready and post it. A round
+        that found nothing ready (a back-off or a lease pending) wakes the
+        loop again when the earliest of them lapses, not at once: an agent
+        whose deliveries all wait must not keep the loop turning."""
         person = agent.rsplit("/", 1)[0]
         node = mb.Node(WEBHOOK_NODE, person)
+        items, ready_at = [], None
+        self.hub.metrics.redsyn_webhook_rounds += 1
         try:
             async with slots:
-                items = await self.call(lambda state, now: mb.decide_take(
-                    state, node, agent, WEBHOOK_LEASE, 16, now, agent_checked=True))
+                items, ready_at = await self.call(lambda state, now: mb.decide_poll(
+                    state, node, agent, WEBHOOK_LEASE, 16, now))
                 for item in items:
                     body = json.dumps(item).encode()
                     t = int(time.time())
@@ -414,7 +419,8 @@ class RedsynDoor:
                         # Any failure to get a 2xx is a failed attempt (the seed:
                         # "any other answer, or none"); it is logged and retried.
                         ok, outcome = False, type(exc).__name__
-                    self.metrics["webhook_deliveries"][ok] += 1
+                    attempts = self.hub.metrics.redsyn_webhook_attempts
+                    attempts[ok] = attempts.get(ok, 0) + 1
                     if ok:
                         self.webhook_seen[agent] = time.time()
                         await self.call(lambda state, now, i=item["id"]: mb.decide_ack(
@@ -429,8 +435,11 @@ class RedsynDoor:
             log.warning("webhook round refused", agent=agent, error=exc.error)
         finally:
             busy.discard(agent)
-        if agent in self.state.boxes:
-            self._webhook_wake.set()
+        if items and agent in self.state.boxes:
+            self._webhook_wake.set()  # more may be ready now
+        elif ready_at is not None:
+            asyncio.get_running_loop().call_later(
+                max(0.0, ready_at - time.time()) + LAPSE_SLACK_SECONDS, self._webhook_wake.set)
 
 
 def sweep(door: RedsynDoor, router) -> None:
