@@ -75,7 +75,8 @@ if __package__ in (None, ""):  # run as a script: python tests/bench/bench_deliv
 import orjson  # noqa: E402
 
 from tests.bench import loadgen as lg  # noqa: E402
-from tests.bench.bench_local import dir_bytes, run_from_snapshot, snapshot_hubd  # noqa: E402
+from tests.bench.bench_local import (dir_bytes, fmt, med, run_from_snapshot,  # noqa: E402
+                                     snapshot_hubd)
 from tests.bench.order import in_turn  # noqa: E402
 from tests.support.procs import REPO, HubProcess, hubd_process, reference_hub_process  # noqa: E402
 
@@ -616,19 +617,6 @@ def run_one(variant: str, scen: str, args, base: Path, tag: str) -> dict:
             rec["journal_bytes_per_op"] = round((dir_bytes(workdir) - base_bytes) / rec["ops"], 1)
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-
-
-def med(values):
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
-
-
-def fmt(v, nd=1):
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{nd}f}"
-    return str(v)
 
 
 PROBLEM_KEYS = ("missing",)
