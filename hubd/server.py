@@ -71,9 +71,6 @@ class HubServer:
             log.warning("non-loopback bind without --advertised-host: the Host header is not "
                         "checked (DNS-rebinding guard off); name the authorities clients use "
                         "with --advertised-host HOST[:PORT]", host=config.host)
-        if config.token is None:
-            log.info("open hub: any process that can reach this port may connect; "
-                     "use --token to require a shared secret")
         await self.hub.replay()
         try:
             await self.hub.open_doors()
