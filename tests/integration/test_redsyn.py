@@ -413,15 +413,20 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path):
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
     receiver = Client(proc.http_url, receiver_token)
-    while len(acked) < 50:
-        items = receiver.take(box, wait=5, lease=3)
-        received += [i["id"] for i in items]
-        if items:
-            assert receiver.ack(box, [i["id"] for i in items]).status == 200
-            acked.update(i["id"] for i in items)
-    # one batch taken and not confirmed when the hub dies
-    in_flight = receiver.take(box, wait=5, lease=3)
-    assert in_flight
+    try:
+        while len(acked) < 50:
+            items = receiver.take(box, wait=5, lease=3)
+            received += [i["id"] for i in items]
+            if items:
+                assert receiver.ack(box, [i["id"] for i in items]).status == 200
+                acked.update(i["id"] for i in items)
+        # one batch taken and not confirmed when the hub dies
+        in_flight = receiver.take(box, wait=5, lease=3)
+        assert in_flight
+    except BaseException:
+        stop.set()  # a failure before the kill must not leave the hub running
+        proc.stop()
+        raise
     os.kill(proc.pid, signal.SIGKILL)
     proc.proc.wait()
     time.sleep(0.3)
