@@ -57,7 +57,6 @@ class IdentityWatch:
         self.table: PrincipalTable = build_table([], [], config.token, source="none")
         self._journal = JournalPrincipals(config.db) if config.principals_file is None else None
         self.router = None  # set once the Router exists
-        self.changes = 0
 
     async def open(self) -> None:
         """The first read, before any door admits a connection (a file that
@@ -111,7 +110,6 @@ class IdentityWatch:
 
     def _swap(self, table: PrincipalTable) -> None:
         self.table = table
-        self.changes += 1
         if self.router is not None:
             self.router.post_control(revalidate)
 
