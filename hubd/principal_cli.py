@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--mailbox", action="append", metavar="PATTERN",
                      help="another seat whose mailbox it may read with mailbox_for "
                           "(repeatable; default: none)")
+    add.add_argument("--control", action="append", metavar="PATTERN",
+                     help="a seat whose live turn it may interrupt or steer with a delivery "
+                          "request, while it holds that request's task claim (repeatable; "
+                          "default: none)")
     add.add_argument("--replace", action="store_true",
                      help="change an existing principal's seats and grants")
 
@@ -75,7 +79,8 @@ def _grants(args) -> dict:
     grants: dict = {}
     for grant, values, none in (("claim", args.claim, args.no_claim),
                                 ("board", args.board, args.no_board),
-                                ("mailbox", args.mailbox, False)):
+                                ("mailbox", args.mailbox, False),
+                                ("control", args.control, False)):
         if none and values:
             raise PrincipalError(f"--{grant} and --no-{grant} contradict each other")
         if none:

@@ -16,8 +16,10 @@ import structlog
 from hubd.actors.router import Router
 from hubd.core.message import Message
 from hubd.core.plugin import Verbs
+from hubd.state import claims as cl
 from hubd.state import delivery_intents as di
 from hubd.state import delivery_rules as rules
+from hubd.state import principals as pr
 from hubd.state.presence import Session
 from hubd.wire import codec
 from hubd.wire.envelope import HUB_SENDER, frame_type
@@ -250,9 +252,17 @@ def who_sessions(router: Router, session: Session) -> dict | None:
 # -- delivery_request
 
 
-def _requester(router: Router, session: Session) -> rules.Requester:
-    return rules.Requester(session.name, session.principal,
-                           authenticated_hub=router.config.token is not None)
+def _control_refusal(router: Router, session: Session, target: str, mode: str,
+                     task_id: str) -> rules.Refusal | None:
+    if mode not in rules.CONTROL_MODES:
+        return None
+    table = router.hub.identity.table
+    requester = rules.Requester(session.name, session.principal,
+                                authenticated_hub=not table.open)
+    lease = cl.claims_of(router.state).live(task_id, router.now)
+    return rules.may_control(requester, mode,
+                             granted=pr.control_granted(table, session.credential, target),
+                             task_claimed=lease is not None and lease["owner"] == session.name)
 
 
 @verbs.handles("delivery_request")
@@ -293,7 +303,8 @@ def delivery_request(router: Router, session: Session, frame: dict, size: int) -
     if isinstance(selection, rules.Refusal):
         no(selection.reason_code, selection.text)
         return
-    control = rules.may_control(_requester(router, session), request.target, selection.mode)
+    control = _control_refusal(router, session, request.target, selection.mode,
+                               request.task_id)
     if control is not None:
         no(control.reason_code, control.text)
         return

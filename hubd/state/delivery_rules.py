@@ -293,21 +293,20 @@ class Requester:
     forwarded: bool = False
 
 
-def may_control(requester: Requester, target: str, mode: str, grants=None,
-                target_claimed: bool = False) -> Refusal | None:
+def may_control(requester: Requester, mode: str, granted: bool = False,
+                task_claimed: bool = False) -> Refusal | None:
     """May this requester act on the recipient's live turn (interrupt, steer)?
 
     The seed asks for an authenticated hub, an explicit DELIVERY_CONTROL grant
-    for the target and a live exact-target claim. Principals and grants are
-    issue 14's; until a grant store exists `grants` is None and nobody holds
-    one, so interrupt and steer are refused. The seam: pass a callable
-    `grants(principal, "DELIVERY_CONTROL", target) -> bool`, and a claim check.
-    A forwarded requester never gets control, grant or not."""
+    for the target (`granted`: the requester's principal has a `control` grant
+    covering the target, hubd.state.principals.control_granted) and a live
+    exact-target claim (`task_claimed`: the requester itself holds the live
+    lease of the request's task_id; docs/delivery.md, "Control"). A forwarded
+    requester never gets control, grant or not. Other modes need none of it."""
     if mode not in CONTROL_MODES:
         return None
-    if requester.forwarded or not requester.authenticated_hub or grants is None:
-        return Refusal(UNAUTHORISED_REQUESTER, "active task control is not granted")
-    if not grants(requester.principal, "DELIVERY_CONTROL", target) or not target_claimed:
+    if (requester.forwarded or not requester.authenticated_hub or not granted
+            or not task_claimed):
         return Refusal(UNAUTHORISED_REQUESTER, "active task control is not granted")
     return None
 

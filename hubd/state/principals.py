@@ -13,7 +13,10 @@ Grants, each a tuple of patterns, or None for the default:
 - `claim`: namespaces it may claim in (default: the namespaces of its seats);
 - `board`: namespaces whose board tasks it may post and update (same default);
 - `mailbox`: seats whose mailbox it may read with mailbox_for, beyond its own
-  seats and their -rx sidecars (default: none).
+  seats and their -rx sidecars (default: none);
+- `control`: seats whose live turn it may interrupt or steer with a delivery
+  request, the seed's DELIVERY_CONTROL grant (default: none, not even its own
+  seats: the seed asks for an explicit grant).
 A namespace pattern is a namespace (`PROJ`) or `*`.
 """
 
@@ -29,7 +32,9 @@ from hubd.state.presence import RX_SUFFIX
 
 EVERY = "*"
 SHARED_TOKEN_PRINCIPAL = "shared-token"
-GRANTS = ("claim", "board", "mailbox")
+GRANTS = ("claim", "board", "mailbox", "control")
+# grants whose patterns are seat patterns (the others name namespaces)
+SEAT_GRANTS = ("mailbox", "control")
 MAX_PRINCIPALS = 10_000
 MAX_PATTERNS = 256
 MAX_TOKENS_PER_PRINCIPAL = 64
@@ -116,6 +121,7 @@ class Principal:
     claim: tuple[str, ...] | None = None
     board: tuple[str, ...] | None = None
     mailbox: tuple[str, ...] | None = None
+    control: tuple[str, ...] | None = None
 
     def speaks_for(self, seat: str) -> bool:
         base = seat[:-len(RX_SUFFIX)] if seat.endswith(RX_SUFFIX) else None
@@ -139,6 +145,9 @@ class Principal:
             return True
         return any(seat_matches(p, identity) for p in self.mailbox or ())
 
+    def may_control(self, seat: str) -> bool:
+        return any(seat_matches(p, seat) for p in self.control or ())
+
     def grants(self) -> dict:
         """The grants as stored and shown (None: the default)."""
         return {g: (list(v) if (v := getattr(self, g)) is not None else None) for g in GRANTS}
@@ -153,9 +162,10 @@ def _namespace_granted(grant: tuple[str, ...] | None, principal: Principal,
 
 
 # The shared --token: it may speak for every seat and do everything (the
-# reference's one-secret hub).
+# reference's one-secret hub) except control a live turn, which needs an
+# explicit grant a shared secret is not.
 SHARED = Principal(SHARED_TOKEN_PRINCIPAL, (EVERY,), claim=(EVERY,), board=(EVERY,),
-                   mailbox=(EVERY,))
+                   mailbox=(EVERY,), control=())
 
 
 def make_principal(name: object, seats, grants: dict | None = None) -> Principal:
@@ -175,7 +185,7 @@ def make_principal(name: object, seats, grants: dict | None = None) -> Principal
         if not isinstance(value, (list, tuple)) or len(value) > MAX_PATTERNS:
             raise PrincipalError(f"principal {name!r}: grant {grant} is a list of at most "
                                  f"{MAX_PATTERNS} patterns")
-        check = check_seat_pattern if grant == "mailbox" else check_namespace_pattern
+        check = check_seat_pattern if grant in SEAT_GRANTS else check_namespace_pattern
         values[grant] = tuple(dict.fromkeys(check(p) for p in value))
     return Principal(name, checked, **values)
 
@@ -373,7 +383,7 @@ def _grantee(table: PrincipalTable, credential: str | None, name: str) -> Princi
         return None
     found = table.credential(credential)
     if found is None:  # no token (or a revoked one) beside principals: no grants
-        return Principal(name or "unknown", (), claim=(), board=(), mailbox=())
+        return Principal(name or "unknown", (), claim=(), board=(), mailbox=(), control=())
     return found.principal
 
 
@@ -462,6 +472,14 @@ def mailbox_choice(table: PrincipalTable, credential: str | None, principal_name
                               f"Principal '{principal.name}' may not read the mailbox of "
                               f"'{shown}' (beyond its own seats, its "
                               f"mailbox grant: {granted}).")
+
+
+def control_granted(table: PrincipalTable, credential: str | None, target: str) -> bool:
+    """Whether the session's principal holds the `control` grant (the seed's
+    DELIVERY_CONTROL) for `target`. A hub without tokens grants nobody, and
+    neither does a revoked token."""
+    found = table.credential(credential)
+    return found is not None and found.principal.may_control(target)
 
 
 def refusal_evidence(refusal: GrantRefusal, verb: str, seat: str | None,

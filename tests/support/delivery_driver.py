@@ -38,12 +38,17 @@ class Agent:
     @classmethod
     async def join(cls, url: str, name: str, *, version: int | None = 3,
                    token: str | None = None, caps: dict | None = None,
-                   recipient: bool = False) -> "Agent":
+                   recipient: bool = False, auth: str | None = None) -> "Agent":
+        """`token` is the delivery session token; `auth` the hub token the
+        registering frame carries (a principal's, or the shared one)."""
         probe = await WsProbe.open(url)
-        await probe.recv_type("welcome")
+        if auth is None:  # a secured hub says nothing before the first frame
+            await probe.recv_type("welcome")
         extra: dict = {}
         if version is not None:
             extra["protocol_version"] = version
+        if auth is not None:
+            extra["token"] = auth
         if recipient or token is not None:
             token = token or secrets.token_hex(32)
             extra["delivery_session_token"] = token

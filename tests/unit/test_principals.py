@@ -9,7 +9,7 @@ import pytest
 
 from hubd.journal import principals as store
 from hubd.state.principals import (SHARED_TOKEN_PRINCIPAL, PrincipalError, admission_refusal,
-                                   build_table, make_principal, parse_principals_file,
+                                   build_table, control_granted, make_principal, parse_principals_file,
                                    seat_matches, session_refusal, speak_refusal,
                                    takeover_refusal, token_digest)
 
@@ -60,6 +60,23 @@ def test_explicit_grants_replace_the_defaults():
         make_principal("x", ["P/x"], {"admin": ["*"]})
     with pytest.raises(PrincipalError, match="namespace pattern"):
         make_principal("x", ["P/x"], {"claim": ["P/x"]})
+
+
+def test_control_is_granted_only_explicitly():
+    lead = make_principal("lead", ["PROJ/lead"], {"control": ["PROJ/worker/*", "OPS/bot"]})
+    assert lead.may_control("PROJ/worker/1") and lead.may_control("OPS/bot")
+    assert not lead.may_control("PROJ/lead") and not lead.may_control("OPS/bot2")
+    # not even its own seats by default
+    assert not make_principal("x", ["PROJ/*"]).may_control("PROJ/x")
+    with pytest.raises(PrincipalError, match="seat pattern"):
+        make_principal("x", ["P/x"], {"control": ["PROJ/a*"]})
+    table = build_table([lead], [("lead", token_digest("t-lead"), "laptop")], "shared")
+    assert control_granted(table, token_digest("t-lead"), "PROJ/worker/1")
+    assert not control_granted(table, token_digest("t-lead"), "PROJ/lead")
+    assert not control_granted(table, token_digest("shared"), "PROJ/worker/1")
+    assert not control_granted(table, token_digest("revoked"), "PROJ/worker/1")
+    assert not control_granted(table, None, "PROJ/worker/1")
+    assert not control_granted(build_table([], []), None, "PROJ/worker/1")
 
 
 def test_table_authenticates_by_digest_and_refuses_duplicates():
@@ -161,7 +178,8 @@ def test_journal_tables_store_digests_and_bump_the_version(tmp_path):
         store.new_token(db, "bob", "x")
     [row] = store.listing(db)
     assert row["name"] == "alice" and [t["label"] for t in row["tokens"]] == ["phone"]
-    assert row["grants"] == {"claim": ["PROJ", "OPS"], "board": None, "mailbox": None}
+    assert row["grants"] == {"claim": ["PROJ", "OPS"], "board": None, "mailbox": None,
+                             "control": None}
     assert "digest" not in json.dumps(row)
     assert store.remove(db, "alice") and not store.remove(db, "alice")
     table = source.read(None)
