@@ -86,10 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
     routing.add_argument("--private-directed-messages", action="store_true",
                          help="send a directed chat only to its recipients (and their -rx "
                               "sidecars) instead of to every socket")
-    routing.add_argument("--welcome-wire-v3", action="store_true",
-                         help="pre-release: advertise wire version 3 in the welcome so v3 "
-                              "clients use session-bound delivery (off by default; /health "
-                              "keeps the released version)")
     routing.add_argument("--max-msg-kb", type=int, default=1024,
                          help="largest inbound frame in KiB (default 1024)")
     routing.add_argument("--max-clients", type=int, default=4096)
@@ -300,7 +296,6 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         open_network=args.open_network,
         max_msg_bytes=args.max_msg_kb * 1024, auth_timeout=args.auth_timeout,
         metrics_token=metrics_token, private_directed=args.private_directed_messages,
-        welcome_wire_v3=args.welcome_wire_v3,
         quota=quota, max_clients=args.max_clients,
         max_connections_per_host=args.max_connections_per_host, max_history=args.max_history,
         allow_origins=frozenset(args.allow_origin), advertised_hosts=advertised,

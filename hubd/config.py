@@ -51,10 +51,6 @@ class HubConfig:
     auth_timeout: float = 10.0
     metrics_token: str | None = None
     private_directed: bool = False
-    # pre-release, off by default: the welcome says wire v3 so v3 clients
-    # (the reference's request_delivery) use the delivery verbs; /health and
-    # the default welcome stay at PROTOCOL_VERSION until issue 11 is whole
-    welcome_wire_v3: bool = False
     quota: QuotaLimits | None = QuotaLimits(DEFAULT_QUOTA_EVENTS, DEFAULT_QUOTA_BYTES,
                                             DEFAULT_QUOTA_WINDOW)
     max_clients: int = 4096

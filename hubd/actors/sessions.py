@@ -48,7 +48,7 @@ def opened(router: Router, command: Opened) -> None:
     router.send(endpoint, router.frame(
         "welcome", "self", WELCOME_TEXT, connected_clients=len(presence.endpoints),
         online_agents=presence.online(),
-        protocol_version=3 if config.welcome_wire_v3 else PROTOCOL_VERSION,
+        protocol_version=PROTOCOL_VERSION,
         hubd_features=HUB_FEATURES))
     del session  # registered by the first frame that names a sender
 

@@ -14,11 +14,13 @@ HUB_SENDER = "SynapseHub"
 BROADCAST = "all"
 SYSTEM = "System"
 
-# Wire version advertised in welcome and /health. Version 2 is the mailbox ack
-# and the deferred receipt it drives; hubd implements every verb up to it.
-# Later versions add verbs hubd does not serve (v3 delivery sessions, v4
-# attachments), so advertising them would invite clients to send those verbs.
-PROTOCOL_VERSION = 2
+# Wire version advertised in welcome and /health: the highest whose verbs hubd
+# serves in full. Version 2 is the mailbox ack and the deferred receipt it
+# drives; 3 the session-bound delivery verbs (docs/delivery.md). Version 4
+# adds attachments, which hubd does not serve, so advertising it would invite
+# clients to send those verbs. (Cross-hub forwarding, the seed's version 5, is
+# between hubs and negotiated on the peer link, not by this number.)
+PROTOCOL_VERSION = 3
 
 ROUTING_FIELDS = ("sender", "target", "type", "channel")
 

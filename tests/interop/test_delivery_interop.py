@@ -7,10 +7,7 @@ request_who / request_delivery / request_delivery_status / cancel_delivery as
 the sender; the bridge reports stages with report_delivery_stage.
 
 The reference client sends delivery verbs only to a hub whose welcome says
-wire v3 or later. hubd's default welcome still says 2 (the bump is issue 11's
-step 6), so the full run uses the pre-release --welcome-wire-v3; against the
-default welcome the client refuses locally, which is the seed's "v3 client,
-v2 hub" row.
+wire v3 or later; hubd's does, and so does its /health.
 """
 
 from __future__ import annotations
@@ -42,9 +39,10 @@ def test_reference_client_delivery_api_against_hubd(reference_venv_status, tmp_p
     if venv is None:
         from tests.support.prereq import missing
         missing(why)
-    hub = hubd_process(tmp_path / "hub", "--welcome-wire-v3", hub_id=HUB_ID)
+    hub = hubd_process(tmp_path / "hub", hub_id=HUB_ID)
     hub.start()
     try:
+        assert hub.get_json("/health")["protocol_version"] == 3
         lines = drive(venv, hub.url, tmp_path, "full")
         ops = {line["name"]: line["operation_key"] for line in lines if line["event"] == "op"}
         # the key the reference client computed is the one hubd uses
@@ -114,23 +112,5 @@ def test_reference_client_delivery_api_against_hubd(reference_venv_status, tmp_p
         facts = ("stage", "task_completed", "cancel_requested", "latest_event_seq")
         assert {k: status[k] for k in facts} == {k: final[k] for k in facts}
         assert {k: status2[k] for k in facts} == {k: last2[k] for k in facts}
-    finally:
-        hub.stop()
-
-
-def test_reference_client_refuses_delivery_on_a_hub_that_says_v2(reference_venv_status,
-                                                                 tmp_path):
-    venv, why = reference_venv_status
-    if venv is None:
-        from tests.support.prereq import missing
-        missing(why)
-    hub = hubd_process(tmp_path / "hub", hub_id=HUB_ID)
-    hub.start()
-    try:
-        lines = drive(venv, hub.url, tmp_path, "v2hub")
-        refused = [line for line in lines if line["event"] == "refused"]
-        assert refused and "v3" in refused[0]["text"], lines
-        assert delivery_rows(hub.argv[hub.argv.index("--db") + 1]) == []
-        assert hub.get_json("/health")["protocol_version"] == 2
     finally:
         hub.stop()

@@ -12,13 +12,12 @@ program). Two agents of the published client on one hub:
 
 Prints one JSON object per line: {"event": "frame", "who": "alice"|"bob",
 "frame": {...}}, {"event": "op", "name": ..., "operation_key": ...},
-{"event": "refused", "op": ..., "code": ...} and finally {"event": "done"}.
+and finally {"event": "done"}.
 
 --scenario full: a next_turn delivery the bridge runs to completed, then a
 second one cancelled right after it is requested, waited for until it is
 terminal: completed (the bridge ran the turn) or cancelled (it confirmed the
-cancel first); {"event": "terminal", "stage": ...} says which. --scenario v2hub: request_delivery
-against a hub whose welcome says an older version (refused locally).
+cancel first); {"event": "terminal", "stage": ...} says which.
 """
 
 from __future__ import annotations
@@ -95,22 +94,6 @@ async def main() -> int:
     if not await alice.wait_until_ready(timeout=5):
         emit({"event": "not_ready"})
         return 1
-    if args.scenario == "v2hub":
-        try:
-            await alice.request_delivery(target=bob_name, target_incarnation="a" * 64,
-                                         mode="next_turn", body="x", deadline=time.time() + 60,
-                                         request_id="v2", idempotency_key="v2")
-            emit({"event": "sent", "op": "request_delivery"})
-        except Exception as exc:  # the reference's DeliveryRefusal
-            emit({"event": "refused", "op": "request_delivery",
-                  "code": getattr(exc, "reason_code", None) or getattr(exc, "code", None),
-                  "type": type(exc).__name__, "text": str(exc)})
-        await asyncio.sleep(0.3)
-        emit({"event": "done"})
-        alice.running = False
-        await alice.connection.close()
-        return 0
-
     bob = SynapseAgent(bob_name, on_bob, uri=args.uri, verbose=False,
                        delivery_capabilities={"next_turn": "native", "follow_up": "emulated"})
     bridge = box["bridge"] = DeliveryParticipantBridge(bob, Answering(),
