@@ -52,6 +52,10 @@ class HubMetrics:
         # webhook) and POST attempts by whether they got a 2xx
         self.redsyn_webhook_rounds = 0
         self.redsyn_webhook_attempts: dict[bool, int] = {}
+        # the REDSYN door's answers by HTTP status, and long polls refused at
+        # the per-node bound
+        self.redsyn_requests: dict[int, int] = {}
+        self.redsyn_polls_refused = 0
         self.commit_batch = Histogram(
             "hubd_journal_commit_batch_events", "Events per journal commit (group commit size).",
             buckets=BATCH_SIZE_BUCKETS, registry=self.registry)
@@ -86,6 +90,10 @@ def _bounded_types(counts: dict[str, int], known: frozenset[str]) -> dict[str, i
         key = type_ if type_ in known else "other"
         out[key] = out.get(key, 0) + n
     return out
+
+
+_HTTP_CODES = frozenset(str(code) for code in (200, 201, 202, 204, 400, 401, 403, 404, 405,
+                                               409, 410, 413, 415, 422, 429, 500, 503))
 
 
 def _by_label(name: str, help_text: str, label: str, counts: dict[str, int]):
@@ -124,6 +132,14 @@ class _Collector:
         yield _by_label("hubd_redsyn_webhook_attempts", "REDSYN webhook POSTs, by outcome.",
                         "outcome", {("ok" if ok else "failed"): n
                                     for ok, n in m.redsyn_webhook_attempts.items()})
+        # a status the door never answers (it chooses every one) still counts
+        # under its class, so the label vocabulary stays bounded
+        yield _by_label("hubd_redsyn_requests", "REDSYN HTTP requests answered, by status code.",
+                        "code", _bounded_types({str(code): n for code, n in
+                                                m.redsyn_requests.items()}, _HTTP_CODES))
+        yield CounterMetricFamily("hubd_redsyn_polls_refused",
+                                  "REDSYN long polls refused (429) because the node already "
+                                  "held its bound of open polls.", value=m.redsyn_polls_refused)
         yield CounterMetricFamily("hubd_auth_denied", "Connections refused for a missing or wrong token.",
                                   value=m.auth_denied)
         yield CounterMetricFamily("hubd_name_conflicts", "Registrations refused with name_conflict.",

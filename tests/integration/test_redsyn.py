@@ -144,6 +144,42 @@ def test_bad_input_gets_its_status_and_changes_nothing(hub):
     assert hub.joel.call("GET", f"/inbox/{box}?lease=0").status == 400
 
 
+def metric(proc, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", proc.get_text("/metrics"), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_open_polls_are_bounded_per_node_and_counted_on_metrics(hub):
+    """A node holds at most 16 open long polls; the 17th is 429, and /metrics
+    counts it, beside the door's answers by status code."""
+    from hubd.doors.redsyn.door import MAX_POLLS_PER_NODE
+
+    box = "globex/erp/bob/poller"
+    refused_before = metric(hub.proc, "hubd_redsyn_polls_refused_total")
+    answered_429 = 'hubd_redsyn_requests_total{code="429"}'
+    codes_before = metric(hub.proc, answered_429)
+    statuses: list[int] = []
+    polls = [threading.Thread(target=lambda: statuses.append(
+        hub.bob.call("GET", f"/inbox/{box}?wait=4").status)) for _ in range(MAX_POLLS_PER_NODE)]
+    for poll in polls:
+        poll.start()
+    # a poll that does not wait opens and closes at once; once the 16 are
+    # open it is refused instead
+    deadline = time.monotonic() + 4
+    while (status := hub.bob.call("GET", f"/inbox/{box}?wait=0").status) == 200:
+        assert time.monotonic() < deadline, "the 16 polls never all held"
+        time.sleep(0.02)
+    assert status == 429
+    for poll in polls:
+        poll.join(timeout=30)
+    assert statuses == [200] * MAX_POLLS_PER_NODE
+    assert metric(hub.proc, "hubd_redsyn_polls_refused_total") == refused_before + 1
+    assert metric(hub.proc, answered_429) == codes_before + 1
+    assert metric(hub.proc, 'hubd_redsyn_requests_total{code="200"}') >= MAX_POLLS_PER_NODE
+    # the node's polls are free again
+    assert hub.bob.call("GET", f"/inbox/{box}?wait=0").status == 200
+
+
 def register_keys(client: Client):
     signing_private = Ed25519PrivateKey.generate()
     public = b64url(signing_private.public_key().public_bytes_raw())

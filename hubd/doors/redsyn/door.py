@@ -89,7 +89,6 @@ class RedsynDoor:
         self._polls: dict[str, int] = defaultdict(int)
         self._webhook_wake = asyncio.Event()
         self._replies = _Replies()
-        self.metrics = {"requests": defaultdict(int), "polls_refused": 0}
 
     # -- lifetime
 
@@ -213,7 +212,8 @@ class RedsynDoor:
         except RedsynError as exc:
             response = web.json_response(exc.document(), status=exc.status)
         response.headers[VERSION_HEADER] = version if version in KNOWN_VERSIONS else API_VERSION
-        self.metrics["requests"][response.status] += 1
+        counts = self.hub.metrics.redsyn_requests
+        counts[response.status] = counts.get(response.status, 0) + 1
         return response
 
     def _authenticate(self, request: web.Request) -> mb.Node:
@@ -339,7 +339,7 @@ class RedsynDoor:
             raise RedsynError(400, f"limit must be 1 to {mb.MAX_ITEMS_PER_TAKE}")
         lease = mb.check_lease(query.get("lease"))
         if self._polls[node.id] >= MAX_POLLS_PER_NODE:
-            self.metrics["polls_refused"] += 1
+            self.hub.metrics.redsyn_polls_refused += 1
             raise RedsynError(429, f"this node already holds {MAX_POLLS_PER_NODE} open polls")
         self._polls[node.id] += 1
         loop = asyncio.get_running_loop()
