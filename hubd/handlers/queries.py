@@ -14,7 +14,7 @@ from hubd.state.presence import RX_SUFFIX, Session
 from hubd.wire.envelope import strict_int
 from hubd.wire.targets import parse_target
 
-from . import delivery
+from . import delivery, inbox
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
@@ -125,6 +125,9 @@ def visible_history(router: Router, session: Session) -> list[dict]:
 
 @verbs.handles("history_request", reads_only=True)
 def history(router: Router, session: Session, frame: dict, size: int) -> None:
+    if "inbox_query" in frame:
+        inbox.serve(router, session, frame)
+        return
     entries = visible_history(router, session)
     by_id = "history_client_msg_id" in frame
     by_target = "history_target" in frame

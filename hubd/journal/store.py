@@ -181,5 +181,24 @@ class JournalReader:
             "SELECT seq, ts, kind, payload, route FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
             (after_seq, limit)).fetchall()
 
+    def inbox_rows(self, after_seq: int, limit: int) -> list[tuple]:
+        """(seq, kind, chat frame or None) after after_seq, in seq order: the
+        payload is read and decoded for chats only (an undecodable one is
+        None: replay has quarantined it already)."""
+        out = []
+        for seq, kind, payload in self.conn.execute(
+                "SELECT seq, kind, CASE WHEN kind = 'chat' THEN payload END FROM events "
+                "WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)):
+            frame = None
+            if payload is not None:
+                try:
+                    frame = loads_stored(payload)
+                except ValueError:  # orjson.JSONDecodeError is a ValueError
+                    frame = None
+                if not isinstance(frame, dict):
+                    frame = None
+            out.append((seq, kind, frame))
+        return out
+
     def max_seq(self) -> int:
         return self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
