@@ -160,18 +160,22 @@ def test_open_polls_are_bounded_per_node_and_counted_on_metrics(hub):
     codes_before = metric(hub.proc, answered_429)
     statuses: list[int] = []
     polls = [threading.Thread(target=lambda: statuses.append(
-        hub.bob.call("GET", f"/inbox/{box}?wait=4").status)) for _ in range(MAX_POLLS_PER_NODE)]
+        hub.bob.call("GET", f"/inbox/{box}?wait=30").status)) for _ in range(MAX_POLLS_PER_NODE)]
     for poll in polls:
         poll.start()
     # a poll that does not wait opens and closes at once; once the 16 are
     # open it is refused instead
-    deadline = time.monotonic() + 4
+    deadline = time.monotonic() + 25
     while (status := hub.bob.call("GET", f"/inbox/{box}?wait=0").status) == 200:
         assert time.monotonic() < deadline, "the 16 polls never all held"
         time.sleep(0.02)
     assert status == 429
+    for n in range(MAX_POLLS_PER_NODE):  # one message ends each open poll
+        sent = hub.bob.send({"kind": "request", "from": "tester", "to": "poller",
+                             "body": {"type": "text/plain", "text": f"wake {n}"}})
+        assert sent.status in (200, 201, 202), sent.body
     for poll in polls:
-        poll.join(timeout=30)
+        poll.join(timeout=60)
     assert statuses == [200] * MAX_POLLS_PER_NODE
     assert metric(hub.proc, "hubd_redsyn_polls_refused_total") == refused_before + 1
     assert metric(hub.proc, answered_429) == codes_before + 1
