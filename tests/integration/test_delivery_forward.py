@@ -1,0 +1,185 @@
+"""Forwarded delivery intents (wire v5) between two real hubd processes over a
+pinned mutual-TLS link: a delivery_request to PROJ/bob@west from alice on
+east, admitted by west against bob's live session as from PROJ/alice@east,
+its follow-ups routed to west by the operation key east journaled, after a
+restart of east too, and the origin's typed refusals."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.support.delivery_driver import Agent, delivery_rows, operation_key
+from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.procs import hubd_process
+from tests.support.waiting import wait_for
+
+CONTROL_CAPS = {"steer": "native", "interrupt": "native", "next_turn": "native"}
+
+
+@pytest.fixture
+def pki(tmp_path):
+    return make_pki(tmp_path / "pki", ["east", "west"])
+
+
+def start_west(tmp_path, pki):
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    west = hubd_process(tmp_path / "west", *site_flags(pki, "west", policy).serve,
+                        hub_id="west", scheme="wss")
+    return west.start()
+
+
+def east_process(tmp_path, pki, west):
+    site = site_flags(pki, "east", None)
+    return hubd_process(tmp_path / "east", *site.peer_flags(pki, "west", west.url),
+                        *site.connect, hub_id="east")
+
+
+def link_state(east) -> str:
+    return east.get_json("/health")["message_forward"]["west"]["link"]
+
+
+def routed_rows(db) -> list[dict]:
+    import json
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT payload FROM events WHERE kind = 'multihub_delivery_routed'"
+                           " ORDER BY seq").fetchall()
+    finally:
+        con.close()
+    return [json.loads(p) for (p,) in rows]
+
+
+def test_forwarded_intent_end_to_end_across_a_restart(tmp_path, pki):
+    west = start_west(tmp_path, pki)
+    east = east_process(tmp_path, pki, west).start()
+    try:
+        wait_for(lambda: link_state(east) == "up", what="east's link to west")
+        key = operation_key("east", "PROJ/alice@east", "r1")
+
+        async def first_run():
+            bob = await Agent.join(west.url, "PROJ/bob", recipient=True)
+            dan = await Agent.join(west.url, "PROJ/dan", recipient=True, caps=CONTROL_CAPS)
+            alice = await Agent.join(east.url, "PROJ/alice")
+            carol = await Agent.join(east.url, "PROJ/carol")
+
+            queued = await alice.request("PROJ/bob@west", bob.incarnation, "r1")
+            assert queued["type"] == "delivery_status", queued
+            assert (queued["stage"], queued["remote_hub"], queued["operation_key"]) == \
+                ("queued", "west", key)
+            assert queued["receiver_reachable"] is True and queued["target"] == "PROJ/alice"
+            offer = await bob.offer("r1")
+            assert (offer["sender"], offer["origin_hub"], offer["operation_key"]) == \
+                ("PROJ/alice@east", "east", key)
+
+            # only the requesting seat may follow the operation up
+            for refused in (await carol.status(key), await carol.cancel(key, "c-carol")):
+                assert (refused["type"], refused["reason_code"]) == \
+                    ("delivery_refused", "unauthorised_requester")
+
+            await bob.report(offer, "boundary_delivered")
+            await bob.report(offer, "acknowledged")
+            status = await alice.status(key)
+            assert (status["stage"], status["boundary_delivered"],
+                    status["explicitly_acknowledged"], status["remote_hub"]) == \
+                ("acknowledged", True, True, "west")
+
+            # the cancel goes to west: a request, told to bob; the stage stays
+            cancelled = await alice.cancel(key, "cancel-1")
+            assert (cancelled["stage"], cancelled["cancel_requested"],
+                    cancelled["remote_hub"]) == ("acknowledged", True, "west")
+            told = await bob.notification("r1", "acknowledged")
+            assert told["source"] == "sender" and told["cancel_requested"] is True
+
+            done = await bob.report(offer, "completed")
+            assert done["stage"] == "completed"
+            final = await alice.status(key)
+            assert (final["stage"], final["task_completed"], final["cancel_requested"]) == \
+                ("completed", True, True)
+
+            # the same request again: west's retry answer, nothing new anywhere
+            again = await alice.request("PROJ/bob@west", bob.incarnation, "r1",
+                                        deadline=offer["deadline"])
+            assert (again["type"], again["operation_key"], again["stage"]) == \
+                ("delivery_status", key, "completed")
+
+            # a forwarded requester never gets interrupt or steer
+            steer = await alice.request("PROJ/dan@west", dan.incarnation, "r2", mode="steer")
+            assert (steer["type"], steer["reason_code"], steer["request_id"]) == \
+                ("delivery_refused", "unauthorised_requester", "r2")
+            # origin refusals
+            assert (await alice.request("PROJ/bob@nowhere", bob.incarnation, "r3"))[
+                "reason_code"] == "unknown_hub"
+            assert (await alice.request("PROJ/*@west", bob.incarnation, "r4"))[
+                "reason_code"] == "invalid_target"
+            shape = await alice.request("PROJ/bob@west", "nothex", "r5")
+            assert (shape["reason_code"], shape["request_id"]) == ("invalid_shape", "r5")
+            # the peer's own codes
+            assert (await alice.request("OTHER/x@west", bob.incarnation, "r6"))[
+                "reason_code"] == "namespace_not_granted"
+            assert (await alice.request("PROJ/zed@west", bob.incarnation, "r7"))[
+                "reason_code"] == "unavailable_recipient"
+            for agent in (bob, dan, alice, carol):
+                await agent.close()
+
+        asyncio.run(first_run())
+
+        # the origin journaled the one route; west holds the operation as
+        # from PROJ/alice@east, with east as its origin
+        assert routed_rows(tmp_path / "east" / "hubd.db") == [
+            {"operation_key": key, "peer": "west", "sender": "PROJ/alice", "request_id": "r1"}]
+        accepted = [p for _, kind, p in delivery_rows(tmp_path / "west" / "hubd.db")
+                    if kind == "delivery_intent_accepted"]
+        assert [(p["operation_key"], p["sender"], p["origin_hub"]) for p in accepted] == \
+            [(key, "PROJ/alice@east", "east")]
+        # notifications for a forwarded requester are journaled, never queued
+        # for an audience that cannot register on west (bob's are settled)
+        wait_for(lambda: "hubd_delivery_outbox 0.0" in west.get_text("/metrics"),
+                 what="west's delivery outbox empty")
+
+        # east restarts: the route is replayed, the status still goes to west
+        east.stop()
+        east.start()
+        wait_for(lambda: link_state(east) == "up", what="east's link to west after a restart")
+
+        async def after_restart():
+            alice = await Agent.join(east.url, "PROJ/alice")
+            status = await alice.status(key)
+            assert (status["type"], status["stage"], status["remote_hub"]) == \
+                ("delivery_status", "completed", "west")
+            await alice.close()
+
+        asyncio.run(after_restart())
+
+        # west goes away: follow-ups and new requests are peer_unreachable
+        west.stop()
+        wait_for(lambda: link_state(east) == "down", what="east's link to west down")
+
+        async def peer_down():
+            alice = await Agent.join(east.url, "PROJ/alice")
+            status = await alice.status(key)
+            assert (status["type"], status["reason_code"]) == \
+                ("delivery_refused", "peer_unreachable")
+            fresh = await alice.request("PROJ/bob@west", "a" * 64, "r8")
+            assert (fresh["reason_code"], fresh["request_id"]) == ("peer_unreachable", "r8")
+            await alice.close()
+
+        asyncio.run(peer_down())
+        from prometheus_client.parser import text_string_to_metric_families
+
+        metrics = east.get_text("/metrics")  # since east's restart
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in text_string_to_metric_families(metrics)
+                   for s in family.samples}
+        for kind, outcome in (("delivery_status", "accepted"),
+                              ("delivery_status", "peer_unreachable"),
+                              ("delivery_request", "peer_unreachable")):
+            labels = tuple(sorted({"peer": "west", "kind": kind, "outcome": outcome}.items()))
+            assert samples.get(("hubd_delivery_forward_total", labels)) == 1.0, (kind, outcome)
+        assert samples[("hubd_delivery_routes", ())] == 1.0
+    finally:
+        east.stop()
+        west.stop()
