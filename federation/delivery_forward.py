@@ -192,6 +192,27 @@ def route_problem(routes: DeliveryRoutes, local_keys, key: str, route: Route) ->
     return None
 
 
+def relay_sessions(result: dict, peer: str) -> dict:
+    """The delivery sessions in a peer's roster answer, named seat@PEER as a
+    who_snapshot lists them; entries that are not a seat with a digest and
+    known capabilities are left out."""
+    sessions = result.get("delivery_sessions")
+    if not isinstance(sessions, dict):
+        return {}
+    out = {}
+    for seat, entry in sessions.items():
+        if not isinstance(seat, str) or "@" in seat or not isinstance(entry, dict):
+            continue
+        incarnation, caps = entry.get("incarnation"), entry.get("capabilities")
+        if not rules.is_digest(incarnation) or not isinstance(caps, dict) or not all(
+                mode in rules.MODES and quality in ("native", "emulated")
+                for mode, quality in caps.items()):
+            continue
+        out[f"{seat}@{peer}"] = {"incarnation": incarnation, "capabilities": dict(caps),
+                                 "hub_id": peer}
+    return out
+
+
 class Answer(NamedTuple):
     status: dict | None  # the relayed facts, when accepted
     code: str  # a refusal code, when refused
@@ -429,6 +450,17 @@ class _Figures:
 
 
 # -- the receiving side
+
+
+def roster_sessions(router, seats) -> dict:
+    """The live delivery sessions of `seats` (a peer's roster answer)."""
+    from hubd.handlers.delivery import LIVE
+
+    live = router.live.get(LIVE) or {}
+    return {seat: {"incarnation": live[seat].incarnation,
+                   "capabilities": dict(live[seat].capabilities)}
+            for seat in seats if seat in live}
+
 
 VIRTUAL_ENDPOINT = -1  # the forwarded requester's answers are taken back before release
 

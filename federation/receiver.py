@@ -315,5 +315,7 @@ def _roster(router: Router, session: Session, forward_id: str, origin: str, poli
         return
     seats = [n for n in router.presence.online() if project_of(n) in granted]
     router.send(session.endpoint, _result_frame(router, session, _entry(
-        forward_id, "accepted", result={"online_agents": seats, "hub_id": router.hub_id})))
+        forward_id, "accepted", result={
+            "online_agents": seats, "hub_id": router.hub_id,
+            "delivery_sessions": delivery_forward.roster_sessions(router, seats)})))
 

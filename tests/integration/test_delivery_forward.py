@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from tests.support.delivery_driver import Agent, delivery_rows, operation_key
+from tests.support.delivery_driver import CAPS, Agent, delivery_rows, operation_key
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
 from tests.support.waiting import wait_for
@@ -65,6 +65,11 @@ def test_forwarded_intent_end_to_end_across_a_restart(tmp_path, pki):
             dan = await Agent.join(west.url, "PROJ/dan", recipient=True, caps=CONTROL_CAPS)
             alice = await Agent.join(east.url, "PROJ/alice")
             carol = await Agent.join(east.url, "PROJ/carol")
+            # the sender learns bob's incarnation from west's roster
+            await alice.send("who_request", hub="west")
+            who = await alice.probe.recv_type("who_snapshot", 10)
+            assert who["delivery_sessions"]["PROJ/bob@west"] == {
+                "incarnation": bob.incarnation, "capabilities": CAPS, "hub_id": "west"}, who
 
             queued = await alice.request("PROJ/bob@west", bob.incarnation, "r1")
             assert queued["type"] == "delivery_status", queued

@@ -16,7 +16,7 @@ import asyncio
 
 import pytest
 
-from tests.support.delivery_driver import Agent, operation_key
+from tests.support.delivery_driver import CAPS, Agent, operation_key
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.prereq import missing
 from tests.support.procs import hubd_process, reference_hub_process
@@ -42,6 +42,11 @@ async def scenario(east_url: str, west_url: str, sender_version: int,
                            caps=CONTROL_CAPS)
     alice = await Agent.join(east_url, "PROJ/alice", version=sender_version)
     carol = await Agent.join(east_url, "PROJ/carol", version=sender_version)
+    # the sender learns bob's incarnation from west's roster
+    await alice.send("who_request", hub="west")
+    who = await alice.probe.recv_type("who_snapshot", 10)
+    assert who["delivery_sessions"]["PROJ/bob@west"] == {
+        "incarnation": bob.incarnation, "capabilities": CAPS, "hub_id": "west"}, who
 
     queued = await alice.request("PROJ/bob@west", bob.incarnation, "r1")
     assert queued["type"] == "delivery_status", queued
