@@ -188,3 +188,141 @@ def test_forwarded_intent_end_to_end_across_a_restart(tmp_path, pki):
     finally:
         east.stop()
         west.stop()
+
+
+def fake_status(key: str, request_id: str, stage: str = "queued") -> dict:
+    return {"type": "delivery_status", "operation_key": key, "request_id": request_id,
+            "task_id": f"task-{request_id}", "selected_mode": "next_turn", "quality": "native",
+            "stage": stage, "cancel_requested": False, "receiver_reachable": True,
+            "active_session": True, "boundary_delivered": False,
+            "explicitly_acknowledged": False, "task_completed": False, "latest_event_seq": 2}
+
+
+def east_to_fake(tmp_path, pki, port):
+    site = site_flags(pki, "east", None)
+    return hubd_process(tmp_path / "east", "--message-peer", f"west=wss://127.0.0.1:{port}/",
+                        "--message-peer-pin", f"west={pki.server_pin('west')}",
+                        *site.connect, hub_id="east")
+
+
+@pytest.mark.parametrize("version,features", [(4, None), (7, ["forward_batch"])],
+                         ids=["not-hubd-below-v5", "hubd-without-the-feature"])
+def test_a_peer_that_does_not_serve_intents_is_peer_rejected(tmp_path, pki, version, features):
+    from tests.support.federation import fake_peer_hub
+
+    seen = []
+
+    async def record(ws, frame):
+        seen.append(frame)
+
+    async def scenario():
+        async with fake_peer_hub(pki, "west", version, record, features=features) as port:
+            east = east_to_fake(tmp_path, pki, port)
+            await asyncio.to_thread(east.start)
+            try:
+                await asyncio.to_thread(wait_for, lambda: link_state(east) == "up", 20.0,
+                                        "east's link to the fake west")
+                alice = await Agent.join(east.url, "PROJ/alice")
+                refused = await alice.request("PROJ/bob@west", "a" * 64, "r1")
+                await alice.close()
+                return refused
+            finally:
+                east.stop()
+
+    refused = asyncio.run(scenario())
+    assert (refused["type"], refused["reason_code"], refused["request_id"]) == \
+        ("delivery_refused", "peer_rejected", "r1")
+    assert not [f for f in seen if f.get("type") == "multihub_message_forward"], seen
+
+
+def test_answers_that_would_redirect_follow_ups_are_peer_invalid_answer(tmp_path, pki):
+    """A peer's operation key must be 64 lower-case hex and not routed on the
+    origin already; a refusal code must be a code; a follow-up's status must
+    name its operation."""
+    from tests.support.federation import fake_peer_hub
+
+    routed_key = "b" * 64
+    answers = {  # request id -> what the fake peer answers
+        "r1": ("accepted", "", {"status": fake_status(routed_key, "r1")}),
+        "r2": ("accepted", "", {"status": fake_status(routed_key, "r2")}),  # taken
+        "r3": ("accepted", "", {"status": fake_status("B" * 64, "r3")}),
+        "r4": ("refused", "Not A Code", {}),
+        "r5": ("refused", "recipient_queue_full", {}),
+        "r6": ("accepted", "", {"status": fake_status("c" * 64, "other-request")}),
+    }
+
+    async def answer(ws, frame):
+        if frame.get("type") != "multihub_message_forward":
+            return
+        body = frame["body"]
+        if frame["kind"] == "delivery_request":
+            disposition, code, result = answers[body["request_id"]]
+        else:  # a status that names another operation
+            disposition, code, result = "accepted", "", {"status": fake_status("d" * 64, "r1")}
+        await ws.send_json({"sender": "SynapseHub", "target": "east",
+                            "type": "multihub_message_result", "forward_id": frame["forward_id"],
+                            "disposition": disposition, "answering_hub": "west",
+                            "reason_code": code, "detail": "from the fake", "result": result})
+
+    async def scenario():
+        async with fake_peer_hub(pki, "west", 7, answer) as port:
+            east = east_to_fake(tmp_path, pki, port)
+            await asyncio.to_thread(east.start)
+            try:
+                await asyncio.to_thread(wait_for, lambda: link_state(east) == "up", 20.0,
+                                        "east's link to the fake west")
+                alice = await Agent.join(east.url, "PROJ/alice")
+                got = {rid: await alice.request("PROJ/bob@west", "a" * 64, rid)
+                       for rid in answers}
+                got["status"] = await alice.status(routed_key)
+                await alice.close()
+                return got
+            finally:
+                east.stop()
+
+    got = asyncio.run(scenario())
+    assert (got["r1"]["type"], got["r1"]["operation_key"], got["r1"]["remote_hub"]) == \
+        ("delivery_status", routed_key, "west")
+    for rid in ("r2", "r3", "r4", "r6"):
+        assert (got[rid]["type"], got[rid]["reason_code"], got[rid]["request_id"]) == \
+            ("delivery_refused", "peer_invalid_answer", rid), got[rid]
+    assert (got["r5"]["reason_code"], got["r5"]["payload"]) == \
+        ("recipient_queue_full", "from the fake")
+    assert (got["status"]["type"], got["status"]["reason_code"]) == \
+        ("delivery_refused", "peer_invalid_answer")
+    assert routed_rows(tmp_path / "east" / "hubd.db") == [
+        {"operation_key": routed_key, "peer": "west", "sender": "PROJ/alice",
+         "request_id": "r1"}]
+
+
+def test_hubd_peers_read_features_not_the_integer(tmp_path, pki):
+    """West's welcome says wire v3 (the pre-release flag), below forwarding's
+    5: east reads west's hubd_features and keeps forwarding intents and chats."""
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    west = hubd_process(tmp_path / "west", *site_flags(pki, "west", policy).serve,
+                        "--welcome-wire-v3", hub_id="west", scheme="wss").start()
+    east = east_process(tmp_path, pki, west).start()
+    try:
+        wait_for(lambda: link_state(east) == "up", what="east's link to west")
+        link = east.get_json("/health")["message_forward"]["west"]
+        assert link["peer_protocol_version"] == 3 and "delivery_forward" in link["peer_features"]
+
+        async def scenario():
+            bob = await Agent.join(west.url, "PROJ/bob", recipient=True)
+            alice = await Agent.join(east.url, "PROJ/alice")
+            queued = await alice.request("PROJ/bob@west", bob.incarnation, "r1")
+            await alice.probe.chat("PROJ/alice", "PROJ/bob@west", "and a chat",
+                                   receipt_requested=True)
+            receipt = await alice.probe.recv_type("delivery_receipt", timeout=10)
+            chat = await bob.probe.recv_type("chat", timeout=10, payload="and a chat")
+            for agent in (alice, bob):
+                await agent.close()
+            return queued, receipt, chat
+
+        queued, receipt, chat = asyncio.run(scenario())
+        assert (queued["type"], queued["stage"], queued["remote_hub"]) == \
+            ("delivery_status", "queued", "west")
+        assert receipt["forward_state"] == "accepted" and chat["sender"] == "PROJ/alice@east"
+    finally:
+        east.stop()
+        west.stop()
