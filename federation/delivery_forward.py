@@ -26,7 +26,7 @@ Sender notifications (stage changes) are not pushed back across the link: the
 reference does not either (observed, docs/delivery.md "Across hubs"); the
 origin sender reads the stages with delivery_status_request.
 
-Decisions are the pure functions at the top (tests/unit/test_delivery_forward.py).
+Decisions are the pure functions at the top (tests/unit/test_delivery_forward_rules.py).
 """
 
 from __future__ import annotations
@@ -392,6 +392,13 @@ class DeliveryForwarder:
                     router.event(ROUTED, {"operation_key": key, "peer": asking.peer,
                                           "sender": session.name,
                                           "request_id": asking.request_id})
+                    # the status is released only after the route commits;
+                    # if it cannot be, the sender hears why instead
+                    router.send_on_failure(session.endpoint, "delivery_refused", lambda: (
+                        router.frame("delivery_refused", session.name,
+                                     "this hub could not journal the route; retry",
+                                     request_id=rid, reason_code=JOURNAL_RECOVERY_REQUIRED,
+                                     protocol_version=rules.WIRE_VERSION)))
         outcome = "accepted" if result.status is not None else result.code
         self._count(asking.peer, asking.kind, outcome)
         if result.code in (PEER_INVALID_ANSWER, PEER_UNREACHABLE):

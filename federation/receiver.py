@@ -171,6 +171,13 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
     if frame.get("kind") in delivery_forward.KINDS:
         entry = admit_delivery(router, session, origin, frame, size)
         router.send(session.endpoint, _result_frame(router, session, entry))
+        if entry["disposition"] == "accepted":
+            # not committed: nothing happened here, and the origin hears so at
+            # once (else it would wait out its timeout and say peer_unreachable)
+            router.send_on_failure(session.endpoint, "multihub_message_result", lambda: (
+                _result_frame(router, session, _entry(
+                    forward_id, "refused", JOURNAL_RECOVERY_REQUIRED,
+                    "the delivery change could not be journalled; retry"))))
         return
     fan_out = router.sends_queued()
     entry = admit(router, session, origin, frame, size)

@@ -139,3 +139,53 @@ def test_reference_east_forwards_intents_to_hubd_west(tmp_path, pki):
     finally:
         east.stop()
         west.stop()
+
+
+def test_reference_client_delivery_api_across_two_hubd_hubs(tmp_path, pki,
+                                                            reference_venv_status):
+    """The published client unchanged, alice on east and bob (with the
+    DeliveryParticipantBridge) on west: request_who(hub=...) gives bob's
+    incarnation, request_delivery across, request_delivery_status until the
+    bridge's completion shows. Both hubds welcome v3 (the pre-release flag):
+    the client sends no delivery verb to a hub below 3."""
+    import json
+    import subprocess
+
+    from tests.support.procs import REPO, reference_env
+
+    venv = reference_venv_status[0]
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["iop"]})
+    west = hubd_process(tmp_path / "west", *site_flags(pki, "west", policy).serve,
+                        "--welcome-wire-v3", hub_id="west", scheme="wss").start()
+    site = site_flags(pki, "east", None)
+    east = hubd_process(tmp_path / "east", *site.peer_flags(pki, "west", west.url),
+                        *site.connect, "--welcome-wire-v3", hub_id="east").start()
+    try:
+        wait_for(lambda: east.get_json("/health")["message_forward"]["west"]["link"] == "up",
+                 what="east's link to west")
+        result = subprocess.run(
+            [str(venv / "bin" / "python"), str(REPO / "tests" / "support" /
+                                                "ref_delivery_driver.py"),
+             "--uri", east.url, "--bob-uri", west.url, "--peer", "west", "--ns", "iop",
+             "--ledger", str(tmp_path / "ledger"), "--scenario", "across"],
+            capture_output=True, text=True, timeout=90, env=reference_env(tmp_path / "home"))
+        lines = [json.loads(line) for line in result.stdout.splitlines()
+                 if line.startswith("{")]
+        events = {line["event"]: line for line in lines}
+        assert "done" in events, (result.stdout[-3000:], result.stderr[-3000:])
+        answer = events["answer"]["frame"]
+        key = operation_key("east", "iop/alice@east", "job-1")
+        assert (answer["type"], answer["operation_key"], answer["remote_hub"]) == \
+            ("delivery_status", key, "west"), answer
+        assert "completed" in events, lines[-10:]
+        done = events["completed"]["frame"]
+        assert (done["task_completed"], done["explicitly_acknowledged"], done["remote_hub"]) == \
+            (True, True, "west")
+        offers = [line["frame"] for line in lines if line["event"] == "frame"
+                  and line["who"] == "bob" and line["frame"].get("type") == "delivery_offer"]
+        assert [(o["sender"], o["origin_hub"]) for o in offers] == [("iop/alice@east", "east")]
+        # what the client itself returned as the key (it cannot know the peer's)
+        events["op"]["operation_key"]
+    finally:
+        east.stop()
+        west.stop()
