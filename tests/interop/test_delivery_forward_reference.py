@@ -168,11 +168,14 @@ def test_reference_client_delivery_api_across_two_hubd_hubs(tmp_path, pki,
                                                 "ref_delivery_driver.py"),
              "--uri", east.url, "--bob-uri", west.url, "--peer", "west", "--ns", "iop",
              "--ledger", str(tmp_path / "ledger"), "--scenario", "across"],
-            capture_output=True, text=True, timeout=90, env=reference_env(tmp_path / "home"))
+            capture_output=True, text=True, timeout=90,
+            # bob's client trusts west's certificate through the test CA
+            env={**reference_env(tmp_path / "home"), "SSL_CERT_FILE": str(pki.folder / "ca.pem")})
+        (tmp_path / "driver.out").write_text(result.stdout + "\n" + result.stderr)
         lines = [json.loads(line) for line in result.stdout.splitlines()
                  if line.startswith("{")]
         events = {line["event"]: line for line in lines}
-        assert "done" in events, (result.stdout[-3000:], result.stderr[-3000:])
+        assert "done" in events, (result.stdout[-6000:], result.stderr[-3000:])
         answer = events["answer"]["frame"]
         key = operation_key("east", "iop/alice@east", "job-1")
         assert (answer["type"], answer["operation_key"], answer["remote_hub"]) == \
@@ -184,8 +187,11 @@ def test_reference_client_delivery_api_across_two_hubd_hubs(tmp_path, pki,
         offers = [line["frame"] for line in lines if line["event"] == "frame"
                   and line["who"] == "bob" and line["frame"].get("type") == "delivery_offer"]
         assert [(o["sender"], o["origin_hub"]) for o in offers] == [("iop/alice@east", "east")]
-        # what the client itself returned as the key (it cannot know the peer's)
-        events["op"]["operation_key"]
+        # request_delivery returns the key of a local request
+        # (sha256([east, iop/alice, job-1])); a forwarded intent's key names
+        # the requester as the peer sees it (iop/alice@east), in the reference
+        # as in hubd, so the client follows it up by the answer's key
+        assert events["op"]["operation_key"] == operation_key("east", "iop/alice", "job-1")
     finally:
         east.stop()
         west.stop()
