@@ -7,6 +7,7 @@ restart of east too, and the origin's typed refusals."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -326,3 +327,48 @@ def test_hubd_peers_read_features_not_the_integer(tmp_path, pki):
     finally:
         east.stop()
         west.stop()
+
+
+def test_a_peer_that_never_answers_is_peer_unreachable_and_waiting_is_bounded(tmp_path, pki):
+    """The fake peer takes every forward and answers none: each request is
+    refused peer_unreachable after the 10 s answer bound, and the one past
+    the 256 forwards that may wait at once is refused at once."""
+    from federation.delivery_forward import MAX_IN_FLIGHT
+    from tests.support.federation import fake_peer_hub
+
+    taken = []
+
+    async def swallow(ws, frame):
+        if frame.get("type") == "multihub_message_forward":
+            taken.append(frame["body"]["request_id"])
+
+    async def scenario():
+        async with fake_peer_hub(pki, "west", 7, swallow) as port:
+            east = east_to_fake(tmp_path, pki, port)
+            await asyncio.to_thread(east.start)
+            try:
+                await asyncio.to_thread(wait_for, lambda: link_state(east) == "up", 20.0,
+                                        "east's link to the fake west")
+                alice = await Agent.join(east.url, "PROJ/alice")
+                rids = [f"r{i}" for i in range(MAX_IN_FLIGHT + 1)]
+                for rid in rids:
+                    await alice.send("delivery_request", "PROJ/bob@west", request_id=rid,
+                                     idempotency_key=f"k-{rid}", target_incarnation="a" * 64,
+                                     mode="next_turn", allowed_fallbacks=[], task_id="",
+                                     body="x", deadline=time.time() + 600)
+                first = await alice.answer(timeout=5)
+                rest = [await alice.answer(timeout=30) for _ in range(MAX_IN_FLIGHT)]
+                await alice.close()
+                return first, rest
+            finally:
+                east.stop()
+
+    first, rest = asyncio.run(scenario())
+    last = f"r{MAX_IN_FLIGHT}"
+    assert (first["reason_code"], first["request_id"]) == ("peer_unreachable", last)
+    assert "already waiting" in first["payload"]
+    assert sorted(r["request_id"] for r in rest) == sorted(f"r{i}" for i in range(MAX_IN_FLIGHT))
+    assert {(r["type"], r["reason_code"]) for r in rest} == \
+        {("delivery_refused", "peer_unreachable")}
+    assert all("did not answer" in r["payload"] for r in rest)
+    assert last not in taken and len(taken) == MAX_IN_FLIGHT
