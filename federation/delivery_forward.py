@@ -412,10 +412,6 @@ class DeliveryForwarder:
         else:
             refuse(router, session, rules.Refusal(result.code, result.text, rid))
 
-    def health(self) -> dict:
-        return {"in_flight": self.in_flight,
-                "routes": len(routes_of(self.hub.router.state).by_key)}
-
 
 class _Asking(NamedTuple):
     session: Session
