@@ -146,8 +146,9 @@ def test_forwarded_intent_end_to_end_across_a_restart(tmp_path, pki):
         wait_for(lambda: "hubd_delivery_outbox 0.0" in west.get_text("/metrics"),
                  what="west's delivery outbox empty")
 
-        # east restarts: the route is replayed, the status still goes to west
-        east.stop()
+        # east is killed and restarts: the route is replayed from the journal,
+        # the status still goes to west
+        east.kill()
         east.start()
         wait_for(lambda: link_state(east) == "up", what="east's link to west after a restart")
 
