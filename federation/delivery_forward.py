@@ -41,7 +41,11 @@ from typing import NamedTuple
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from federation.link import LinkError
+from hubd.handlers import delivery as dh
+from hubd.handlers.delivery import LIVE, refuse
 from hubd.state import delivery_rules as rules
+from hubd.state.delivery_intents import delivery_of
 from hubd.state.events import Event
 from hubd.state.hub import Appliers, HubState
 from hubd.state.presence import Session
@@ -266,8 +270,6 @@ class DeliveryForwarder:
 
     def request(self, router, session: Session, frame: dict) -> None:
         """A delivery_request from a local session to PROJECT/seat@HUB."""
-        from hubd.handlers.delivery import refuse
-
         rid = rules.bounded_text(frame.get("request_id"), "request_id")
         rid = rid if isinstance(rid, str) else ""
         target = read_target(frame.get("target"))
@@ -300,8 +302,6 @@ class DeliveryForwarder:
     def follow_up(self, router, session: Session, frame: dict, key: str) -> bool:
         """A status request or cancel naming `key`: True if it is a routed
         operation (then it is forwarded or refused here)."""
-        from hubd.handlers.delivery import refuse
-
         route = routes_of(router.state).by_key.get(key)
         if route is None:
             return False
@@ -323,8 +323,6 @@ class DeliveryForwarder:
 
     def _send(self, router, session: Session, peer: str, kind: str, seat: str, body: dict,
               request_id: str | None, routed_key: str | None) -> None:
-        from hubd.handlers.delivery import refuse
-
         rid = request_id or ""
         link = self.peers.link(peer)
         why = None
@@ -352,8 +350,6 @@ class DeliveryForwarder:
                                 name=f"delivery-forward-{peer}")
 
     async def _ask(self, link, frame: dict, asking: "_Asking") -> None:
-        from federation.link import LinkError
-
         try:
             answer = await link.request(frame, ANSWER_TIMEOUT, key=asking.forward_id)
         except LinkError as exc:
@@ -364,9 +360,6 @@ class DeliveryForwarder:
 
     def _answered(self, router, asking: "_Asking", answer) -> None:
         """The peer's answer (or the link's failure), in a Router command."""
-        from federation.link import LinkError
-        from hubd.handlers.delivery import refuse
-
         session = asking.session
         rid = asking.request_id or ""
         if isinstance(answer, LinkError):
@@ -378,8 +371,6 @@ class DeliveryForwarder:
         if result.status is not None and asking.kind == REQUEST:
             key = result.status["operation_key"]
             route = Route(asking.peer, session.name, asking.request_id)
-            from hubd.state.delivery_intents import delivery_of
-
             problem = route_problem(routes_of(router.state), delivery_of(router.state).ops,
                                     key, route)
             if problem is not None:
@@ -457,8 +448,6 @@ class _Figures:
 
 def roster_sessions(router, seats) -> dict:
     """The live delivery sessions of `seats` (a peer's roster answer)."""
-    from hubd.handlers.delivery import LIVE
-
     live = router.live.get(LIVE) or {}
     return {seat: {"incarnation": live[seat].incarnation,
                    "capabilities": dict(live[seat].capabilities)}
@@ -472,8 +461,6 @@ def serve(router, link_session: Session, origin: str, forward: dict, size: int) 
     """One delivery forward from a granted peer (receiver.py checked the
     grant, origin, seats and body). Returns (disposition, reason_code, detail,
     result) for its multihub_message_result."""
-    from hubd.handlers import delivery as dh
-
     kind = forward["kind"]
     seat, body = forward["sender_seat"], forward["body"]
     if kind in (REQUEST, CANCEL) and router.mutations_refused():
