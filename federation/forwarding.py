@@ -191,8 +191,14 @@ class Forwarding:
             if kind is StillPending:
                 self.pending(router, report.item, report.why)
             elif kind is RosterAnswer:
+                fields = report.fields
+                asker = router.presence.sessions.get(report.reply_to)
+                if "delivery_sessions" in fields and (
+                        asker is None or (asker.protocol_version or 0) < 3):
+                    # as on this hub's own who: older clients never see the field
+                    fields = {k: v for k, v in fields.items() if k != "delivery_sessions"}
                 router.send(report.reply_to, router.frame(report.type, report.name, report.text,
-                                                          **report.fields))
+                                                          **fields))
 
     def settle(self, router: Router, batch: list[Settled]) -> None:
         """Journal what the peers answered, as one event, and send the receipts."""

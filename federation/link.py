@@ -147,6 +147,9 @@ class PeerLink:
         self.last_error: dict | None = None
         self.peer_protocol_version: int | None = None
         self.batching = False  # the peer is a hubd that takes batched forwards
+        # the hubd extensions the peer's welcome listed; None: the peer is not
+        # a hubd (it listed none), so only its protocol_version speaks for it
+        self.features: frozenset | None = None
         self.clock_skew: float | None = None
         self.connects = 0
         self.connecting = False
@@ -281,7 +284,9 @@ class PeerLink:
                 welcome = await self._await_welcome(ws)
             self.peer_protocol_version = strict_int(welcome.get("protocol_version"))
             features = welcome.get("hubd_features")
-            self.batching = isinstance(features, list) and "forward_batch" in features
+            self.features = frozenset(f for f in features if isinstance(f, str)) \
+                if isinstance(features, list) else None
+            self.batching = self.features is not None and "forward_batch" in self.features
             ts = welcome.get("timestamp")
             if isinstance(ts, (int, float)) and not isinstance(ts, bool):
                 self.clock_skew = time.time() - ts
@@ -389,6 +394,7 @@ class PeerLink:
                 "up_since": self.up_at if self.up else None,
                 "last_inbound": self.last_inbound,
                 "batching": self.batching,
+                "peer_features": sorted(self.features) if self.features is not None else None,
                 "last_error": self.last_error, "peer_protocol_version": self.peer_protocol_version,
                 "clock_skew_seconds": round(self.clock_skew, 3) if self.clock_skew is not None
                 else None}

@@ -42,6 +42,7 @@ from typing import Awaitable, Callable, NamedTuple
 import structlog
 
 from federation.clock import SYSTEM, next_retry
+from federation.delivery_forward import relay_sessions
 from federation.state import PendingForward
 from hubd.state import delivery as dl
 from hubd.state.delivery import ACCEPTED, DUPLICATE, forward_step
@@ -443,7 +444,9 @@ class ForwardOutbox:
         self._reports.append(RosterAnswer(roster.reply_to, roster.name, "who_snapshot",
                                           "Who snapshot", {"remote_hub": self.peer,
                                                            "online_agents": seats,
-                                                           "connected_clients": len(seats)}))
+                                                           "connected_clients": len(seats),
+                                                           "delivery_sessions": relay_sessions(
+                                                               result, self.peer)}))
 
     def _roster_error(self, reply_to: int, name: str, why: str) -> None:
         self._reports.append(RosterAnswer(reply_to, name, "error",

@@ -21,7 +21,7 @@ from hubd.core.message import CLOSE_AUTH
 from hubd.core.plugin import Plugin
 
 from . import authority as authority_state
-from . import claim_forwarding, logpull, receiver
+from . import claim_forwarding, delivery_forward, logpull, receiver
 from . import remote_leases
 from . import state as forward_state
 from .config import FederationConfig
@@ -34,6 +34,7 @@ class Federation:
         self.config = config
         self.hub = None
         self.forwarding = None  # federation.forwarding.Forwarding, with message peers
+        self.delivery = None  # federation.delivery_forward.DeliveryForwarder, likewise
         self.authority = None  # federation.authority.Authority, with a namespace-owner map
         self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
         self.peer_links = None  # federation.peers.PeerLinks: one link per peer hub
@@ -45,7 +46,7 @@ class Federation:
         for module in (receiver, logpull, claim_forwarding):
             verbs.update(module.verbs)
         appliers: dict[str, list] = {}
-        for module in (forward_state, authority_state, remote_leases):
+        for module in (forward_state, authority_state, remote_leases, delivery_forward):
             for kind, fns in module.appliers.items():
                 appliers.setdefault(kind, []).extend(fns)
         return Plugin(
@@ -53,7 +54,7 @@ class Federation:
             verbs=verbs,
             appliers=appliers,
             projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS,
-                         **remote_leases.PROJECTIONS},
+                         **remote_leases.PROJECTIONS, **delivery_forward.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
             claim_gate=claim_forwarding.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
@@ -89,6 +90,8 @@ class Federation:
             from .forwarding import Forwarding
 
             self.forwarding = Forwarding(hub, config, self.peer_links)
+            self.delivery = delivery_forward.DeliveryForwarder(hub, self.forwarding,
+                                                               self.peer_links)
         if config.namespace_owners:
             from .authority import Authority
 
@@ -117,6 +120,7 @@ class Federation:
     def start(self, router, group) -> None:
         if self.forwarding is not None:
             self.forwarding.start(router, group)
+            self.delivery.start(group)
         if self.authority is not None:
             self.authority.start(router, group)
         if self.peer_links is not None:
@@ -198,6 +202,34 @@ class Federation:
         if owner is not None and owner != self.hub.hub_id and self.knows(owner):
             return f"{address}@{owner}"
         return None
+
+    def forward_delivery(self, router, session, frame: dict) -> None:
+        """A delivery_request to PROJECT/seat@HUB (hubd/handlers/delivery.py)."""
+        if self.delivery is None:
+            from hubd.handlers.delivery import refuse
+            from hubd.state import delivery_rules as rules
+
+            rid = rules.bounded_text(frame.get("request_id"), "request_id")
+            refuse(router, session, rules.Refusal(
+                rules.UNKNOWN_HUB, "this hub has no message peers",
+                rid if isinstance(rid, str) else ""))
+            return
+        self.delivery.request(router, session, frame)
+
+    def routed_delivery(self, router, session, frame: dict, key: str) -> bool:
+        """A status request or cancel for an operation routed to a peer: asked
+        there (True), or not routed (False: the local verb answers)."""
+        if self.delivery is None:
+            route = delivery_forward.routes_of(router.state).by_key.get(key)
+            if route is None:
+                return False
+            from hubd.handlers.delivery import refuse
+            from hubd.state import delivery_rules as rules
+
+            refuse(router, session, rules.Refusal(
+                rules.UNKNOWN_HUB, f"hub '{route.peer}' is not a configured message peer"))
+            return True
+        return self.delivery.follow_up(router, session, frame, key)
 
     def remote_who(self, router, session, frame: dict, hub_id: str) -> None:
         if self.forwarding is None:

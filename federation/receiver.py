@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import structlog
 
+from federation import delivery_forward
 from federation.policy import NAMESPACE_NOT_GRANTED
 from federation.state import forward_digest, inbox_of, result_of
 from hubd.actors.router import Router
@@ -167,6 +168,17 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
     if frame.get("kind") == "who" and policy is not None and isinstance(origin, str):
         _roster(router, session, forward_id, origin, policy)
         return
+    if frame.get("kind") in delivery_forward.KINDS:
+        entry = admit_delivery(router, session, origin, frame, size)
+        router.send(session.endpoint, _result_frame(router, session, entry))
+        if entry["disposition"] == "accepted":
+            # not committed: nothing happened here, and the origin hears so at
+            # once (else it would wait out its timeout and say peer_unreachable)
+            router.send_on_failure(session.endpoint, "multihub_message_result", lambda: (
+                _result_frame(router, session, _entry(
+                    forward_id, "refused", JOURNAL_RECOVERY_REQUIRED,
+                    "the delivery change could not be journalled; retry"))))
+        return
     fan_out = router.sends_queued()
     entry = admit(router, session, origin, frame, size)
     router.send_ahead(fan_out, session.endpoint, _result_frame(router, session, entry))
@@ -264,6 +276,43 @@ def admit(router: Router, session: Session, origin, forward: dict, size: int) ->
     return _entry(forward_id, "accepted", result=result_of(event, recipients))
 
 
+def admit_delivery(router: Router, session: Session, origin, forward: dict, size: int) -> dict:
+    """A forwarded delivery intent, status request or cancel: the same grant,
+    origin and seat checks as a chat, then the delivery verbs decide it
+    (federation/delivery_forward.py). Never batched, never deduplicated by
+    forward_id: a delivery request is idempotent by its own request id."""
+    forward_id = forward["forward_id"]
+    policy = _policy(router)
+    if policy is None:
+        return _entry(forward_id, "refused", PEER_NOT_AUTHORISED,
+                      "this hub accepts no forwarded messages (no serving policy)")
+    if not isinstance(origin, str) or not HUB_ID_RE.match(origin):
+        return _entry(forward_id, "refused", INVALID_ORIGIN, f"origin {origin!r} is not a hub id")
+    kind, body = forward["kind"], forward.get("body")
+    problem = seat_problem(forward.get("sender_seat"), "sender_seat")
+    if problem is not None:
+        return _entry(forward_id, "refused", INVALID_SHAPE, problem)
+    if not isinstance(body, dict) or len(codec.encode(body)) > MAX_BODY_BYTES:
+        return _entry(forward_id, "refused", INVALID_SHAPE,
+                      f"body must be a JSON object of at most {MAX_BODY_BYTES} bytes")
+    namespace = None
+    if kind == delivery_forward.REQUEST:
+        problem = seat_problem(forward.get("target_seat"), "target_seat")
+        if problem is not None:
+            return _entry(forward_id, "refused", INVALID_TARGET, problem)
+        namespace = project_of(forward["target_seat"])
+    decision = _authorise(router, session, policy, origin, namespace)
+    if not decision.allowed:
+        code = NAMESPACE_NOT_GRANTED if decision.reason == NAMESPACE_NOT_GRANTED else \
+            PEER_NOT_AUTHORISED
+        return _entry(forward_id, "refused", code,
+                      f"peer may not address {namespace or 'this hub'}: "
+                      f"{decision.reference_reason} ({decision.detail})")
+    disposition, code, detail, result = delivery_forward.serve(router, session, origin,
+                                                               forward, size)
+    return _entry(forward_id, disposition, code, detail, result)
+
+
 def _roster(router: Router, session: Session, forward_id: str, origin: str, policy) -> None:
     """A peer asks who is online: only seats in namespaces it may address."""
     granted = policy.granted_namespaces(origin, session.peer_cert, router.now)
@@ -273,5 +322,7 @@ def _roster(router: Router, session: Session, forward_id: str, origin: str, poli
         return
     seats = [n for n in router.presence.online() if project_of(n) in granted]
     router.send(session.endpoint, _result_frame(router, session, _entry(
-        forward_id, "accepted", result={"online_agents": seats, "hub_id": router.hub_id})))
+        forward_id, "accepted", result={
+            "online_agents": seats, "hub_id": router.hub_id,
+            "delivery_sessions": delivery_forward.roster_sessions(router, seats)})))
 

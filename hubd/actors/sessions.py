@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 
 WELCOME_TEXT = "Welcome to hubd"
 # hubd extensions a peer hub may use on this connection (the reference ignores
-# unknown welcome fields): batched forwards, one result frame per batch.
-HUB_FEATURES = ["forward_batch"]
+# unknown welcome fields): batched forwards, one result frame per batch; and
+# forwarded delivery intents (federation/delivery_forward.py), which a hubd peer
+# sends only to a hub that lists them, whatever its protocol_version says.
+HUB_FEATURES = ["forward_batch", "delivery_forward"]
 
 
 def opened(router: Router, command: Opened) -> None:

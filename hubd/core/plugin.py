@@ -73,6 +73,14 @@ class RemoteHubs(Protocol):
     def seat_on_owner(self, address: str) -> str | None:
         """`address@HUB` when a peer owns the address's namespace, else None."""
 
+    def forward_delivery(self, router: "Router", session: "Session", frame: dict) -> None:
+        """A delivery_request to `PROJECT/seat@HUB`: forwarded, or refused typed."""
+
+    def routed_delivery(self, router: "Router", session: "Session", frame: dict,
+                        key: str) -> bool:
+        """A delivery status request or cancel: True if `key` is an operation
+        routed to a peer (then it was asked there or refused), else False."""
+
 
 @dataclass
 class Plugin:

@@ -258,11 +258,20 @@ def _control_refusal(router: Router, session: Session, target: str, mode: str,
         return None
     table = router.hub.identity.table
     requester = rules.Requester(session.name, session.principal,
-                                authenticated_hub=not table.open)
+                                authenticated_hub=not table.open,
+                                forwarded=session.peer_hub is not None)
     lease = cl.claims_of(router.state).live(task_id, router.now)
     return rules.may_control(requester, mode,
                              granted=pr.control_granted(table, session.credential, target),
                              task_claimed=lease is not None and lease["owner"] == session.name)
+
+
+def _remote_hook(router: Router, session: Session, name: str):
+    """The federation plugin's hook for delivery across hubs
+    (federation/delivery_forward.py), for a local requester; None without one."""
+    if session.peer_hub is not None:
+        return None  # a forwarded requester is served here, never forwarded on
+    return getattr(router.installed.remote_hubs, name, None)
 
 
 @verbs.handles("delivery_request")
@@ -273,12 +282,18 @@ def delivery_request(router: Router, session: Session, frame: dict, size: int) -
             rules.UNSUPPORTED_PROTOCOL, "peer did not negotiate delivery version 3",
             rid if isinstance(rid, str) else ""))
         return
+    target = frame.get("target")
+    forward = _remote_hook(router, session, "forward_delivery")
+    if forward is not None and isinstance(target, str) and "@" in target:
+        forward(router, session, frame)  # PROJECT/seat@HUB: admitted by that hub
+        return
     request = rules.read_request(frame, router.now)
     if isinstance(request, rules.Refusal):
         refuse(router, session, request)
         return
     d = _state(router)
-    key = rules.operation_key(router.hub_id, session.name, request.request_id)
+    origin = session.peer_hub or router.hub_id  # a forwarded request keeps its origin
+    key = rules.operation_key(origin, session.name, request.request_id)
     digest = request.digest()
     existing = d.ops.get(key)
     if existing is not None:
@@ -319,7 +334,7 @@ def delivery_request(router: Router, session: Session, frame: dict, size: int) -
         return
     _journal_settled(router)
     router.event(di.ACCEPTED, {
-        "operation_key": key, "origin_hub": router.hub_id, "sender": session.name,
+        "operation_key": key, "origin_hub": origin, "sender": session.name,
         "target": request.target, "target_incarnation": request.target_incarnation,
         "request_id": request.request_id, "idempotency_key": request.idempotency_key,
         "task_id": request.task_id, "requested_mode": request.mode,
@@ -347,6 +362,9 @@ def _lookup(router: Router, session: Session, frame: dict) -> di.Operation | Non
     if not rules.is_digest(key):
         refuse(router, session, rules.Refusal(rules.INVALID_SHAPE, "operation key is malformed"))
         return None
+    follow_up = _remote_hook(router, session, "routed_delivery")
+    if follow_up is not None and follow_up(router, session, frame, key):
+        return None  # an operation on a peer hub: asked there
     op = _state(router).ops.get(key)
     if op is None:
         refuse(router, session, rules.Refusal(rules.UNKNOWN_REQUEST,

@@ -214,7 +214,8 @@ def _apply_queued(state: HubState, event: Event) -> None:
 def _note(d: DeliveryState, op: Operation, event: Event) -> None:
     note = event.payload.get("notification")
     if isinstance(note, dict):
-        d.queue_notification(note["audience"], note)
+        if "@" not in note["audience"]:  # a forwarded requester never registers here
+            d.queue_notification(note["audience"], note)
         op.notifications = max(op.notifications, event.payload.get("notification_number", 0))
     op.latest_event_seq = event.seq
 

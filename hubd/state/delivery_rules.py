@@ -229,7 +229,8 @@ def read_request(frame: dict, now: float) -> Request | Refusal:
     if isinstance(target, Refusal):
         return refuse(target.reason_code, target.text)
     if "@" in target:
-        return refuse(UNKNOWN_HUB, "forwarded delivery is not served by this hub yet")
+        # federation/delivery_forward.py takes PROJECT/seat@HUB before this
+        return refuse(UNKNOWN_HUB, "this hub has no message peers")
     incarnation = frame.get("target_incarnation")
     if not is_digest(incarnation):
         return refuse(INVALID_SHAPE, "target_incarnation must be a SHA-256 digest")

@@ -99,10 +99,12 @@ def site_flags(pki: Pki, hub: str, policy: Path | None) -> Site:
 
 
 @contextlib.asynccontextmanager
-async def fake_peer_hub(pki: Pki, hub_id: str, protocol_version: int, on_frame):
+async def fake_peer_hub(pki: Pki, hub_id: str, protocol_version: int, on_frame,
+                        features: list[str] | None = None):
     """A hand-written peer hub serving wss:// with `hub_id`'s certificate on a
-    free port (yielded): it sends a welcome at `protocol_version`, then hands
-    every frame it reads to `await on_frame(ws, frame)`."""
+    free port (yielded): it sends a welcome at `protocol_version` (listing
+    `features` as hubd_features, if given), then hands every frame it reads
+    to `await on_frame(ws, frame)`."""
     from aiohttp import web
 
     from federation.tls import server_context
@@ -110,9 +112,12 @@ async def fake_peer_hub(pki: Pki, hub_id: str, protocol_version: int, on_frame):
     async def serve(request):
         ws = web.WebSocketResponse()
         await ws.prepare(request)
-        await ws.send_json({"sender": "SynapseHub", "target": "self", "type": "welcome",
-                            "payload": "Welcome", "hub_id": hub_id,
-                            "protocol_version": protocol_version, "timestamp": time.time()})
+        welcome = {"sender": "SynapseHub", "target": "self", "type": "welcome",
+                   "payload": "Welcome", "hub_id": hub_id,
+                   "protocol_version": protocol_version, "timestamp": time.time()}
+        if features is not None:
+            welcome["hubd_features"] = features
+        await ws.send_json(welcome)
         async for msg in ws:
             await on_frame(ws, json.loads(msg.data))
         return ws

@@ -45,12 +45,51 @@ async def wait_for(frames: list, pred, timeout: float = 10.0):
     raise TimeoutError("no matching frame")
 
 
+async def across(args, alice, seen, bob_name: str) -> None:
+    """--scenario across: alice and bob on two hubs; alice learns bob's
+    incarnation from the peer's roster, requests across, and follows the
+    stages with status requests (they are not pushed across hubs)."""
+    remote = f"{bob_name}@{args.peer}"
+    await alice.request_who(hub=args.peer)
+    who = await wait_for(seen["alice"], lambda f: f.get("type") == "who_snapshot"
+                         and f.get("remote_hub") == args.peer)
+    inc = who["delivery_sessions"][remote]["incarnation"]
+    emit({"event": "incarnation", "value": inc})
+    key = await alice.request_delivery(target=remote, target_incarnation=inc, mode="next_turn",
+                                       body="summarise the log", deadline=time.time() + 60,
+                                       request_id="job-1", idempotency_key="idem-1",
+                                       task_id="task-1")
+    emit({"event": "op", "name": "job-1", "operation_key": key})
+    answer = await wait_for(seen["alice"], lambda f: f.get("type") in (
+        "delivery_status", "delivery_refused") and f.get("request_id") == "job-1")
+    emit({"event": "answer", "frame": answer})
+    if answer["type"] != "delivery_status":
+        emit({"event": "done"})
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        count = len(seen["alice"])
+        await alice.request_delivery_status(answer["operation_key"])
+        status, until = None, time.monotonic() + 5
+        while status is None and time.monotonic() < until:
+            status = next((f for f in seen["alice"][count:] if f.get("type") in (
+                "delivery_status", "delivery_refused")), None)
+            await asyncio.sleep(0.02)
+        if status is not None and status.get("stage") == "completed":
+            emit({"event": "completed", "frame": status})
+            break
+        await asyncio.sleep(0.2)
+    emit({"event": "done"})
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--uri", required=True)
     ap.add_argument("--ns", default="iop")
     ap.add_argument("--ledger", required=True)
     ap.add_argument("--scenario", default="full")
+    ap.add_argument("--bob-uri", help="bob's hub, for --scenario across (default --uri)")
+    ap.add_argument("--peer", help="bob's hub id as alice's hub names it (--scenario across)")
     args = ap.parse_args()
 
     from synapse_channel.client.agent import SynapseAgent  # reference venv only
@@ -94,7 +133,7 @@ async def main() -> int:
     if not await alice.wait_until_ready(timeout=5):
         emit({"event": "not_ready"})
         return 1
-    bob = SynapseAgent(bob_name, on_bob, uri=args.uri, verbose=False,
+    bob = SynapseAgent(bob_name, on_bob, uri=args.bob_uri or args.uri, verbose=False,
                        delivery_capabilities={"next_turn": "native", "follow_up": "emulated"})
     bridge = box["bridge"] = DeliveryParticipantBridge(bob, Answering(),
                                                        ledger_path=Path(args.ledger))
@@ -104,6 +143,20 @@ async def main() -> int:
     tasks.append(asyncio.create_task(bob.connect()))
     await bob.wait_until_ready(timeout=5)
     await wait_for(seen["bob"], lambda f: f.get("type") == "delivery_session")
+    if args.scenario == "across":
+        await across(args, alice, seen, bob_name)
+        for agent in (alice, bob):
+            agent.running = False
+            try:
+                await asyncio.wait_for(agent.connection.close(), 3)
+            except Exception:
+                pass
+        close = bridge.close()
+        if asyncio.iscoroutine(close):
+            await close
+        for task in tasks:
+            task.cancel()
+        return 0
 
     await alice.request_who()
     who = await wait_for(seen["alice"], lambda f: f.get("type") == "who_snapshot")

@@ -437,9 +437,14 @@ def test_roster_requests_are_answered_refused_at_the_bound_and_timed_out(monkeyp
         assert (busy.reply_to, busy.type) == (8, "error") and "already waiting" in busy.text
         await h.answer({"type": "multihub_message_result", "forward_id": asked["forward_id"],
                         "disposition": "accepted",
-                        "result": {"online_agents": ["PROJ/bob", 3]}})
+                        "result": {"online_agents": ["PROJ/bob", 3], "delivery_sessions": {
+                            "PROJ/bob": {"incarnation": "e" * 64,
+                                         "capabilities": {"next_turn": "native"}}}}})
         assert h.rosters[-1] == RosterAnswer(7, "PROJ/alice", "who_snapshot", "Who snapshot", {
-            "remote_hub": "west", "online_agents": ["PROJ/bob@west"], "connected_clients": 1})
+            "remote_hub": "west", "online_agents": ["PROJ/bob@west"], "connected_clients": 1,
+            "delivery_sessions": {"PROJ/bob@west": {
+                "incarnation": "e" * 64, "capabilities": {"next_turn": "native"},
+                "hub_id": "west"}}})
         h.outbox.mailbox.post(Roster(9, "PROJ/ann"))
         await settle()
         await h.clock.advance(outbox_module.ROSTER_TIMEOUT + 0.6)
