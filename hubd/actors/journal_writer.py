@@ -105,7 +105,6 @@ class JournalWriter:
             self.store = None
         self._thread.stop()
 
-
     async def run(self) -> None:
         inbox = self.inbox
         while True:
