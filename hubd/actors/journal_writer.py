@@ -105,9 +105,6 @@ class JournalWriter:
             self.store = None
         self._thread.stop()
 
-    def _append(self, events) -> None:
-        self.store.append([event.row() for event in events])
-
     async def run(self) -> None:
         inbox = self.inbox
         while True:
@@ -146,7 +143,10 @@ class JournalWriter:
                 self._fault.reached("before", events)
             started = time.perf_counter()
             try:
-                await self.call(self._append, events)
+                # rows are made here, not on the writer's thread, which then
+                # needs the GIL only to start and to end the statement
+                rows = [event.row() for event in events]
+                await self.call(self.store.append, rows)
             except Exception as exc:  # sqlite3.Error, OSError: the disk said no
                 failed = self.failed = True
                 self.metrics.journal_failures += 1

@@ -23,6 +23,8 @@ import math
 import re
 from dataclasses import dataclass
 
+import orjson
+
 WIRE_VERSION = 3
 
 # modes, in the order the seed lists them; the first two act on a live turn
@@ -119,13 +121,45 @@ def incarnation_of(hub_id: str, name: str, token: str) -> str:
 def operation_key(origin_hub: str, sender: str, request_id: str) -> str:
     """The operation's durable identity, which the reference client computes
     on its own side before it sends (request_delivery returns it)."""
-    text = json.dumps([origin_hub, sender, request_id], separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(canonical_json([origin_hub, sender, request_id])).hexdigest()
 
 
 def canonical_digest(value) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def canonical_json(value) -> bytes:
+    """`json.dumps(value, sort_keys=True, separators=(",", ":"))` (ASCII, escaped),
+    the text the digests and operation keys are made of, byte for byte: they
+    are journaled and the reference client computes operation keys itself.
+
+    orjson's text is taken when it is plain ASCII without a backslash (no
+    escape, whose spelling could differ) and every float in the value prints
+    as its repr does; anything else takes json.dumps itself. json.dumps was
+    ~9% of the event loop's time at 1,000 round trips/s; this, float check
+    included, makes a request's digest about twice as fast."""
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # an unpaired surrogate, an integer past 64 bits
+        text = None
+    if text is None or not text.isascii() or b"\\" in text or not _floats_as_repr(value):
+        text = json.dumps(value, sort_keys=True, separators=(",", ":")).encode("ascii")
+    return text
+
+
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def _floats_as_repr(value) -> bool:
+    t = type(value)
+    if t in _PLAIN:
+        return True
+    if t is float:
+        return orjson.dumps(value) == repr(value).encode()
+    for item in (value.values() if t is dict else value):
+        if type(item) not in _PLAIN and not _floats_as_repr(item):
+            return False
+    return True
 
 
 def notification_id(op_key: str, n: int) -> str:

@@ -34,6 +34,15 @@ Scenarios (senders x window, recipients):
                   enough recipients that no cap is reached (16 unfinished per sender per
                   incarnation, 128 per incarnation, hubd's 16,384 in all): admissions/s and
                   the request -> queued latency
+  f   rt fixed    open loop, l's shape (4 senders, 2 recipients): requests on a fixed
+                  schedule at --rate-factor (10) x the reference's closed-loop l round trips/s
+                  measured earlier in the same round (or --rate R), offered to hubd only.
+                  Round-trip and admission latencies run from each request's *scheduled*
+                  send time, so a hub that falls behind shows its queueing (no coordinated
+                  omission); a due request that would pass the 16-per-sender cap waits in the
+                  client (held), its clock running. Send lag (when the client saw a request
+                  due - its scheduled time) says whether the client kept its schedule (flag
+                  SEND-LAG above 2 ms p99); `held at most` how far the hub let it fall behind.
 
 The caps hold: scenario l has at most 16 unfinished per sender (its window) and 32 per
 recipient; scenario a sends at most 16 per (sender, recipient) and 128 per recipient, and
@@ -41,9 +50,10 @@ counts ``recipient_queue_full`` refusals if any happen.
 
 Hubs as started:
   reference  synapse hub --db <fresh> --hub-id bench-ref --metrics --no-durable-ingress-quota
-  hubd       python -m hubd --db <fresh> --hub-id bench-hubd --no-durable-ingress-quota --welcome-wire-v3
+  hubd       python -m hubd --db <fresh> --hub-id bench-hubd --no-durable-ingress-quota
 
-    .venv/bin/python -m tests.bench.bench_delivery                  # 3 rounds, scenarios u,l,a
+    .venv/bin/python -m tests.bench.bench_delivery                  # 3 rounds, scenarios u,l,a,f
+    .venv/bin/python -m tests.bench.bench_delivery --only hubd --scenarios f --rate 800   # hubd alone at 800 rt/s
     .venv/bin/python -m tests.bench.bench_delivery --rounds 5 --json /tmp/dlv.json
     .venv/bin/python -m tests.bench.bench_delivery --quick          # 1 round, short runs
     .venv/bin/python -m tests.bench.bench_delivery --only hubd --scenarios l --duration 20 --keep
@@ -91,10 +101,16 @@ SCENARIOS: dict[str, dict] = {
     "u": {"label": "rt 1x1", "kind": "rt", "senders": 1, "window": 1, "recipients": 1},
     "l": {"label": "rt 4x16", "kind": "rt", "senders": 4, "window": 16, "recipients": 2},
     "a": {"label": "adm 8x32", "kind": "adm", "senders": 8, "window": 32, "recipients": None},
+    # open loop: l's shape, requests on a fixed schedule at --rate-factor x the reference's
+    # closed-loop l round trips/s measured earlier in the same round (hubd variants only)
+    "f": {"label": "rt fixed", "kind": "rt", "senders": 4, "window": PER_SENDER, "recipients": 2,
+          "fixed": True},
 }
+FIXED_VARIANTS = ("hubd", "hubd-base")  # the reference sets the rate; it is not offered it
 # seconds of measured load (rt scenarios), admissions (adm), per hub; --quick in brackets
-DURATION = {"u": 8.0, "l": 10.0}
-QUICK_DURATION = {"u": 3.0, "l": 4.0}
+DURATION = {"u": 8.0, "l": 10.0, "f": 10.0}
+QUICK_DURATION = {"u": 3.0, "l": 4.0, "f": 4.0}
+RATE_FACTOR = 10.0  # issue 11's goal: hubd at 10x the reference's throughput
 ADM_COUNT = {"reference": 2000, "hubd": 12000}
 QUICK_ADM_COUNT = {"reference": 500, "hubd": 3000}
 
@@ -280,9 +296,33 @@ class Sender(Side):
 
     def start(self, n: int | None, recorded: bool, deadline: float | None) -> asyncio.Future:
         self.budget, self.recorded, self.deadline, self.sent = n, recorded, deadline, 0
+        self.rate = None
         self.done_fut = asyncio.get_running_loop().create_future()
         self.pump()
         return self.done_fut
+
+    def start_fixed(self, rate: float, t_start: float, until: float) -> asyncio.Future:
+        """Open loop: request k is due at t_start + k / rate, for every k due before
+        `until`, whatever is in flight. Its latencies are measured from that scheduled
+        time, so a late send (the client, or the per-sender cap holding it) counts as
+        queueing, not as a shorter round trip (no coordinated omission). The hub's cap
+        of 16 unfinished per sender is kept by holding due requests here (`held`)."""
+        self.budget, self.recorded, self.deadline, self.sent = None, True, None, 0
+        self.rate, self.t_start, self.until = rate, t_start, until
+        self.scheduled = 0
+        self.backlog: list[float] = []  # scheduled times of due requests not yet sent
+        # per request: when the client saw it due - its scheduled time (the client's own
+        # lateness; time held back by the cap is not in it, `held` says that)
+        self.lag: list[float] = []
+        self.held = 0  # the most due requests held back at once by the per-sender cap
+        self.done_fut = asyncio.get_running_loop().create_future()
+        self.pump()
+        return self.done_fut
+
+    def next_due(self) -> float | None:
+        """When the next scheduled request falls due (None once the schedule is over)."""
+        t = self.t_start + self.scheduled / self.rate
+        return t if t < self.until else None
 
     def _finish(self) -> None:
         if self.done_fut is not None and not self.done_fut.done():
@@ -291,8 +331,55 @@ class Sender(Side):
     def busy(self) -> bool:
         return bool(self.inflight) or bool(self.unadmitted)
 
+    def _request(self, seq: int, ts: float) -> tuple[str, bytes]:
+        if self.per_target is None:
+            tgt = self.targets[0]
+        else:
+            tgt = self.targets[seq % len(self.targets)]
+        rid = f"s{self.idx}-{seq}"
+        return rid, self.proto.masker.frame(_dumps({
+            "sender": self.name, "target": tgt.name, "type": "delivery_request",
+            "payload": "", "timestamp": ts, "protocol_version": 3, "request_id": rid,
+            "idempotency_key": f"k-{rid}", "target_incarnation": tgt.incarnation,
+            "mode": "follow_up", "allowed_fallbacks": [], "task_id": f"t-{rid}",
+            "body": self.body, "deadline": self.deadline_abs}))
+
+    def _pump_fixed(self) -> None:
+        now = _now()
+        while True:  # what has fallen due since the last pump
+            t = self.next_due()
+            if t is None or t > now:
+                break
+            self.backlog.append(t)
+            self.lag.append(now - t)  # how late the client noticed it was due
+            self.scheduled += 1
+        room = self.window - len(self.inflight)
+        k = min(room, len(self.backlog))
+        if k > 0:
+            ts = time.time()
+            out = []
+            for i in range(k):
+                t_sched = self.backlog[i]
+                rid, data = self._request(self.next_seq, ts)
+                self.next_seq += 1
+                out.append(data)
+                ent = (t_sched, True)
+                self.inflight[rid] = ent
+                self.unadmitted[rid] = ent
+            del self.backlog[:k]
+            self.proto.transport.write(out[0] if k == 1 else b"".join(out))
+            self.sent += k
+            self.shared.sent += k
+        if len(self.backlog) > self.held:
+            self.held = len(self.backlog)
+        if self.next_due() is None and not self.backlog:
+            self._finish()
+
     def pump(self) -> None:
         if self.done_fut is None or self.done_fut.done():
+            return
+        if self.rate is not None:
+            self._pump_fixed()
             return
         if self.deadline is not None and _now() >= self.deadline:
             self._finish()
@@ -301,25 +388,14 @@ class Sender(Side):
         if self.budget is not None:
             k = min(k, self.budget - self.sent)
         if k > 0:
-            enc = self.proto.masker.frame
             out = []
             rids = []
             ts = time.time()
             for _ in range(k):
-                seq = self.next_seq
+                rid, data = self._request(self.next_seq, ts)
                 self.next_seq += 1
-                if self.per_target is None:
-                    tgt = self.targets[0]
-                else:
-                    tgt = self.targets[seq % len(self.targets)]
-                rid = f"s{self.idx}-{seq}"
                 rids.append(rid)
-                out.append(enc(_dumps({
-                    "sender": self.name, "target": tgt.name, "type": "delivery_request",
-                    "payload": "", "timestamp": ts, "protocol_version": 3, "request_id": rid,
-                    "idempotency_key": f"k-{rid}", "target_incarnation": tgt.incarnation,
-                    "mode": "follow_up", "allowed_fallbacks": [], "task_id": f"t-{rid}",
-                    "body": self.body, "deadline": self.deadline_abs})))
+                out.append(data)
             t = _now()
             ent = (t, self.recorded)
             for rid in rids:
@@ -459,7 +535,9 @@ async def client_main(cfg: dict) -> dict:
         box0 = lg.box_cpu_ticks()
         t0 = _now()
         shared.last_done = shared.last_adm = t0
-        if kind == "rt":
+        if cfg.get("rate"):
+            await _fixed_rate(senders, cfg["rate"], t0, t0 + cfg["duration"])
+        elif kind == "rt":
             deadline = t0 + cfg["duration"]
             await asyncio.gather(*(snd.start(None, True, deadline) for snd in senders))
         else:
@@ -494,11 +572,29 @@ async def client_main(cfg: dict) -> dict:
             "counters": dict(shared.counters),
             "samples": shared.samples,
         }
+        if cfg.get("rate"):
+            result["send_lag"] = [x for snd in senders for x in snd.lag]
+            result["held_max"] = max(snd.held for snd in senders)
     finally:
         shared.closing = True
         closers = [x.proto.close(timeout=1.0) for x in (*senders, *recipients) if x.proto is not None]
         await asyncio.gather(*closers, return_exceptions=True)
     return result
+
+
+async def _fixed_rate(senders: list[Sender], rate: float, t0: float, until: float) -> None:
+    """Offer `rate` requests/s in all, each sender rate/S on its own schedule, offset
+    so the senders interleave evenly; a ticker sends what falls due (completions
+    also pump, freeing held requests at once)."""
+    n = len(senders)
+    done = [snd.start_fixed(rate / n, t0 + i / rate, until) for i, snd in enumerate(senders)]
+    while not all(f.done() for f in done):
+        for snd in senders:
+            snd.pump()
+        due = [t for t in (snd.next_due() for snd in senders if not snd.done_fut.done())
+               if t is not None]
+        wait = (min(due) - _now()) if due else 0.005
+        await asyncio.sleep(max(0.0, wait))
 
 
 async def _drain(senders: list[Sender], timeout: float) -> bool:
@@ -535,6 +631,10 @@ def summarise_client(cfg: dict, raw: dict) -> dict:
         "other_cores": round(max(0.0, box_s - (hub or 0) - raw["client_cpu"]) / wall, 3),
         "counters": raw["counters"], "samples": raw["samples"],
     }
+    if cfg.get("rate"):
+        rec["offered_per_s"] = cfg["rate"]
+        rec["send_lag_ms"] = lg.percentiles(raw["send_lag"])
+        rec["held_max"] = raw["held_max"]
     return rec
 
 
@@ -553,18 +653,22 @@ def make_hub(variant: str, workdir: Path, hubd_src: Path | None, hubd_flags: lis
         return reference_hub_process(workdir, "--no-durable-ingress-quota", hub_id=HUB_IDS[variant])
     if variant == "hubd-base":
         hubd_src = base_src
-    hub = hubd_process(workdir, "--no-durable-ingress-quota", "--welcome-wire-v3", *hubd_flags,
+    hub = hubd_process(workdir, "--no-durable-ingress-quota", *hubd_flags,
                        hub_id=HUB_IDS[variant])
     if hubd_src is not None:
         run_from_snapshot(hub, hubd_src)
     return hub
 
 
-def run_one(variant: str, scen: str, args, base: Path, tag: str) -> dict:
+def run_one(variant: str, scen: str, args, base: Path, tag: str, rate: float | None = None) -> dict:
     sc = SCENARIOS[scen]
     workdir = base / tag
     rec: dict = {"variant": variant, "scenario": scen, "label": sc["label"],
                  "loadavg_before": round(os.getloadavg()[0], 2)}
+    if sc.get("fixed") and not rate:
+        rec["error"] = ("no rate to offer: scenario l did not measure the reference in this run "
+                        "(run l with the reference, or give --rate)")
+        return rec
     hub = make_hub(variant, workdir, args.hubd_src, args.hubd_flags.split(), args.base_src)
     try:
         try:
@@ -587,7 +691,7 @@ def run_one(variant: str, scen: str, args, base: Path, tag: str) -> dict:
         cfg = {"url": hub.url, "hub_id": HUB_IDS[variant], "hub_pid": hub.pid, "kind": sc["kind"],
                "senders": sc["senders"], "window": sc["window"], "recipients": sc["recipients"],
                "duration": dur, "count": count, "warmup": warm, "pipelined": args.pipelined,
-               "run": secrets.token_hex(3)}
+               "run": secrets.token_hex(3), "rate": rate if sc.get("fixed") else None}
         rec["cfg"] = {k: v for k, v in cfg.items() if k not in ("url", "hub_pid")}
         cmd = [sys.executable, "-m", "tests.bench.bench_delivery", "--client", json.dumps(cfg)]
         t0 = time.monotonic()
@@ -617,6 +721,16 @@ def run_one(variant: str, scen: str, args, base: Path, tag: str) -> dict:
             rec["journal_bytes_per_op"] = round((dir_bytes(workdir) - base_bytes) / rec["ops"], 1)
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def fixed_rate(runs: list[dict], rnd: int, factor: float) -> float | None:
+    """factor x the reference's closed-loop l round trips/s: this round's figure, else
+    the latest earlier round's."""
+    refs = [r for r in runs if r["variant"] == "reference" and r["scenario"] == "l"
+            and "error" not in r and r.get("ops_per_s") and r["round"] <= rnd]
+    if not refs:
+        return None
+    return round(factor * max(refs, key=lambda r: r["round"])["ops_per_s"], 1)
 
 
 PROBLEM_KEYS = ("missing",)
@@ -664,6 +778,12 @@ def summarise(runs, variants, scenarios):
                 "other_cores": med([r.get("other_cores") for r in ok]),
                 "loadavg": med([r.get("loadavg_before") for r in ok]),
                 "bytes_per_op": med([r.get("journal_bytes_per_op") for r in ok]),
+                "offered": med([r.get("offered_per_s") for r in ok]),
+                "rate_source": next((r["rate_source"] for r in ok if r.get("rate_source")), None),
+                "kept_up": med([r["ops_per_s"] / r["offered_per_s"] for r in ok
+                                if r.get("offered_per_s")]),
+                "send_lag_p99": med([(r.get("send_lag_ms") or {}).get("p99") for r in ok]),
+                "rt_p99_all": [r["rt_lat_ms"]["p99"] for r in ok],
                 "problems": probs,
             })
     return rows
@@ -714,6 +834,17 @@ def verdict(rows, rat) -> list[str]:
         what = "round trips/s" if scen == "l" else "admissions/s"
         lines.append(f"{SCENARIOS[scen]['label']}: hubd/reference {what} {x:.1f}x "
                      f"(goal >= 10x: {'met' if x >= 10 else 'NOT met'})")
+    h = by.get(("f", "hubd"))
+    if h is not None and h["offered"]:
+        ok = h["rt_p99"] is not None and h["rt_p99"] < 20 and (h["kept_up"] or 0) >= 0.97
+        lines.append(
+            f"{h['label']}: hubd offered {h['offered']:.0f} round trips/s ({h['rate_source']}, "
+            f"open loop) completed {h['ops_per_s']:.0f}/s "
+            f"({(h['kept_up'] or 0) * 100:.0f}% of offered); request -> completed p50 "
+            f"{fmt(h['rt_p50'], 2)} p99 {fmt(h['rt_p99'], 2)} ms (rounds: "
+            f"{', '.join(fmt(x, 1) for x in h['rt_p99_all'])}); request -> queued p50 "
+            f"{fmt(h['adm_p50'], 2)} p99 {fmt(h['adm_p99'], 2)} ms "
+            f"(goal: p99 < 20 ms at that rate: {'met' if ok else 'NOT met'})")
     for scen in ("u", "l", "a"):
         h = by.get((scen, "hubd"))
         if h is None:
@@ -727,7 +858,7 @@ def verdict(rows, rat) -> list[str]:
 
 
 def print_table(rows, rat) -> None:
-    hdr = ("scen", "hub", "ok", "n", "ops/s", "rt p50", "rt p99", "rt max", "adm/s", "adm p50", "adm p99",
+    hdr = ("scen", "hub", "ok", "n", "offered", "ops/s", "rt p50", "rt p99", "rt max", "adm/s", "adm p50", "adm p99",
            "hub ms/op", "hub cpu", "client cpu", "client us/op", "other", "load", "B/op", "problems")
     lines = [hdr]
     for r in rows:
@@ -738,9 +869,11 @@ def print_table(rows, rat) -> None:
             flags["CLIENT-BOUND"] = True
         if (r["other_cores"] or 0) > 0.3:
             flags["BOX-BUSY"] = True
+        if (r["send_lag_p99"] or 0) > 2.0:  # the client sent late against its schedule
+            flags["SEND-LAG"] = f"{r['send_lag_p99']:.1f}ms"
         pct = lambda v: fmt(None if v is None else v * 100, 0) + "%"  # noqa: E731
         lines.append((f"{r['scenario']} {r['label']}", r["variant"], str(r["rounds_ok"]), fmt(r["n"], 0),
-                      fmt(r["ops_per_s"], 0), fmt(r["rt_p50"], 2), fmt(r["rt_p99"], 2), fmt(r["rt_max"], 1),
+                      fmt(r["offered"], 0), fmt(r["ops_per_s"], 0), fmt(r["rt_p50"], 2), fmt(r["rt_p99"], 2), fmt(r["rt_max"], 1),
                       fmt(r["adm_per_s"], 0), fmt(r["adm_p50"], 2), fmt(r["adm_p99"], 2),
                       fmt(r["hub_ms_per_op"], 3), pct(r["hub_cpu_util"]), pct(r["client_cpu_util"]),
                       fmt(r["client_us_per_op"], 0), fmt(r["other_cores"], 2), fmt(r["loadavg"], 2),
@@ -786,9 +919,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-rev", default=None,
                     help="also run hubd as committed at this revision (variant hubd-base), e.g. the "
                          "commit before a change; ratios then include hubd / hubd-base")
-    ap.add_argument("--scenarios", default="u,l,a", help="comma list of u, l, a (default all)")
+    ap.add_argument("--scenarios", default="u,l,a,f", help="comma list of u, l, a, f (default all)")
     ap.add_argument("--duration", type=float, default=None, help="seconds of measured load, rt scenarios")
     ap.add_argument("--adm-count", type=int, default=None, help="admissions per adm run (both hubs)")
+    ap.add_argument("--rate-factor", type=float, default=RATE_FACTOR,
+                    help="scenario f offers hubd this many times the reference's l round trips/s "
+                         "(default 10, the issue's goal)")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="scenario f: offer this many round trips/s instead (no reference needed)")
     ap.add_argument("--warmup", type=int, default=40, help="unmeasured round trips before each rt run")
     ap.add_argument("--pipelined", action="store_true",
                     help="the executor sends boundary, ack and outcome in one write instead of waiting "
@@ -812,6 +950,10 @@ def main(argv: list[str] | None = None) -> int:
     for s in scenarios:
         if s not in SCENARIOS:
             ap.error(f"unknown scenario {s!r}")
+    if "f" in scenarios and not args.rate:
+        if "reference" not in variants or "l" not in scenarios or scenarios.index("l") > scenarios.index("f"):
+            ap.error("scenario f offers a multiple of the reference's l round trips/s: run l before f "
+                     "with the reference, or give --rate")
     base = Path(tempfile.mkdtemp(prefix="hubd-bench-dlv-"))
     args.hubd_src = None
     args.base_src = None
@@ -839,11 +981,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for rnd in range(1, rounds + 1):
             for scen in scenarios:
+                rate = None
+                if SCENARIOS[scen].get("fixed"):
+                    rate = args.rate or fixed_rate(runs, rnd, args.rate_factor)
                 for var in in_turn(variants, rnd):
                     if fails.get(var, 0) >= 2:
                         continue
-                    rec = run_one(var, scen, args, base, f"r{rnd}-{scen}-{var}")
+                    if SCENARIOS[scen].get("fixed") and var not in FIXED_VARIANTS:
+                        continue
+                    rec = run_one(var, scen, args, base, f"r{rnd}-{scen}-{var}", rate)
                     rec["round"] = rnd
+                    if rate:
+                        rec["rate_source"] = ("--rate" if args.rate else
+                                              f"{args.rate_factor:g} x reference l")
                     runs.append(rec)
                     if "error" in rec:
                         if rec["error"].startswith("hub did not start"):
@@ -855,6 +1005,11 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     rt, adm = rec["rt_lat_ms"], rec["adm_lat_ms"]
                     probs = problems_of(rec)
+                    if rec.get("offered_per_s"):
+                        print(f"  round {rnd} {scen} offered {rec['offered_per_s']:.0f} rt/s "
+                              f"({rec['rate_source']}), send lag p50 "
+                              f"{fmt(rec['send_lag_ms']['p50'], 2)} p99 {fmt(rec['send_lag_ms']['p99'], 2)} ms, "
+                              f"held at most {rec['held_max']}", flush=True)
                     print(f"  round {rnd} {scen} {SCENARIOS[scen]['label']:<9} {var:<9} n={rec['ops']:<6} "
                           f"{rec['ops_per_s']:>7.0f} ops/s  rt p50 {fmt(rt['p50'], 2):>6} p99 {fmt(rt['p99'], 2):>6}  "
                           f"adm {rec['adm_per_s']:>7.0f}/s p50 {fmt(adm['p50'], 2):>6} p99 {fmt(adm['p99'], 2):>6} ms  "

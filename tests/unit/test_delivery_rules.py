@@ -292,3 +292,34 @@ def test_only_delivery_frames_get_past_the_door_with_an_escaped_lone_surrogate()
                  '{"type":"delivery_request","deadline":NaN,"body":"\\ud800"}',
                  '["delivery_request","\\ud800"]'):
         assert isinstance(codec.decode_frame(text), codec.DecodeError), text
+
+
+# -- the canonical JSON behind digests and operation keys (journaled, and the
+# reference client computes operation keys itself): byte for byte json.dumps
+
+from hypothesis import example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_scalars = (st.none() | st.booleans() | st.integers(min_value=-(2 ** 70), max_value=2 ** 70)
+            | st.floats(allow_nan=True, allow_infinity=True) | st.text())
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4)
+                       | st.dictionaries(st.text(), inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_values)
+@example({"body": "caf\u00e9", "deadline": 1e16})
+@example({"evidence": {"boundary": "line\nbreak"}, "stage": "x", "n": -0.0})
+@example(["hub", "p/s\ud800", "r1"])
+@example({"deadline": 1764633600.123456, "target": "p/\x7f", "big": 2 ** 64})
+def test_canonical_json_is_json_dumps_sorted_compact_ascii(value):
+    want = json.dumps(value, sort_keys=True, separators=(",", ":")).encode("ascii")
+    assert r.canonical_json(value) == want
+
+
+def test_operation_key_and_digest_are_sha256_of_that_text():
+    assert r.operation_key("h", "p/s", "r\u00e91") == hashlib.sha256(
+        json.dumps(["h", "p/s", "r\u00e91"], separators=(",", ":")).encode()).hexdigest()
+    content = {"target": "p/r", "deadline": 1764633600.5, "allowed_fallbacks": []}
+    assert r.canonical_digest(content) == hashlib.sha256(json.dumps(
+        content, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()).hexdigest()
