@@ -39,7 +39,7 @@ def core_plugin() -> Plugin:
         on_register=(claims.on_register, mailbox.on_register, delivery.on_register),
         on_unregister=(capabilities.on_unregister, claims.on_unregister,
                        delivery.on_unregister, receipts.on_unregister),
-        periodic=(claims.sweep, delivery.sweep, receipts.dark_seat_sweep),
+        periodic=(claims.sweep, delivery.sweep, receipts.sweep),
         rebuilt=receipts.rebuilt,
         state_sections=claims.STATE_SECTIONS,
         health_sections={"active_claims": claims.health_active_claims},

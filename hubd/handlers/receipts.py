@@ -85,6 +85,10 @@ class ReceiptDesk:
         """Decide every chat whose writes have all reported, and settle every
         notification whose write completed: one round, one batch."""
         self._posted = False
+        if router.mutations_refused():
+            # the journal is refusing writes: keep the results; the once-a-
+            # second sweep tries again (an aggregate never skips its verdict)
+            return
         results, self.results = self.results, []
         sent, self.sent = self.sent, []
         for seq, name, ok in results:
@@ -108,8 +112,13 @@ class ReceiptDesk:
         for sender, ids in settled.items():
             outbox = router.state.receipts.outbox.get(sender, {})
             still = [i for i in ids if i in outbox]
-            if still and not router.mutations_refused():
+            if still:
                 router.event(ev.RECEIPT_NOTIFIED, {"sender": sender, "notification_ids": still})
+
+    def retry(self) -> None:
+        """From the sweep: results held back while the journal refused writes."""
+        if self.results or self.sent:
+            self._post()
 
     def forget_endpoint(self, endpoint: int) -> None:
         self.in_flight.pop(endpoint, None)
@@ -318,8 +327,17 @@ def on_unregister(router: Router, session: Session) -> None:
 DARK_SEATS = "receipts.dark_seats"  # router.live: identity -> (since, alerted)
 
 
+def sweep(router: Router) -> None:
+    """Once a second: write results held back by a refusing journal, and the
+    dark-seat watch."""
+    found = router.live.get("receipts")
+    if found is not None:
+        found.retry()
+    dark_seat_sweep(router)
+
+
 def dark_seat_sweep(router: Router) -> None:
-    """Once a second: a seat that owns an unexpired claim or is the suggested
+    """A seat that owns an unexpired claim or is the suggested
     owner of an unfinished board task, without a fresh exact-identity -rx
     waiter for --dark-seat-after seconds, gets one dark_seat_alert broadcast
     per continuous episode. It changes no claim or board authority."""

@@ -247,3 +247,43 @@ def test_a_receipt_committed_before_a_sigkill_is_delivered_after_restart(tmp_pat
         assert later == []
     finally:
         hub.stop()
+
+
+async def test_a_seat_owning_work_without_a_waiter_gets_one_dark_seat_alert(tmp_path):
+    async with running_hub(tmp_path, dark_seat_after=1.0) as server:
+        alice = await joined(server.url, "p/alice")
+        carol = await joined(server.url, "p/carol")
+        await carol.send_json({"sender": "p/carol", "target": "System", "type": "claim",
+                               "payload": "t-1", "task_id": "t-1", "ttl_seconds": 600,
+                               "paths": ["x.py"], "worktree": "/r"})
+        await carol.recv_type("claim_granted", task_id="t-1")
+        await alice.send_json({"sender": "p/alice", "target": "all", "type": "ledger_task",
+                               "payload": "", "task_id": "b-1", "title": "T",
+                               "suggested_owner": "p/dave"})
+        alerts = [await alice.recv_type("dark_seat_alert", timeout=10) for _ in range(2)]
+        by_identity = {a["identity"]: a for a in alerts}
+        assert by_identity["p/carol"]["claims"] == ["t-1"]
+        assert by_identity["p/carol"]["tasks"] == []
+        assert by_identity["p/dave"]["tasks"] == ["b-1"]
+        assert by_identity["p/carol"]["missing_for_seconds"] >= 1.0
+        assert "synapse arm --name=p/carol" in by_identity["p/carol"]["remedy"]
+        assert by_identity["p/carol"]["target"] == "all"
+        # re-arming the waiter ends carol's episode: no second alert meanwhile
+        waiter = await joined(server.url, "p/carol-rx")
+        while "p/carol" in server.hub.router.live.get("receipts.dark_seats", {}):
+            await waiter.send_json({"sender": "p/carol-rx", "target": "System",
+                                    "type": "heartbeat", "payload": "online"})
+            await asyncio.sleep(0.2)
+        assert server.hub.metrics.dark_seat_alerts == 2
+        assert len(alice.seen("dark_seat_alert")) == 2
+        # the alert changed no authority: carol still holds her claim
+        assert server.hub.router.state.extensions  # projection intact
+        await carol.send_json({"sender": "p/carol", "target": "System", "type": "state_request"})
+        snapshot = (await carol.recv_type("state_snapshot"))["snapshot"]
+        assert [c["task_id"] for c in snapshot["active_claims"]] == ["t-1"]
+        # the waiter goes: a new episode, a new alert
+        await waiter.close()
+        again = await alice.recv_type("dark_seat_alert", identity="p/carol", timeout=10)
+        assert again["claims"] == ["t-1"]
+        for probe in (alice, carol):
+            await probe.close()
