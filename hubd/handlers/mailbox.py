@@ -20,6 +20,10 @@ from . import grants, receipts
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
 
+# where federation's forwarding sends settled forward receipts from (its home
+# is hubd/handlers/receipts.py now)
+deliver_notifications = receipts.deliver_notifications
+
 
 def mailbox_identity(router: Router, session: Session, frame: dict, verb: str) -> str | None:
     """Whose mailbox a connection reads (or acks): its own, its seat's when it
