@@ -94,6 +94,14 @@ def test_sigkill_during_receipt_burst(tmp_path):
     # the live recipient: nothing it saw is missing from the journal, nothing
     # came twice, and what it saw is an unbroken prefix of the journal's chats
     # (one endpoint's messages leave in seq order; the kill cuts that stream).
+    live_seqs = [c["seq"] for c in live]
+    assert live_seqs, "bob saw no chat before the kill; nothing was tested"
+    assert len(live_seqs) == len(set(live_seqs)), "bob got a chat twice"
+    for chat in live:
+        stored = journal.get(chat["seq"])
+        assert stored is not None, f"bob saw seq {chat['seq']}, which is not in the journal"
+        assert stored["client_msg_id"] == chat["client_msg_id"]
+    assert live_seqs == sorted(journal)[:len(live_seqs)], "bob's live chats skip or reorder"
     # A positive receipt waits for the completed write to bob's socket
     # (docs/receipts.md), but "completed" is the drain rule: the transport's
     # buffer under 1 MiB, so up to that much can still be in the hub's
