@@ -27,6 +27,9 @@ from hubd.state.claims import LeaseLimits
 from hubd.state.principals import (SHARED_TOKEN_PRINCIPAL, PrincipalError, check_name,
                                    check_namespace_pattern)
 from hubd.state.quota import QuotaLimits
+from hubd.state.receipt_rules import (DARK_SEAT_AFTER_SECONDS, REACTION_WINDOW_SECONDS,
+                                      WAITER_WINDOW_SECONDS, LivenessPolicy)
+from hubd.state.receipts import PENDING_RECEIPTS
 from hubd.state.redsyn import Limits as RedsynLimits
 
 SUBCOMMANDS = {
@@ -99,6 +102,31 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"quota window in seconds (default {DEFAULT_QUOTA_WINDOW:g})")
     routing.add_argument("--no-durable-ingress-quota", action="store_true",
                          help="turn the per-principal ingress quota off")
+    receipts = parser.add_argument_group("receipts (docs/receipts.md)")
+    stale = receipts.add_mutually_exclusive_group()
+    stale.add_argument("--warn-stale-recipients", dest="warn_stale_recipients",
+                       action="store_true", default=True,
+                       help="judge directed recipients by consume-live liveness: a match with "
+                            "no fresh reaction and no live -rx waiter is stale, and a chat "
+                            "that reaches only stale ones is no_live_recipient (default)")
+    stale.add_argument("--no-warn-stale-recipients", dest="warn_stale_recipients",
+                       action="store_false",
+                       help="compatibility: every socket match counts as live")
+    receipts.add_argument("--recipient-liveness-window", type=float,
+                          default=REACTION_WINDOW_SECONDS, metavar="SECONDS",
+                          help="a recipient is live this long after it registered or sent a "
+                               "frame other than a heartbeat (default: 90)")
+    receipts.add_argument("--waiter-liveness-window", type=float,
+                          default=WAITER_WINDOW_SECONDS, metavar="SECONDS",
+                          help="an -rx waiter vouches for its seat this long after its last "
+                               "frame, keepalives included (default: 20)")
+    receipts.add_argument("--pending-receipts", type=int, default=PENDING_RECEIPTS,
+                          metavar="N", help="negative receipts awaiting a mailbox ack; the "
+                          "oldest past N is settled expired and told to its sender "
+                          "(default: 4096)")
+    receipts.add_argument("--dark-seat-after", type=float, default=DARK_SEAT_AFTER_SECONDS,
+                          metavar="SECONDS", help="how long a seat owning live work may lack "
+                          "a fresh -rx waiter before its dark_seat_alert (default: 30)")
     fed = parser.add_argument_group(
         "federation", "Forward chats to seats on peer hubs (PROJECT/seat@HUB) and serve peers. "
         "Same flags and files as the reference hub; see policies/README.md.")
@@ -228,6 +256,10 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parser.error("--max-connections-per-host must be 0 (no cap) or positive")
     if args.durable_ingress_window <= 0:
         parser.error("--durable-ingress-window must be positive")
+    for name in ("recipient_liveness_window", "waiter_liveness_window", "pending_receipts",
+                 "dark_seat_after"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
     try:
         advertised = frozenset(parse_advertised(value) for value in args.advertised_host)
     except AuthorityError as exc:
@@ -304,7 +336,10 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         redsyn=not args.no_redsyn,
         redsyn_allow_loopback_webhooks=args.redsyn_allow_loopback_webhooks,
         redsyn_webhook_first_retry=args.redsyn_webhook_first_retry,
-        redsyn_limits=redsyn_limits, broker=broker)
+        redsyn_limits=redsyn_limits, broker=broker,
+        liveness=LivenessPolicy(args.warn_stale_recipients, args.recipient_liveness_window,
+                                args.waiter_liveness_window),
+        pending_receipts=args.pending_receipts, dark_seat_after=args.dark_seat_after)
 
 
 async def serve(config: HubConfig) -> int:

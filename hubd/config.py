@@ -8,6 +8,8 @@ from pathlib import Path
 from hubd.state.claims import LeaseLimits
 from hubd.state.redsyn import Limits as RedsynLimits
 from hubd.state.quota import QuotaLimits
+from hubd.state.receipt_rules import DARK_SEAT_AFTER_SECONDS, LivenessPolicy
+from hubd.state.receipts import PENDING_RECEIPTS
 
 DEFAULT_PORT = 8876
 DEFAULT_DB = "hubd.db"
@@ -70,4 +72,9 @@ class HubConfig:
     redsyn_webhook_first_retry: float = 10.0
     redsyn_limits: RedsynLimits = field(default_factory=RedsynLimits)
     broker: BrokerConfig | None = None
+    # consume-live receipts (docs/receipts.md): the stale-recipient gate and
+    # its windows, the pending-receipt window, the dark-seat persistence
+    liveness: LivenessPolicy = field(default_factory=LivenessPolicy)
+    pending_receipts: int = PENDING_RECEIPTS
+    dark_seat_after: float = DARK_SEAT_AFTER_SECONDS
 

@@ -87,7 +87,8 @@ class Hub:
     def _replay(self) -> tuple[HubState, list[CorruptRow]]:
         installed = self.installed
         state = HubState.fresh(installed.appliers, installed.projections,
-                               history_limit=self.config.max_history)
+                               history_limit=self.config.max_history,
+                               pending_receipts=self.config.pending_receipts)
         corrupt: list[CorruptRow] = []
         reader = JournalReader(self.config.db)
         try:

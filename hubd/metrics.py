@@ -28,6 +28,13 @@ class HubMetrics:
         self.frames_in_bytes = 0
         self.chats_routed = 0
         self.dead_letters = 0
+        # consume-live receipts (hubd/handlers/receipts.py): verdicts by kind,
+        # liveness warnings, dark-seat alerts, receipts decided unwritten
+        # because too many awaited writes
+        self.receipts: dict[str, int] = {}
+        self.liveness_warnings = 0
+        self.dark_seat_alerts = 0
+        self.receipt_write_overflows = 0
         self.quota_refusals: dict[str, int] = {}
         self.auth_denied = 0
         self.name_conflicts = 0
@@ -66,6 +73,9 @@ class HubMetrics:
         # or a {label_value: number} mapping, label name)
         self.gauges: dict[str, tuple[str, Callable, str | None]] = {}
         self.registry.register(_Collector(self))
+
+    def count_receipt(self, kind: str) -> None:
+        self.receipts[kind] = self.receipts.get(kind, 0) + 1
 
     def count_in(self, type_: str) -> None:
         frames = self.frames_in
@@ -124,6 +134,16 @@ class _Collector:
                                   value=m.chats_routed)
         yield CounterMetricFamily("hubd_dead_letters", "Directed chats that reached no live recipient.",
                                   value=m.dead_letters)
+        yield _by_label("hubd_delivery_receipts", "Journaled receipt verdicts of directed "
+                        "chats, by verdict.", "verdict", m.receipts)
+        yield CounterMetricFamily("hubd_recipient_liveness_warnings",
+                                  "recipient_liveness_warning frames sent to senders.",
+                                  value=m.liveness_warnings)
+        yield CounterMetricFamily("hubd_dark_seat_alerts", "dark_seat_alert broadcasts.",
+                                  value=m.dark_seat_alerts)
+        yield CounterMetricFamily("hubd_receipt_write_overflows",
+                                  "Receipts decided without waiting for a write because "
+                                  "65,536 already waited.", value=m.receipt_write_overflows)
         yield _by_label("hubd_quota_refusals", "Frames refused by the ingress quota.", "reason",
                         m.quota_refusals)
         yield CounterMetricFamily("hubd_redsyn_webhook_rounds",

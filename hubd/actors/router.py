@@ -236,6 +236,10 @@ class Router:
             sessions.refuse_name_switch(self, session, sender)
             return
         type_ = frame_type(frame)
+        # consume-live evidence (docs/receipts.md): a keepalive proves only the socket
+        session.last_heard = self.now
+        if type_ != "heartbeat":
+            session.last_reaction = self.now
         handler = self.handlers.get(type_)
         if handler is None:
             self.error(session, f"Unknown message type '{type_}'.")

@@ -40,6 +40,11 @@ class Endpoint(Protocol):
         bounded graceful close (the WebSocket door: 1 s), and reports no stall
         meanwhile (write_stalled_for 0), so the sweeper counts it once."""
 
+    # Optional: when_written(callback). The callback gets True once every
+    # message delivered so far has completed its write (left the door's
+    # buffers within its drain bound), False if the endpoint closes or its
+    # write stalls out first. A door without it counts delivery as written.
+
 
 class Endpoints:
     def __init__(self) -> None:
@@ -63,6 +68,19 @@ class Endpoints:
         endpoint = self._by_id.get(endpoint_id)
         if endpoint is not None:
             endpoint.deliver(message)
+
+    def when_written(self, endpoint_id: int, callback) -> None:
+        """callback(True) once what endpoint_id was given so far is written,
+        callback(False) if it is gone or fails first (consume-live receipts)."""
+        endpoint = self._by_id.get(endpoint_id)
+        if endpoint is None:
+            callback(False)
+            return
+        track = getattr(endpoint, "when_written", None)
+        if track is None:
+            callback(True)  # its door has no write to wait for (it counts delivery)
+        else:
+            track(callback)
 
     def close(self, endpoint_id: int, code: int, reason: str) -> None:
         endpoint = self._by_id.get(endpoint_id)

@@ -68,6 +68,13 @@ class Connection:
         self._write_started: float | None = None
         self._registered = False
         self._stall_closing = False
+        # completed-write tracking (when_written): frames ever queued, frames
+        # handed to the transport, frames whose write completed (the buffer
+        # under WRITE_HIGH_WATER, or drained), and (mark, callback) waiters
+        self._frames_queued = 0
+        self._frames_sent = 0
+        self._frames_done = 0
+        self._write_waiters: deque = deque()
 
     def __repr__(self) -> str:
         return f"<Connection {self.id} {self.peer_host}>"
@@ -86,6 +93,7 @@ class Connection:
             self._overflow()
             return
         queue.append(framed)
+        self._frames_queued += 1
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -98,13 +106,37 @@ class Connection:
             self._overflow()
             return
         self._queue.append(framed)
+        self._frames_queued += 1
         self._schedule_flush()
+
+    def when_written(self, callback) -> None:
+        """callback(True) once every frame queued so far has completed its
+        write, callback(False) if the socket closes, overflows or stalls out
+        first (the sweeper's 5 s drain deadline). Called on the event loop."""
+        if self.closed:
+            callback(False)
+        elif self._frames_done >= self._frames_queued:
+            callback(True)
+        else:
+            self._write_waiters.append((self._frames_queued, callback))
+
+    def _written(self, upto: int) -> None:
+        self._frames_done = upto
+        waiters = self._write_waiters
+        while waiters and waiters[0][0] <= upto:
+            waiters.popleft()[1](True)
+
+    def _fail_waiters(self) -> None:
+        waiters = self._write_waiters
+        while waiters:
+            waiters.popleft()[1](False)
 
     def _overflow(self) -> None:
         self.hub.metrics.send_queue_overflows += 1
         log.warning("send queue full; closing slow consumer", conn=self.id,
                     frames=len(self._queue))
         self._queue.clear()
+        self._fail_waiters()
         self.close(CLOSE_TRY_AGAIN, "send queue overflow")
 
     def close(self, code: int, reason: str) -> None:
@@ -134,6 +166,7 @@ class Connection:
             # nothing may follow the close frame.
             queue.clear()
             self.closed = True
+            self._fail_waiters()
             return
         chunks = []
         while queue:
@@ -141,27 +174,40 @@ class Connection:
             if type(item) is tuple:
                 if chunks:
                     transport.write(b"".join(chunks))
+                    self._frames_sent += len(chunks)
+                    if transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
+                        self._written(self._frames_sent)
                 self._start(self._close_socket(item[1], item[2]))
                 queue.clear()
+                self._fail_waiters()
                 return
             chunks.append(item)
         transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        self._frames_sent += len(chunks)
         if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
             self._draining = True
             self._start(self._drain())
+        elif self._write_waiters:
+            self._written(self._frames_sent)
+        else:
+            self._frames_done = self._frames_sent
 
     async def _drain(self) -> None:
         """The peer reads slower than we write: wait (bounded by the sweeper's
         deadline) before writing more."""
         self._write_started = self._loop.time()
+        sent = self._frames_sent
         try:
             await self._stream.drain()
         except ConnectionError:
             self.closed = True
+            self._fail_waiters()
             return
         finally:
             self._write_started = None
             self._draining = False
+        if not self._stall_closing:
+            self._written(sent)
         self._flush()
 
     async def _close_socket(self, code: int, reason: str) -> None:
@@ -198,6 +244,7 @@ class Connection:
         self.closed = True
         self.close_code = CLOSE_TRY_AGAIN
         self._queue.clear()
+        self._fail_waiters()
         transport = self._stream.transport
         if transport is None or transport.is_closing():
             return
@@ -274,6 +321,7 @@ class Connection:
         finally:
             deadline.cancel()
             self.closed = True
+            self._fail_waiters()
             try:
                 if self.authenticated and hub.ready:
                     # The name is freed as soon as the socket's close is read:

@@ -11,7 +11,7 @@ from hubd.state import delivery_intents as delivery_state
 from hubd.state import hub as hub_state
 from hubd.state import idem as idem_state
 
-from . import board, capabilities, chat, claims, delivery, mailbox, queries
+from . import board, capabilities, chat, claims, delivery, mailbox, queries, receipts
 
 
 def core_plugin() -> Plugin:
@@ -38,8 +38,9 @@ def core_plugin() -> Plugin:
         projections=projections,
         on_register=(claims.on_register, mailbox.on_register, delivery.on_register),
         on_unregister=(capabilities.on_unregister, claims.on_unregister,
-                       delivery.on_unregister),
-        periodic=(claims.sweep, delivery.sweep),
+                       delivery.on_unregister, receipts.on_unregister),
+        periodic=(claims.sweep, delivery.sweep, receipts.sweep),
+        rebuilt=receipts.rebuilt,
         state_sections=claims.STATE_SECTIONS,
         health_sections={"active_claims": claims.health_active_claims},
     )

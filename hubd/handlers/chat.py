@@ -13,13 +13,14 @@ from fnmatch import fnmatchcase
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
 from hubd.core.message import Message
-from hubd.state import delivery
 from hubd.state import events as ev
 from hubd.state.chat import same_content
 from hubd.state.presence import RX_SUFFIX, Presence, Session
 from hubd.wire import codec
 from hubd.wire.envelope import finite_number, valid_client_msg_id
 from hubd.wire.targets import RemoteTargetError, Target, parse_remote, parse_target
+
+from . import receipts
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
@@ -95,15 +96,23 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
     if remote is not None:  # refused there if the hub is not a message peer
         remote_hubs.forward_chat(router, session, frame, remote, retry)
         return
-    event, recipients, directed = route_chat(router, frame, name, RETRY_ROUTE if retry else None)
+    wants_receipt = frame.get("receipt_requested") is True
+    route_extra = RETRY_ROUTE if retry else None
+    if wants_receipt:
+        # the chat commits with its receipt aggregate (hubd/handlers/receipts.py)
+        route_extra = RECEIPT_RETRY_ROUTE if retry else RECEIPT_ROUTE
+    event, recipients, directed = route_chat(router, frame, name, route_extra)
     router.fail_privately(session, "Chat was not journalled; it was not routed. Retry with the "
                                    "same client_msg_id.", client_msg_id=frame.get("client_msg_id"))
-    if frame.get("receipt_requested") is True:
-        send_receipt(router, session, frame, event.seq, recipients, directed)
+    if wants_receipt:
+        receipts.request(router, session, frame, event.seq, recipients, directed)
 
 
 # route facts of a chat whose (sender, client_msg_id) is remembered once routed
 RETRY_ROUTE = {"retry": 1}
+# route facts of a receipt-requested chat: its verdicts are separate events
+RECEIPT_ROUTE = {"receipt": 1}
+RECEIPT_RETRY_ROUTE = {"retry": 1, "receipt": 1}
 
 
 def _is_retry(router: Router, session: Session, client_msg_id: str, frame: dict) -> bool:
@@ -180,23 +189,3 @@ def stamp_chat(router: Router, frame: dict, sender: str) -> None:
     frame["hub_id"] = router.hub_id
     frame["msg_id"] = router.state.chat.last_msg_id + 1
     frame["seq"] = router.next_seq()
-
-
-def send_receipt(router: Router, session: Session, frame: dict, seq: int,
-                 recipients: list[str], directed: bool) -> None:
-    if recipients:
-        kind = delivery.IMMEDIATE_DELIVERED
-    elif directed:
-        kind = delivery.DEAD_LETTERED
-    else:
-        kind = delivery.IMMEDIATE_UNDELIVERED
-    by_name = router.presence.by_name
-    wake = {}
-    for name in recipients:
-        peer = by_name.get(name)
-        wake[name] = (peer.wake_capability if peer is not None and peer.wake_capability
-                      else "unknown")
-    chat_ref = delivery.ChatRef(session.name, seq, frame["msg_id"], frame.get("target") or "all",
-                                frame.get("client_msg_id"))
-    text, fields = delivery.receipt(kind, chat_ref, recipients, wake=wake)
-    router.reply(session, "delivery_receipt", text, **fields)

@@ -15,10 +15,14 @@ from hubd.wire import codec
 from hubd.wire.envelope import strict_int
 from hubd.wire.targets import parse_target
 
-from . import grants
+from . import grants, receipts
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
+
+# where federation's forwarding sends settled forward receipts from (its home
+# is hubd/handlers/receipts.py now)
+deliver_notifications = receipts.deliver_notifications
 
 
 def mailbox_identity(router: Router, session: Session, frame: dict, verb: str) -> str | None:
@@ -101,30 +105,12 @@ def ack(router: Router, session: Session, frame: dict, size: int) -> None:
                                 pending.client_msg_id)
     text, fields = delivery.receipt(delivery.DEFERRED, chat_ref, [identity])
     receipt = router.frame("delivery_receipt", pending.sender, text, **fields)
-    router.event(ev.RECEIPT_DEFERRED, {"chat_seq": seq, "recipient": identity, "receipt": receipt})
+    router.event(ev.DELIVERY_RECEIPT_DEFERRED, {"chat_seq": seq, "recipient": identity,
+                                                "receipt": receipt})
+    router.metrics.count_receipt(delivery.DEFERRED)
     sender = router.presence.session_of(pending.sender)
     if sender is not None:
-        deliver_notifications(router, sender)
-
-
-def deliver_notifications(router: Router, session: Session) -> None:
-    """Send the receipts waiting for this sender; settle them once they are
-    on its socket's queue (a crash before that sends them again: at least once)."""
-    name = session.name
-    waiting = router.state.receipts.notifications_for(name)
-    if not waiting:
-        return
-    for _, frame in waiting:
-        router.send(session.endpoint, frame)
-    ids = [notification_id for notification_id, _ in waiting]
-    router.after_release(lambda: router.post_control(lambda r: _settle(r, name, ids)))
-
-
-def _settle(router: Router, sender: str, ids: list[str]) -> None:
-    outbox = router.state.receipts.outbox.get(sender, {})
-    still = [i for i in ids if i in outbox]
-    if still:
-        router.event(ev.RECEIPT_NOTIFIED, {"sender": sender, "notification_ids": still})
+        receipts.deliver_notifications(router, sender)
 
 
 def on_register(router: Router, session: Session, frame: dict) -> None:
@@ -133,5 +119,5 @@ def on_register(router: Router, session: Session, frame: dict) -> None:
     name = session.name
     if name in router.state.chat.dead_letters.by_target:
         router.event(ev.DEAD_LETTERS_CLEARED, {"target": name})
-    deliver_notifications(router, session)
+    receipts.deliver_notifications(router, session)
 

@@ -14,7 +14,7 @@ from hubd.state.presence import RX_SUFFIX, Session
 from hubd.wire.envelope import strict_int
 from hubd.wire.targets import parse_target
 
-from . import delivery, inbox
+from . import delivery, inbox, receipts
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
@@ -65,9 +65,7 @@ def who(router: Router, session: Session, frame: dict, size: int) -> None:
         hub_version=f"hubd {__version__}",
         mailbox_pending=mailbox_pending(router),
         wake_capabilities={n: s.wake_capability for n, s in by_name.items() if s.wake_capability},
-        agent_liveness={n: {"proven_live": True, "has_live_waiter": False,
-                            "last_reaction_age": round(router.now - s.last_reaction, 3)}
-                        for n, s in by_name.items()},
+        agent_liveness=receipts.agent_liveness(router),
         **extra)
 
 

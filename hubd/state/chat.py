@@ -45,6 +45,9 @@ class RetryMemory:
         while len(self.entries) > RETRY_MEMORY_PAIRS:
             self.entries.popitem(last=False)
 
+    def forget(self, sender: str, client_msg_id: str) -> None:
+        self.entries.pop((sender, client_msg_id), None)
+
     def lookup(self, sender: str, client_msg_id: str, now: float) -> Remembered | None:
         entry = self.entries.get((sender, client_msg_id))
         if entry is None or now - entry.ts > RETRY_MEMORY_SECONDS:

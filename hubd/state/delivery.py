@@ -145,12 +145,22 @@ FORWARD_DUPLICATE = "forward-duplicate"
 FORWARD_REFUSED = "forward-refused"
 FORWARD_EXPIRED = "forward-expired"
 NO_ONLINE_RECIPIENT = "no_online_recipient"
+# consume-live receipts (hubd/state/receipt_rules.py, docs/receipts.md): the
+# kind names are receipt_rules' verdicts; each negative one waits for a
+# mailbox ack, so its notification is `pending` like a dead letter's
+NO_LIVE = "no_live_recipient"
+TRANSPORT_UNAVAILABLE = "recipient_transport_unavailable"
+# a pending receipt pushed out of the bounded window: settled, and told
+RECEIPT_EXPIRED = "expired"
 
 RECEIPTS: dict[str, ReceiptKind] = {
     IMMEDIATE_DELIVERED: ReceiptKind(IMMEDIATE_DELIVERED, True, False, "", None),
     IMMEDIATE_UNDELIVERED: ReceiptKind(IMMEDIATE_UNDELIVERED, False, False, "", None),
     DEAD_LETTERED: ReceiptKind(DEAD_LETTERED, False, False, NO_ONLINE_RECIPIENT, None),
+    NO_LIVE: ReceiptKind(DEAD_LETTERED, False, False, NO_LIVE, None),
+    TRANSPORT_UNAVAILABLE: ReceiptKind(DEAD_LETTERED, False, False, TRANSPORT_UNAVAILABLE, None),
     DEFERRED: ReceiptKind(DEFERRED, True, True, "", None),
+    RECEIPT_EXPIRED: ReceiptKind(RECEIPT_EXPIRED, False, True, "receipt_expired", None),
     FORWARD_PENDING: ReceiptKind(FORWARD_PENDING, False, True, "forward_pending", "pending"),
     FORWARD_ACCEPTED: ReceiptKind(FORWARD_ACCEPTED, None, None, None, ACCEPTED),
     FORWARD_DUPLICATE: ReceiptKind(FORWARD_DUPLICATE, None, None, None, DUPLICATE),
@@ -187,19 +197,25 @@ class ForwardFacts:
 
 def receipt(kind: str, chat: ChatRef, recipients: list[str] = (), *,
             forward: ForwardFacts | None = None,
-            wake: dict | None = None) -> tuple[str, dict]:
+            wake: dict | None = None, matched: list[str] | None = None,
+            stale: list[str] = ()) -> tuple[str, dict]:
     """The one delivery_receipt builder: (payload text, fields) for `kind`.
 
     `recipients` are the names the chat reached (local kinds); a forwarded
     chat's recipients come from the peer's result, qualified with @peer.
+    `matched` and `stale` are a local chat's routing evidence (the socket
+    matches, and those of them that were not consume-live); `matched`
+    defaults to the recipients.
     """
     row = RECEIPTS[kind]
     delivered, deferred, reason = row.delivered, row.deferred, row.reason
-    dead_lettered = kind == DEAD_LETTERED
+    dead_lettered = row.notification == DEAD_LETTERED or kind == RECEIPT_EXPIRED
     extra: dict = {}
     if row.forward_state is None:
         names = list(recipients)
-        text = _local_text(kind, names, chat.target)
+        matched = names if matched is None else list(matched)
+        stale = list(stale)
+        text = _local_text(kind, names, chat.target, stale)
     else:
         assert forward is not None, "a forward receipt needs its ForwardFacts"
         peer = forward.peer
@@ -211,13 +227,15 @@ def receipt(kind: str, chat: ChatRef, recipients: list[str] = (), *,
             reason = str(result.get("reason") or "")
         if deferred is None:
             deferred = forward.told_pending
+        matched, stale = names, []
         text = _forward_text(row.forward_state, peer, names, delivered, forward)
         extra = {"forward_id": forward.forward_id, "forwarded_to": peer,
                  "forward_state": row.forward_state,
                  "refusal_code": forward.reason_code if row.forward_state == REFUSED else ""}
     fields = {"client_msg_id": chat.client_msg_id, "delivered": delivered, "deferred": deferred,
               "dead_lettered": dead_lettered, "reason": reason, "recipients": names,
-              "matched_recipients": names, "stale_recipients": [], "message_id": chat.msg_id,
+              "matched_recipients": matched, "stale_recipients": stale,
+              "message_id": chat.msg_id,
               "message_seq": chat.seq, "message_target": chat.target, **extra,
               "receipt_notification_id": f"delivery-receipt:{chat.seq}:{row.notification}"}
     if wake is not None:
@@ -225,11 +243,20 @@ def receipt(kind: str, chat: ChatRef, recipients: list[str] = (), *,
     return text, fields
 
 
-def _local_text(kind: str, names: list[str], target: str) -> str:
+def _local_text(kind: str, names: list[str], target: str, stale: list[str]) -> str:
     if kind == IMMEDIATE_DELIVERED:
         return "delivered to " + ", ".join(names)
     if kind == DEAD_LETTERED:
         return f"delivery failed: no online recipient matched {target}"
+    if kind == NO_LIVE:
+        return (f"delivery failed: no live recipient matched {target}; stale sockets: "
+                + ", ".join(stale))
+    if kind == TRANSPORT_UNAVAILABLE:
+        return (f"delivery failed: no write to a live recipient of {target} completed "
+                "(recipient transport unavailable); retry with the same client_msg_id")
+    if kind == RECEIPT_EXPIRED:
+        return (f"delivery unconfirmed: the pending receipt for {target} left the bounded "
+                "pending window before any recipient acknowledged it")
     if kind == DEFERRED:
         return f"delivered to {', '.join(names)} on reconnect"
     return "delivered to nobody: no other agent is online"

@@ -16,6 +16,14 @@ from hubd.wire.codec import encode
 # kinds
 CHAT = "chat"
 MAILBOX_WATERMARK = "mailbox_watermark"
+# the durable receipt aggregate (seed: "Durable receipt aggregate and
+# outbox"): a receipt-requested directed chat commits with _REQUESTED; each
+# verdict commits with its sender-notification outbox row
+DELIVERY_RECEIPT_REQUESTED = "delivery_receipt_requested"
+DELIVERY_RECEIPT_IMMEDIATE = "delivery_receipt_immediate"
+DELIVERY_RECEIPT_DEFERRED = "delivery_receipt_deferred"
+DELIVERY_RECEIPT_EXPIRED = "delivery_receipt_expired"
+# journals written before the aggregate named the deferred verdict so
 RECEIPT_DEFERRED = "receipt_deferred"
 RECEIPT_NOTIFIED = "receipt_notified"
 DEAD_LETTERS_CLEARED = "dead_letters_cleared"

@@ -34,11 +34,13 @@ class HubState:
 
     @classmethod
     def fresh(cls, appliers: dict, projections: dict,
-              history_limit: int = 1000) -> "HubState":
+              history_limit: int = 1000, pending_receipts: int | None = None) -> "HubState":
         """An empty state projected by `appliers` (kind -> functions, in
         order), with an empty projection from each factory in `projections`."""
         state = cls(appliers=appliers)
         state.chat.history_limit = history_limit
+        if pending_receipts is not None:
+            state.receipts.pending_limit = pending_receipts
         for name, factory in projections.items():
             state.extensions[name] = factory()
         return state
@@ -94,7 +96,9 @@ def _apply_chat(state: HubState, event: Event) -> None:
         state.mailbox.index(event.seq, sender, target)
         if not recipients:
             chat.dead_letters.record(target.raw, sender, event.ts)
-            if frame.get("receipt_requested") is True:
+            # a chat routed with the receipt aggregate (route "receipt") waits
+            # for its delivery_receipt_immediate; older journals seeded here
+            if frame.get("receipt_requested") is True and "receipt" not in route:
                 state.receipts.await_deferred(event.seq, PendingReceipt(
                     sender, target.raw, frame.get("client_msg_id"), msg_id))
     if route.get("retry") and (recipients or remote):
@@ -107,8 +111,26 @@ def _apply_watermark(state: HubState, event: Event) -> None:
     state.mailbox.advance(event.payload["identity"], event.payload["seq"])
 
 
-@appliers.applies(ev.RECEIPT_DEFERRED)
-def _apply_receipt_deferred(state: HubState, event: Event) -> None:
+@appliers.applies(ev.DELIVERY_RECEIPT_IMMEDIATE)
+def _apply_receipt_immediate(state: HubState, event: Event) -> None:
+    """A verdict after the write (or its absence): its outbox row, and a
+    negative one joins the pending window (restart re-seeds it from here)."""
+    payload = event.payload
+    frame = payload["receipt"]
+    state.receipts.queue_notification(frame["target"], frame["receipt_notification_id"], frame)
+    if payload.get("pending"):
+        state.receipts.await_deferred(payload["chat_seq"], PendingReceipt(
+            frame["target"], frame["message_target"], frame.get("client_msg_id"),
+            frame["message_id"]))
+        client_msg_id = frame.get("client_msg_id")
+        if client_msg_id is not None:
+            # it reached no live recipient: a retry is a redelivery attempt
+            state.chat.retry.forget(frame["target"], client_msg_id)
+
+
+@appliers.applies(ev.DELIVERY_RECEIPT_DEFERRED, ev.RECEIPT_DEFERRED,
+                  ev.DELIVERY_RECEIPT_EXPIRED)
+def _apply_receipt_settled(state: HubState, event: Event) -> None:
     payload = event.payload
     state.receipts.pending.pop(payload["chat_seq"], None)
     frame = payload["receipt"]

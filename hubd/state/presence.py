@@ -29,7 +29,11 @@ class Session:
     wake_capability: str | None = None
     protocol_version: int | None = None
     registered_at: float = 0.0
+    # registration or the last frame other than a heartbeat: a seat's
+    # consume-live evidence (hubd/state/receipt_rules.py)
     last_reaction: float = 0.0
+    # the last frame of any type: an -rx waiter's (keepalives count for it)
+    last_heard: float = 0.0
     # a peer hub's link: its identity comes from its certificate, not a name
     peer_hub: str | None = None
     # recent serving-policy decisions for this connection's certificate:
@@ -67,6 +71,7 @@ class Presence:
         session.roles = roles
         session.registered_at = now
         session.last_reaction = now
+        session.last_heard = now
         self.by_name[name] = session
         for role in roles:
             self.by_role.setdefault(role, set()).add(name)

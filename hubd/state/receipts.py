@@ -1,5 +1,12 @@
-"""Receipt projection: dead-lettered chats awaiting a deferred receipt, and the
-per-sender outbox of receipt notifications not yet handed to the sender."""
+"""Receipt projection: directed chats whose immediate receipt was negative,
+awaiting a deferred receipt (the bounded pending window), and the per-sender
+outbox of receipt notifications not yet written to the sender.
+
+The window is bounded; the handler settles the oldest entry expired (a
+journaled delivery_receipt_expired, told to its sender) before a new one would
+overflow it, so `await_deferred` never drops one silently on a live hub. Only
+a journal written before that rule can overflow here on replay (counted in
+`dropped`)."""
 
 from __future__ import annotations
 
@@ -21,15 +28,18 @@ class PendingReceipt:
 
 @dataclass
 class ReceiptState:
-    # chat seq -> PendingReceipt, oldest first; the oldest is dropped when full
+    # chat seq -> PendingReceipt, oldest first
     pending: OrderedDict = field(default_factory=OrderedDict)
     # sender -> OrderedDict(notification_id -> receipt frame)
     outbox: OrderedDict = field(default_factory=OrderedDict)
+    pending_limit: int = PENDING_RECEIPTS
+    dropped: int = 0
 
     def await_deferred(self, seq: int, receipt: PendingReceipt) -> None:
         self.pending[seq] = receipt
-        while len(self.pending) > PENDING_RECEIPTS:
+        while len(self.pending) > self.pending_limit:
             self.pending.popitem(last=False)
+            self.dropped += 1
 
     def queue_notification(self, sender: str, notification_id: str, frame: dict) -> None:
         queue = self.outbox.get(sender)
