@@ -82,6 +82,20 @@ async def across(args, alice, seen, bob_name: str) -> None:
     emit({"event": "done"})
 
 
+async def stop(alice, bob, bridge, tasks) -> None:
+    for agent in (alice, bob):
+        agent.running = False
+        try:
+            await asyncio.wait_for(agent.connection.close(), 3)
+        except Exception:  # a connection already gone: nothing left to close
+            pass
+    close = bridge.close()
+    if asyncio.iscoroutine(close):
+        await close
+    for task in tasks:
+        task.cancel()
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--uri", required=True)
@@ -145,17 +159,7 @@ async def main() -> int:
     await wait_for(seen["bob"], lambda f: f.get("type") == "delivery_session")
     if args.scenario == "across":
         await across(args, alice, seen, bob_name)
-        for agent in (alice, bob):
-            agent.running = False
-            try:
-                await asyncio.wait_for(agent.connection.close(), 3)
-            except Exception:
-                pass
-        close = bridge.close()
-        if asyncio.iscoroutine(close):
-            await close
-        for task in tasks:
-            task.cancel()
+        await stop(alice, bob, bridge, tasks)
         return 0
 
     await alice.request_who()
@@ -200,17 +204,7 @@ async def main() -> int:
     await alice.request_delivery_status(key2)
     await asyncio.sleep(0.5)
     emit({"event": "done"})
-    for agent in (alice, bob):
-        agent.running = False
-        try:
-            await asyncio.wait_for(agent.connection.close(), 3)
-        except Exception:
-            pass
-    close = bridge.close()
-    if asyncio.iscoroutine(close):
-        await close
-    for task in tasks:
-        task.cancel()
+    await stop(alice, bob, bridge, tasks)
     return 0
 
 
