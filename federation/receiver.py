@@ -316,16 +316,38 @@ def verdicts_of(router: Router) -> ForwardVerdicts:
     return found
 
 
-def admit(router: Router, session: Session, origin, forward: dict, size: int) -> dict:
-    """Check one forward and, if it passes, route it as a local chat from
-    seat@ORIGIN. Returns its result entry (accepted, duplicate or refused)."""
-    forward_id = forward["forward_id"]
-    policy = _policy(router)
-    if policy is None:
+def _serving_refusal(router: Router, forward_id: str, origin) -> dict | None:
+    """A forward's refusal when this hub serves no peer at all or the origin
+    is not a hub id (checked first, for chats and delivery intents alike)."""
+    if _policy(router) is None:
         return _entry(forward_id, "refused", PEER_NOT_AUTHORISED,
                       "this hub accepts no forwarded messages (no serving policy)")
     if not isinstance(origin, str) or not HUB_ID_RE.match(origin):
         return _entry(forward_id, "refused", INVALID_ORIGIN, f"origin {origin!r} is not a hub id")
+    return None
+
+
+def _grant_refusal(router: Router, session: Session, forward_id: str, origin: str,
+                   namespace: str | None) -> dict | None:
+    """A forward's refusal when the serving policy does not grant this
+    connection's peer the namespace (None: this hub at all)."""
+    decision = _authorise(router, session, _policy(router), origin, namespace)
+    if decision.allowed:
+        return None
+    code = NAMESPACE_NOT_GRANTED if decision.reason == NAMESPACE_NOT_GRANTED else \
+        PEER_NOT_AUTHORISED
+    return _entry(forward_id, "refused", code,
+                  f"peer may not address {namespace or 'this hub'}: "
+                  f"{decision.reference_reason} ({decision.detail})")
+
+
+def admit(router: Router, session: Session, origin, forward: dict, size: int) -> dict:
+    """Check one forward and, if it passes, route it as a local chat from
+    seat@ORIGIN. Returns its result entry (accepted, duplicate or refused)."""
+    forward_id = forward["forward_id"]
+    refused = _serving_refusal(router, forward_id, origin)
+    if refused is not None:
+        return refused
     kind = forward.get("kind")
     if kind != "chat":
         return _entry(forward_id, "refused", UNKNOWN_REQUEST,
@@ -341,14 +363,9 @@ def admit(router: Router, session: Session, origin, forward: dict, size: int) ->
     if not isinstance(body, dict) or len(codec.encode(body)) > MAX_BODY_BYTES:
         return _entry(forward_id, "refused", INVALID_SHAPE,
                       f"body must be a JSON object of at most {MAX_BODY_BYTES} bytes")
-    namespace = project_of(target_seat)
-    decision = _authorise(router, session, policy, origin, namespace)
-    if not decision.allowed:
-        code = NAMESPACE_NOT_GRANTED if decision.reason == NAMESPACE_NOT_GRANTED else \
-            PEER_NOT_AUTHORISED
-        return _entry(forward_id, "refused", code,
-                      f"peer may not address {namespace}: {decision.reference_reason} "
-                      f"({decision.detail})")
+    refused = _grant_refusal(router, session, forward_id, origin, project_of(target_seat))
+    if refused is not None:
+        return refused
     digest = forward_digest(sender_seat, target_seat, "chat", body)
     known = inbox_of(router.state).accepted.get(forward_id)
     if known is not None:
@@ -400,12 +417,9 @@ def admit_delivery(router: Router, session: Session, origin, forward: dict, size
     (federation/delivery_forward.py). Never batched, never deduplicated by
     forward_id: a delivery request is idempotent by its own request id."""
     forward_id = forward["forward_id"]
-    policy = _policy(router)
-    if policy is None:
-        return _entry(forward_id, "refused", PEER_NOT_AUTHORISED,
-                      "this hub accepts no forwarded messages (no serving policy)")
-    if not isinstance(origin, str) or not HUB_ID_RE.match(origin):
-        return _entry(forward_id, "refused", INVALID_ORIGIN, f"origin {origin!r} is not a hub id")
+    refused = _serving_refusal(router, forward_id, origin)
+    if refused is not None:
+        return refused
     kind, body = forward["kind"], forward.get("body")
     problem = seat_problem(forward.get("sender_seat"), "sender_seat")
     if problem is not None:
@@ -419,13 +433,9 @@ def admit_delivery(router: Router, session: Session, origin, forward: dict, size
         if problem is not None:
             return _entry(forward_id, "refused", INVALID_TARGET, problem)
         namespace = project_of(forward["target_seat"])
-    decision = _authorise(router, session, policy, origin, namespace)
-    if not decision.allowed:
-        code = NAMESPACE_NOT_GRANTED if decision.reason == NAMESPACE_NOT_GRANTED else \
-            PEER_NOT_AUTHORISED
-        return _entry(forward_id, "refused", code,
-                      f"peer may not address {namespace or 'this hub'}: "
-                      f"{decision.reference_reason} ({decision.detail})")
+    refused = _grant_refusal(router, session, forward_id, origin, namespace)
+    if refused is not None:
+        return refused
     disposition, code, detail, result = delivery_forward.serve(router, session, origin,
                                                                forward, size)
     return _entry(forward_id, disposition, code, detail, result)
