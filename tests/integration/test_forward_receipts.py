@@ -5,10 +5,14 @@ partition and the write tracking of its local receipts, and east's receipt
 reports west's facts with hub-qualified names."""
 
 import asyncio
+import json
 
 import pytest
 
 from federation.tls import peer_client_context
+from hubd.cli import build_parser, config_from_args
+from tests.support.inproc import running_hub
+from tests.support.rawws import RawWs, text
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
 from tests.support.wsprobe import WsProbe, joined
@@ -147,3 +151,46 @@ def test_a_duplicate_after_the_receiver_restarted_claims_no_delivery(tmp_path, p
         asyncio.run(after_restart(before))
     finally:
         west.stop()
+
+
+async def test_a_forward_to_a_stalled_recipient_is_answered_transport_unavailable(tmp_path, pki):
+    """West in-process (so the test can see bob's write stall), serving pinned
+    mTLS; bob registers and never reads; a forward to him is answered once
+    the drain deadline failed the write, inside the origin's answer bound."""
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    parser = build_parser()
+    args = parser.parse_args(["--hub-id", "west", *site_flags(pki, "west", policy).serve])
+    federation = config_from_args(args, parser).federation
+    async with running_hub(tmp_path, hub_id="west", redsyn=False, private_directed=True,
+                           federation=federation) as west:
+        alice = await joined(west.url, "PROJ/alice")
+        bob = await RawWs.connect(west.port, rcvbuf=4096, tls=peer_client_context())
+        await bob.send(text(json.dumps({"sender": "PROJ/bob", "target": "System",
+                                        "type": "heartbeat", "payload": "online"})))
+        await alice.recv_type("presence_update", agent="PROJ/bob")
+        session = west.hub.router.presence.session_of("PROJ/bob")
+        conn = west.hub.endpoints.get(session.endpoint)
+        loop = asyncio.get_running_loop()
+        big = "x" * 60_000
+        while conn.write_stalled_for(loop.time()) == 0:
+            await alice.chat("PROJ/alice", "PROJ/bob", big)
+            await asyncio.sleep(0.01)
+        peer = await WsProbe.open(west.url, ssl=peer_client_context(
+            pki.file("east", "client", "cert"), pki.file("east", "client", "key")))
+        try:
+            await peer.send_json({"sender": "east", "target": "System",
+                                  "type": "multihub_message_forward", "forward_id": "f-stuck",
+                                  "kind": "chat", "sender_seat": "PROJ/carol",
+                                  "target_seat": "PROJ/bob", "body": {"payload": "stuck"}})
+            answer = await peer.recv_type("multihub_message_result", timeout=15)
+            assert answer["disposition"] == "accepted"
+            result = answer["result"]
+            assert result["delivered"] is False and result["dead_lettered"] is True
+            assert result["reason"] == "recipient_transport_unavailable"
+            assert result["matched_recipients"] == ["PROJ/bob"]
+            assert result["stale_recipients"] == [] and result["recipients"] == []
+            assert west.hub.metrics.send_timeouts >= 1
+        finally:
+            bob.close()
+            await peer.close()
+            await alice.close()
