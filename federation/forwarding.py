@@ -257,7 +257,8 @@ class Forwarding:
                                     item.client_msg_id)
         facts = delivery.ForwardFacts(item.peer, item.forward_id, item.target_seat, reason,
                                       detail, result, told_pending=deferred)
-        text, fields = delivery.receipt(kind, chat_ref, forward=facts)
+        # the recipient's wake capability is the peer's to know: {} as the reference
+        text, fields = delivery.receipt(kind, chat_ref, forward=facts, wake={})
         return router.frame("delivery_receipt", item.sender, text, **fields)
 
     def remote_who(self, router: Router, session: Session, frame: dict, hub_id: str) -> None:

@@ -9,14 +9,18 @@ called like a peer hub blocks nothing.
 Each `multihub_message_forward` is checked again on its own (grant for the
 target's namespace, one seat, size, identity already used), routed through the
 normal chat path as `seat@ORIGIN`, and answered with `multihub_message_result`
-once the chat is committed.
+once the chat is committed and its verdict is known: the local receipts'
+consume-live partition and completed-write tracking (hubd/handlers/receipts.py
+await_writes) decide `delivered`, so the origin's receipt says what a local
+one would (docs/receipts.md, "Forwarded chats").
 
-The answer leaves ahead of the chat's local deliveries (both go out only
-after the commit). The origin settles the forward and answers its sender when
-it hears it, so it should not wait behind this hub's fan-out; and it starts
-the origin's settlement commit before the recipients' replies reach it, so
-those replies commit together there instead of in small groups (bench_forward
-a: fewer, larger forward frames, docs/architecture.md).
+A chat with no consume-live match is decided at routing, and its answer
+leaves ahead of the chat's local deliveries (both go out only after the
+commit): the origin settles the forward when it hears it, so it should not
+wait behind this hub's fan-out (bench_forward a, docs/architecture.md). One
+with live matches is answered once their writes have reported (at most the
+WebSocket door's 5 s drain deadline and 1 s close, inside the origin's 10 s
+answer bound); a batch is answered once every forward in it is decided.
 """
 
 from __future__ import annotations
@@ -25,9 +29,13 @@ import structlog
 
 from federation import delivery_forward
 from federation.policy import NAMESPACE_NOT_GRANTED
-from federation.state import forward_digest, inbox_of, result_of
+from collections import OrderedDict
+from typing import Callable
+
+from federation.state import INBOX_IDS, forward_digest, inbox_of, verdict_result
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
+from hubd.handlers import receipts
 from hubd.handlers.chat import route_chat
 from hubd.state.presence import Session
 from hubd.wire import codec
@@ -181,16 +189,24 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
         return
     fan_out = router.sends_queued()
     entry = admit(router, session, origin, frame, size)
-    router.send_ahead(fan_out, session.endpoint, _result_frame(router, session, entry))
+    if undecided(entry):
+        verdicts_of(router).wait(forward_id, lambda router, result: router.send(
+            session.endpoint, _result_frame(router, session, {**entry, "result": result})))
+    else:
+        router.send_ahead(fan_out, session.endpoint, _result_frame(router, session, entry))
     if entry["disposition"] == "accepted":
-        router.send_on_failure(session.endpoint, "multihub_message_result", lambda: _result_frame(
-            router, session, _transient_on_failure([entry])[0]))
+        def failed() -> dict:
+            # built only if the chat's commit failed: no verdict will come
+            verdicts_of(router).forget([forward_id])
+            return _result_frame(router, session, _transient_on_failure([entry])[0])
+        router.send_on_failure(session.endpoint, "multihub_message_result", failed)
 
 
 @verbs.handles("multihub_message_forward_batch", peers=True)
 def forward_batch_in(router: Router, session: Session, frame: dict, size: int) -> None:
     """hubd-to-hubd: many forwards in one frame, one result frame back (each
-    forward is still checked, deduplicated and journaled on its own)."""
+    forward is still checked, deduplicated and journaled on its own), sent
+    once every forward in it is decided."""
     peer_alive(router, session)
     forwards = frame.get("forwards")
     if not isinstance(forwards, list) or not forwards or len(forwards) > MAX_BATCH:
@@ -205,27 +221,133 @@ def forward_batch_in(router: Router, session: Session, frame: dict, size: int) -
         if not isinstance(forward, dict) or not _valid_forward_id(forward.get("forward_id")):
             continue  # nothing to answer by; the origin times it out and retries
         entries.append(admit(router, session, origin, forward, share))
-    router.send_ahead(fan_out, session.endpoint, router.frame(
-        "multihub_message_result_batch", session.peer_hub or session.name or "all",
-        "Multi-hub message results", answering_hub=router.hub_id, results=entries))
+
+    def answer() -> dict:
+        return router.frame("multihub_message_result_batch",
+                            session.peer_hub or session.name or "all",
+                            "Multi-hub message results", answering_hub=router.hub_id,
+                            results=entries)
+    waiting = [e for e in entries if undecided(e)]
+    if not waiting:
+        router.send_ahead(fan_out, session.endpoint, answer())
+    else:
+        left = [len(waiting)]
+
+        def one_decided(router: Router, entry: dict, result: dict) -> None:
+            entry["result"] = result
+            left[0] -= 1
+            if left[0] == 0:
+                router.send(session.endpoint, answer())
+        verdicts = verdicts_of(router)
+        for entry in waiting:
+            verdicts.wait(entry["forward_id"],
+                          lambda router, result, entry=entry: one_decided(router, entry, result))
     if any(e["disposition"] == "accepted" for e in entries):
-        router.send_on_failure(session.endpoint, "multihub_message_result_batch",
-                               lambda: router.frame(
-                                   "multihub_message_result_batch", session.peer_hub or "all",
-                                   "Multi-hub message results", answering_hub=router.hub_id,
-                                   results=_transient_on_failure(entries)))
+        def failed() -> dict:
+            # built only if the chats' commit failed: no verdict will come
+            verdicts_of(router).forget(
+                [e["forward_id"] for e in entries if e["disposition"] == "accepted"])
+            return router.frame("multihub_message_result_batch", session.peer_hub or "all",
+                                "Multi-hub message results", answering_hub=router.hub_id,
+                                results=_transient_on_failure(entries))
+        router.send_on_failure(session.endpoint, "multihub_message_result_batch", failed)
+
+
+def undecided(entry: dict) -> bool:
+    """An accepted (or duplicate) forward whose verdict waits for writes."""
+    return entry["disposition"] in ("accepted", "duplicate") and not entry["result"]
+
+
+MAX_WAITING_ANSWERS = 65_536  # forwards whose answer waits for a verdict
+MAX_ANSWERS_PER_FORWARD = 16  # the first answer and its duplicates' (resends)
+
+
+class ForwardVerdicts:
+    """The verdicts of forwarded chats this process accepted (live state, not
+    journaled, like the receipt desk): a duplicate gets its first
+    acceptance's verdict, or waits for it with the first answer. Bounded: the
+    decided ones as the forward inbox (INBOX_IDS), the waiting answers by
+    MAX_WAITING_ANSWERS (the oldest is dropped, logged: its origin, having no
+    answer, resends and gets the duplicate's)."""
+
+    def __init__(self) -> None:
+        self.decided: OrderedDict[str, dict] = OrderedDict()
+        self.waiting: OrderedDict[str, list[Callable[[Router, dict], None]]] = OrderedDict()
+        self.dropped = 0
+
+    def wait(self, forward_id: str, answer: Callable[[Router, dict], None]) -> None:
+        answers = self.waiting.setdefault(forward_id, [])
+        answers.append(answer)
+        if len(answers) > MAX_ANSWERS_PER_FORWARD:
+            del answers[0]  # a resend's answer supersedes the oldest one
+            self.dropped += 1
+            log.warning("a forward was resent many times while its verdict waits; the oldest "
+                        "answer was dropped", forward_id=forward_id)
+        while len(self.waiting) > MAX_WAITING_ANSWERS:
+            dropped, _ = self.waiting.popitem(last=False)
+            self.dropped += 1
+            log.warning("too many forwards await their verdict; an answer was dropped",
+                        forward_id=dropped, limit=MAX_WAITING_ANSWERS)
+
+    def decide(self, router: Router, forward_id: str, result: dict) -> None:
+        self.decided[forward_id] = result
+        while len(self.decided) > INBOX_IDS:
+            self.decided.popitem(last=False)
+        for answer in self.waiting.pop(forward_id, ()):
+            answer(router, result)
+
+    def forget(self, forward_ids: list[str]) -> None:
+        """Accepted forwards whose commit failed: nothing will decide them."""
+        for forward_id in forward_ids:
+            self.waiting.pop(forward_id, None)
+
+    def pending(self, forward_id: str) -> bool:
+        """Accepted in this process, its verdict still waiting for writes."""
+        return forward_id in self.waiting
+
+
+VERDICTS = "federation.forward_verdicts"
+
+
+def verdicts_of(router: Router) -> ForwardVerdicts:
+    found = router.live.get(VERDICTS)
+    if found is None:
+        found = router.live[VERDICTS] = ForwardVerdicts()
+    return found
+
+
+def _serving_refusal(router: Router, forward_id: str, origin) -> dict | None:
+    """A forward's refusal when this hub serves no peer at all or the origin
+    is not a hub id (checked first, for chats and delivery intents alike)."""
+    if _policy(router) is None:
+        return _entry(forward_id, "refused", PEER_NOT_AUTHORISED,
+                      "this hub accepts no forwarded messages (no serving policy)")
+    if not isinstance(origin, str) or not HUB_ID_RE.match(origin):
+        return _entry(forward_id, "refused", INVALID_ORIGIN, f"origin {origin!r} is not a hub id")
+    return None
+
+
+def _grant_refusal(router: Router, session: Session, forward_id: str, origin: str,
+                   namespace: str | None) -> dict | None:
+    """A forward's refusal when the serving policy does not grant this
+    connection's peer the namespace (None: this hub at all)."""
+    decision = _authorise(router, session, _policy(router), origin, namespace)
+    if decision.allowed:
+        return None
+    code = NAMESPACE_NOT_GRANTED if decision.reason == NAMESPACE_NOT_GRANTED else \
+        PEER_NOT_AUTHORISED
+    return _entry(forward_id, "refused", code,
+                  f"peer may not address {namespace or 'this hub'}: "
+                  f"{decision.reference_reason} ({decision.detail})")
 
 
 def admit(router: Router, session: Session, origin, forward: dict, size: int) -> dict:
     """Check one forward and, if it passes, route it as a local chat from
     seat@ORIGIN. Returns its result entry (accepted, duplicate or refused)."""
     forward_id = forward["forward_id"]
-    policy = _policy(router)
-    if policy is None:
-        return _entry(forward_id, "refused", PEER_NOT_AUTHORISED,
-                      "this hub accepts no forwarded messages (no serving policy)")
-    if not isinstance(origin, str) or not HUB_ID_RE.match(origin):
-        return _entry(forward_id, "refused", INVALID_ORIGIN, f"origin {origin!r} is not a hub id")
+    refused = _serving_refusal(router, forward_id, origin)
+    if refused is not None:
+        return refused
     kind = forward.get("kind")
     if kind != "chat":
         return _entry(forward_id, "refused", UNKNOWN_REQUEST,
@@ -241,19 +363,20 @@ def admit(router: Router, session: Session, origin, forward: dict, size: int) ->
     if not isinstance(body, dict) or len(codec.encode(body)) > MAX_BODY_BYTES:
         return _entry(forward_id, "refused", INVALID_SHAPE,
                       f"body must be a JSON object of at most {MAX_BODY_BYTES} bytes")
-    namespace = project_of(target_seat)
-    decision = _authorise(router, session, policy, origin, namespace)
-    if not decision.allowed:
-        code = NAMESPACE_NOT_GRANTED if decision.reason == NAMESPACE_NOT_GRANTED else \
-            PEER_NOT_AUTHORISED
-        return _entry(forward_id, "refused", code,
-                      f"peer may not address {namespace}: {decision.reference_reason} "
-                      f"({decision.detail})")
+    refused = _grant_refusal(router, session, forward_id, origin, project_of(target_seat))
+    if refused is not None:
+        return refused
     digest = forward_digest(sender_seat, target_seat, "chat", body)
     known = inbox_of(router.state).accepted.get(forward_id)
     if known is not None:
         if known.digest == digest and known.origin == origin:
-            return _entry(forward_id, "duplicate", result=known.result)
+            verdicts = verdicts_of(router)
+            decided = verdicts.decided.get(forward_id)
+            if decided is not None:
+                return _entry(forward_id, "duplicate", result=decided)
+            if verdicts.pending(forward_id):
+                return _entry(forward_id, "duplicate")  # answered with the first's verdict
+            return _entry(forward_id, "duplicate", result=known.unconfirmed_result)
         return _entry(forward_id, "refused", FORWARD_ID_CONFLICT,
                       "this forward_id was already accepted with different content")
     if router.mutations_refused():
@@ -273,7 +396,19 @@ def admit(router: Router, session: Session, origin, forward: dict, size: int) ->
     event, recipients, _ = route_chat(
         router, chat, f"{sender_seat}@{origin}",
         {"forwarded": {"forward_id": forward_id, "origin": origin, "digest": digest}})
-    return _entry(forward_id, "accepted", result=result_of(event, recipients))
+    entry = _entry(forward_id, "accepted")
+    served, live, stale = receipts.consume_live_partition(router, recipients)
+    seq, msg_id = event.seq, event.payload.get("msg_id")
+    verdicts = verdicts_of(router)
+
+    def decided(router: Router, written: list[str]) -> None:
+        # the caller waits on verdicts (forward_in, forward_batch_in) when
+        # this is not called at once
+        result = verdict_result(seq, msg_id, recipients, stale, written)
+        entry["result"] = result
+        verdicts.decide(router, forward_id, result)
+    receipts.await_writes(router, seq, served, live, decided)
+    return entry
 
 
 def admit_delivery(router: Router, session: Session, origin, forward: dict, size: int) -> dict:
@@ -282,12 +417,9 @@ def admit_delivery(router: Router, session: Session, origin, forward: dict, size
     (federation/delivery_forward.py). Never batched, never deduplicated by
     forward_id: a delivery request is idempotent by its own request id."""
     forward_id = forward["forward_id"]
-    policy = _policy(router)
-    if policy is None:
-        return _entry(forward_id, "refused", PEER_NOT_AUTHORISED,
-                      "this hub accepts no forwarded messages (no serving policy)")
-    if not isinstance(origin, str) or not HUB_ID_RE.match(origin):
-        return _entry(forward_id, "refused", INVALID_ORIGIN, f"origin {origin!r} is not a hub id")
+    refused = _serving_refusal(router, forward_id, origin)
+    if refused is not None:
+        return refused
     kind, body = forward["kind"], forward.get("body")
     problem = seat_problem(forward.get("sender_seat"), "sender_seat")
     if problem is not None:
@@ -301,13 +433,9 @@ def admit_delivery(router: Router, session: Session, origin, forward: dict, size
         if problem is not None:
             return _entry(forward_id, "refused", INVALID_TARGET, problem)
         namespace = project_of(forward["target_seat"])
-    decision = _authorise(router, session, policy, origin, namespace)
-    if not decision.allowed:
-        code = NAMESPACE_NOT_GRANTED if decision.reason == NAMESPACE_NOT_GRANTED else \
-            PEER_NOT_AUTHORISED
-        return _entry(forward_id, "refused", code,
-                      f"peer may not address {namespace or 'this hub'}: "
-                      f"{decision.reference_reason} ({decision.detail})")
+    refused = _grant_refusal(router, session, forward_id, origin, namespace)
+    if refused is not None:
+        return refused
     disposition, code, detail, result = delivery_forward.serve(router, session, origin,
                                                                forward, size)
     return _entry(forward_id, disposition, code, detail, result)

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from hubd.state import delivery, receipt_rules
 from hubd.state.events import Event
 from hubd.state.hub import Appliers, HubState
 
@@ -124,8 +125,9 @@ class Accepted:
     recipients: tuple
 
     @property
-    def result(self) -> dict:
-        return _result(self.seq, self.msg_id, self.recipients)
+    def unconfirmed_result(self) -> dict:
+        """The answer to a duplicate when the live verdict is gone (a restart)."""
+        return _unconfirmed_result(self.seq, self.msg_id, self.recipients)
 
 
 @dataclass
@@ -200,17 +202,28 @@ def pending_from_event(event: Event) -> PendingForward | None:
         target=frame.get("target", ""))
 
 
-def result_of(event: Event, recipients: list[str]) -> dict:
-    """The `result` a receiving hub answers for an accepted forwarded chat."""
-    return _result(event.seq, event.payload.get("msg_id"), recipients)
-
-
-def _result(seq: int, msg_id, recipients) -> dict:
-    delivered = bool(recipients)
+def verdict_result(seq: int, msg_id, matched: list[str], stale: list[str],
+                   written: list[str]) -> dict:
+    """The `result` a receiving hub answers for an accepted forwarded chat:
+    the consume-live verdict of the local receipts (hubd/state/receipt_rules.py),
+    decided once the writes to its live matches have reported. Names are this
+    hub's own; the origin qualifies them with @HUB."""
+    verdict = receipt_rules.immediate_verdict(matched, stale, written)
+    delivered = verdict == receipt_rules.DELIVERED
     return {"seq": seq, "msg_id": msg_id, "delivered": delivered,
-            "recipients": list(recipients), "matched_recipients": list(recipients),
-            "stale_recipients": [], "reason": "" if delivered else "no_online_recipient",
+            "recipients": list(written), "matched_recipients": list(matched),
+            "stale_recipients": list(stale), "reason": delivery.RECEIPTS[verdict].reason,
             "dead_lettered": not delivered}
+
+
+def _unconfirmed_result(seq: int, msg_id, matched) -> dict:
+    """A duplicate whose first acceptance's verdict this process never decided
+    (accepted before a restart): the chat is journaled and waits in the
+    mailbox, but no completed write can be claimed for it."""
+    return {"seq": seq, "msg_id": msg_id, "delivered": False, "recipients": [],
+            "matched_recipients": list(matched), "stale_recipients": [],
+            "reason": delivery.DELIVERY_UNCONFIRMED if matched else delivery.NO_ONLINE_RECIPIENT,
+            "dead_lettered": True}
 
 
 @appliers.applies(FORWARD_SETTLED)

@@ -20,6 +20,8 @@ crash stays honestly there).
 
 from __future__ import annotations
 
+from typing import Callable, Iterable
+
 import structlog
 
 from hubd.actors.router import Router
@@ -30,21 +32,23 @@ from hubd.state.presence import RX_SUFFIX, Presence, Session
 
 log = structlog.get_logger("hubd.receipts")
 
-# chats whose immediate verdict waits for writes; past it a new one is
-# decided at once as if no write completed (negative, never a false positive)
+# chats (receipt-requested, or forwarded from a peer) whose verdict waits for
+# writes; past it a new one is decided at once as if no write completed
+# (negative, never a false positive)
 MAX_AWAITING_WRITES = 65_536
 
 
 class Awaiting:
-    """One receipt-requested chat waiting for its live matches' writes."""
+    """One chat whose verdict waits for its live matches' writes; `decided`
+    is called in a Router round with the names whose write completed."""
 
-    __slots__ = ("ref", "matched", "stale", "wake", "outstanding", "written")
+    __slots__ = ("decided", "outstanding", "written")
 
-    def __init__(self, ref: delivery.ChatRef, matched: list[str], stale: list[str],
-                 wake: dict, outstanding: int):
-        self.ref, self.matched, self.stale, self.wake = ref, matched, stale, wake
+    def __init__(self, decided: Callable[[Router, list[str]], None], outstanding: int,
+                 written: Iterable[str]):
+        self.decided = decided
         self.outstanding = outstanding
-        self.written: set[str] = set()
+        self.written: set[str] = set(written)
 
 
 class ReceiptDesk:
@@ -64,7 +68,8 @@ class ReceiptDesk:
         metrics = router.metrics
         if "hubd_receipts_awaiting_write" not in metrics.gauges:
             metrics.gauge("hubd_receipts_awaiting_write",
-                          "Receipt-requested chats whose verdict waits for a recipient write.",
+                          "Receipt-requested or forwarded chats whose verdict waits for a "
+                          "recipient write.",
                           lambda: len(self.awaiting))
 
     def _post(self) -> None:
@@ -100,8 +105,7 @@ class ReceiptDesk:
             entry.outstanding -= 1
             if entry.outstanding <= 0:
                 del self.awaiting[seq]
-                settle_immediate(router, entry.ref, sorted(entry.written), entry.matched,
-                                 entry.stale, entry.wake)
+                entry.decided(router, sorted(entry.written))
         settled: dict[str, list[str]] = {}
         for sender, endpoint, notification_id, ok in sent:
             ids = self.in_flight.get(endpoint)
@@ -176,23 +180,45 @@ def request(router: Router, session: Session, frame: dict, seq: int,
                                         wake=wake_of(presence, recipients))
         router.reply(session, "delivery_receipt", text, **fields)
         return
-    now, pol = router.now, policy(router)
-    # seats a plugin serves outside presence (the broker's) were handed to
-    # their door with the commit: that door's delivery is the write
-    served = [n for n in recipients if not presence.live(n)]
-    live, stale = rules.partition(
-        (n for n in recipients if presence.live(n)),
-        lambda n: liveness_of(presence, n, now, pol).proven_live)
+    served, live, stale = consume_live_partition(router, recipients)
     wake = wake_of(presence, recipients)
     router.event(ev.DELIVERY_RECEIPT_REQUESTED, {
         "chat_seq": seq, "sender": session.name, "target": chat_ref.target,
         "client_msg_id": chat_ref.client_msg_id, "msg_id": chat_ref.msg_id,
         "matched_recipients": recipients, "stale_recipients": stale})
+    await_writes(router, seq, served, live,
+                 lambda router, written: settle_immediate(router, chat_ref, written, recipients,
+                                                          stale, wake))
+
+
+def consume_live_partition(router: Router, recipients: list[str]
+                           ) -> tuple[list[str], list[str], list[str]]:
+    """(served, live, stale) among a directed chat's socket-level matches:
+    seats a plugin serves outside presence (the broker's: that door's
+    delivery at the commit is the write), and the connected ones split by
+    consume-liveness."""
+    presence, now, pol = router.presence, router.now, policy(router)
+    served = [n for n in recipients if not presence.live(n)]
+    live, stale = rules.partition(
+        (n for n in recipients if presence.live(n)),
+        lambda n: liveness_of(presence, n, now, pol).proven_live)
+    return served, live, stale
+
+
+def await_writes(router: Router, seq: int, served: list[str], live: list[str],
+                 decided: Callable[[Router, list[str]], None]) -> None:
+    """Call `decided(router, written)` once the writes of the chat `seq` to
+    every live name's socket and -rx waiter have reported (after its
+    release; the door's drain deadline bounds the wait), `written` being the
+    names with a completed write plus `served`. With no live name, or too
+    many chats already waiting, it is called at once, in this round, with
+    `served` alone (never a false positive). Local receipts and forwarded
+    chats' answers (federation/receiver.py) both decide through this."""
     if not live:
-        settle_immediate(router, chat_ref, served, recipients, stale, wake)
+        decided(router, list(served))
         return
     endpoints = []
-    by_name = presence.by_name
+    by_name = router.presence.by_name
     for name in live:
         for sess in (by_name.get(name), by_name.get(name + RX_SUFFIX)):
             if sess is not None:
@@ -201,13 +227,11 @@ def request(router: Router, session: Session, frame: dict, seq: int,
     if len(the_desk.awaiting) >= MAX_AWAITING_WRITES:
         the_desk.overflows += 1
         router.metrics.receipt_write_overflows += 1
-        log.warning("too many receipts await writes; deciding this one unwritten",
+        log.warning("too many chats await writes; deciding this one unwritten",
                     seq=seq, awaiting=len(the_desk.awaiting))
-        settle_immediate(router, chat_ref, served, recipients, stale, wake)
+        decided(router, list(served))
         return
-    entry = Awaiting(chat_ref, recipients, stale, wake, len(endpoints))
-    entry.written.update(served)
-    the_desk.awaiting[seq] = entry
+    the_desk.awaiting[seq] = Awaiting(decided, len(endpoints), served)
     hub_endpoints = router.endpoints
 
     def track() -> None:

@@ -152,6 +152,9 @@ NO_LIVE = "no_live_recipient"
 TRANSPORT_UNAVAILABLE = "recipient_transport_unavailable"
 # a pending receipt pushed out of the bounded window: settled, and told
 RECEIPT_EXPIRED = "expired"
+# a forwarded chat's duplicate answered by a receiving hub that restarted
+# before deciding the first acceptance's verdict (federation/state.py)
+DELIVERY_UNCONFIRMED = "delivery_unconfirmed"
 
 RECEIPTS: dict[str, ReceiptKind] = {
     IMMEDIATE_DELIVERED: ReceiptKind(IMMEDIATE_DELIVERED, True, False, "", None),
@@ -220,15 +223,18 @@ def receipt(kind: str, chat: ChatRef, recipients: list[str] = (), *,
         assert forward is not None, "a forward receipt needs its ForwardFacts"
         peer = forward.peer
         result = forward.result or {}
-        names = [f"{r}@{peer}" for r in result.get("recipients", []) if isinstance(r, str)]
+        names = _qualified(result.get("recipients"), peer)
         if delivered is None:
             delivered = result.get("delivered") is True
             dead_lettered = result.get("dead_lettered") is True
             reason = str(result.get("reason") or "")
         if deferred is None:
             deferred = forward.told_pending
-        matched, stale = names, []
-        text = _forward_text(row.forward_state, peer, names, delivered, forward)
+        # the peer's consume-live evidence, as the reference reports it
+        matched = (_qualified(result["matched_recipients"], peer)
+                   if "matched_recipients" in result else names)
+        stale = _qualified(result.get("stale_recipients"), peer)
+        text = _forward_text(row.forward_state, peer, names, delivered, forward, reason)
         extra = {"forward_id": forward.forward_id, "forwarded_to": peer,
                  "forward_state": row.forward_state,
                  "refusal_code": forward.reason_code if row.forward_state == REFUSED else ""}
@@ -262,11 +268,26 @@ def _local_text(kind: str, names: list[str], target: str, stale: list[str]) -> s
     return "delivered to nobody: no other agent is online"
 
 
+def _qualified(names, peer: str) -> list[str]:
+    if not isinstance(names, list):
+        return []
+    return [f"{n}@{peer}" for n in names if isinstance(n, str)]
+
+
 def _forward_text(state: str, peer: str, names: list[str], delivered: bool,
-                  forward: ForwardFacts) -> str:
+                  forward: ForwardFacts, reason: str | None) -> str:
     if state in (ACCEPTED, DUPLICATE):
         if delivered:
             return f"delivered to {', '.join(names)} (forwarded to {peer})"
+        if reason == NO_LIVE:
+            return (f"accepted by {peer}; no live recipient matched {forward.target_seat} "
+                    "there, it waits in that hub's mailbox")
+        if reason == DELIVERY_UNCONFIRMED:
+            return (f"accepted by {peer} before it restarted; delivery to "
+                    f"{forward.target_seat} is unconfirmed, it waits in that hub's mailbox")
+        if reason == TRANSPORT_UNAVAILABLE:
+            return (f"accepted by {peer}; no write to {forward.target_seat} completed there "
+                    "(recipient transport unavailable), it waits in that hub's mailbox")
         return (f"accepted by {peer}; {forward.target_seat} is not online there, it waits in "
                 "that hub's mailbox")
     if state == "pending":

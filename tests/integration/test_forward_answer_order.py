@@ -1,5 +1,8 @@
-"""A hub that accepts a forward answers the forwarding peer before it delivers
-the chat to its own recipients (both only after the commit).
+"""When a hub that accepts a forward answers the forwarding peer, relative to
+delivering the chat to its own recipients (both only after the commit): with
+no consume-live recipient the verdict is known at routing and the answer is
+handed out first; with a live one the answer reports a completed write, so it
+follows the chat (docs/receipts.md, "Forwarded chats").
 
 West runs in-process (a real HubServer serving pinned mTLS with a serving
 policy, its config built by the `hubd` command line's own parser; a PKI made
@@ -12,7 +15,10 @@ endpoint's own deliver, wrapped), and checks that both frames still arrive.
 
 from __future__ import annotations
 
+import asyncio
+
 from federation.tls import peer_client_context
+from hubd.state.receipt_rules import LivenessPolicy
 from hubd.cli import build_parser, config_from_args
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.inproc import running_hub
@@ -40,10 +46,34 @@ def forward(forward_id: str, payload: str) -> dict:
             "target_seat": "PROJ/bob", "body": {"payload": payload}}
 
 
-async def test_the_answer_is_handed_out_before_the_local_deliveries(tmp_path):
+async def exchange(peer, bob, handed: list, tag: str) -> tuple[list, dict, dict]:
+    """One forward and one batch of two to bob; the order their frames were
+    handed to the two endpoints."""
+    del handed[:]
+    await peer.send_json({"sender": "east", "target": "System",
+                          "type": "multihub_message_forward", **forward(f"{tag}-one", "one")})
+    answer = await peer.recv_type("multihub_message_result", forward_id=f"{tag}-one", timeout=10)
+    assert answer["disposition"] == "accepted"
+    await bob.recv_type("chat", forward_id=f"{tag}-one", timeout=10)
+    await peer.send_json({"sender": "east", "target": "System",
+                          "type": "multihub_message_forward_batch", "payload": "",
+                          "forwards": [forward(f"{tag}-two", "two"),
+                                       forward(f"{tag}-three", "three")]})
+    batch = await peer.recv(lambda f: f.get("type") == "multihub_message_result_batch" and
+                            f["results"][0]["forward_id"] == f"{tag}-two", timeout=10)
+    assert [r["disposition"] for r in batch["results"]] == ["accepted", "accepted"]
+    await bob.recv_type("chat", forward_id=f"{tag}-two", timeout=10)
+    await bob.recv_type("chat", forward_id=f"{tag}-three", timeout=10)
+    return [h for h in handed if h[1] in (
+        "chat", "multihub_message_result", "multihub_message_result_batch")], answer, batch
+
+
+async def test_the_answer_precedes_the_deliveries_only_when_no_write_is_awaited(tmp_path):
     pki = make_pki(tmp_path / "pki", ["east", "west"])
     policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    # a two-second reaction window, so bob goes stale in a test's time
     async with running_hub(tmp_path, hub_id="west", redsyn=False,
+                           liveness=LivenessPolicy(True, 2.0, 2.0),
                            federation=west_federation(pki, policy)) as west:
         bob = await joined(west.url, "PROJ/bob")
         peer = await WsProbe.open(west.url, ssl=peer_client_context(
@@ -61,24 +91,22 @@ async def test_the_answer_is_handed_out_before_the_local_deliveries(tmp_path):
                 if endpoint_id != bob_endpoint:
                     noting(endpoint, "east", handed)
 
-            await peer.send_json({"sender": "east", "target": "System",
-                                  "type": "multihub_message_forward", **forward("f-one", "one")})
-            answer = await peer.recv_type("multihub_message_result", timeout=10)
-            assert answer["forward_id"] == "f-one" and answer["disposition"] == "accepted"
-            await bob.recv_type("chat", payload="one")
+            # bob just registered: live; each answer waits for the write to him
+            order, answer, batch = await exchange(peer, bob, handed, "live")
+            assert answer["result"]["delivered"] is True
+            assert all(r["result"]["delivered"] for r in batch["results"])
+            assert order == [
+                ("bob", "chat"), ("east", "multihub_message_result"),
+                ("bob", "chat"), ("bob", "chat"), ("east", "multihub_message_result_batch")]
 
-            await peer.send_json({"sender": "east", "target": "System",
-                                  "type": "multihub_message_forward_batch", "payload": "",
-                                  "forwards": [forward("f-two", "two"),
-                                               forward("f-three", "three")]})
-            batch = await peer.recv_type("multihub_message_result_batch", timeout=10)
-            assert [r["disposition"] for r in batch["results"]] == ["accepted", "accepted"]
-            await bob.recv_type("chat", payload="two")
-            await bob.recv_type("chat", payload="three")
-
-            of_the_forwards = [h for h in handed if h[1] in (
-                "chat", "multihub_message_result", "multihub_message_result_batch")]
-            assert of_the_forwards == [
+            # bob reacts to nothing: stale, decided at routing, answered first
+            session = sessions[bob_endpoint]
+            while west.hub.router.now - session.last_reaction <= 2.0:
+                await asyncio.sleep(0.2)
+            order, answer, batch = await exchange(peer, bob, handed, "stale")
+            assert answer["result"]["reason"] == "no_live_recipient"
+            assert [r["result"]["reason"] for r in batch["results"]] == ["no_live_recipient"] * 2
+            assert order == [
                 ("east", "multihub_message_result"), ("bob", "chat"),
                 ("east", "multihub_message_result_batch"), ("bob", "chat"), ("bob", "chat")]
         finally:

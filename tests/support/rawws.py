@@ -65,7 +65,8 @@ class RawWs:
 
     @classmethod
     async def connect(cls, port: int, host: str = "127.0.0.1", *, rcvbuf: int | None = None,
-                      path: str = "/") -> "RawWs":
+                      path: str = "/", tls=None) -> "RawWs":
+        """`tls`: an ssl.SSLContext for a hub serving wss."""
         import socket
 
         sock = socket.socket()
@@ -73,7 +74,8 @@ class RawWs:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, (host, port))
-        reader, writer = await asyncio.open_connection(sock=sock)
+        reader, writer = await asyncio.open_connection(
+            sock=sock, ssl=tls, server_hostname=host if tls is not None else None)
         key = base64.b64encode(os.urandom(16)).decode()
         writer.write((f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
                       f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"

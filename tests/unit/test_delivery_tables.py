@@ -114,3 +114,37 @@ def test_retry_schedule():
     assert next_retry(9, 0.0, 5.0, 0.5) == (RETRY_MAX, 10)
     assert next_retry(8, 0.0, 31.0, 0.5) == (1.0, 1)
     assert next_retry(5, 0.0, 31.0, 0.5) == (32.0, 6)
+
+
+def test_a_receiving_hubs_verdict_as_its_result():
+    from federation.state import verdict_result
+
+    # a completed write to a live match
+    assert verdict_result(7, 3, ["PROJ/bob"], [], ["PROJ/bob"]) == {
+        "seq": 7, "msg_id": 3, "delivered": True, "recipients": ["PROJ/bob"],
+        "matched_recipients": ["PROJ/bob"], "stale_recipients": [], "reason": "",
+        "dead_lettered": False}
+    # matched, every match stale; live but no write completed; nothing matched
+    stale = verdict_result(7, 3, ["PROJ/bob"], ["PROJ/bob"], [])
+    assert stale["delivered"] is False and stale["reason"] == "no_live_recipient"
+    assert stale["recipients"] == [] and stale["dead_lettered"] is True
+    unwritten = verdict_result(7, 3, ["PROJ/bob"], [], [])
+    assert unwritten["reason"] == "recipient_transport_unavailable"
+    assert verdict_result(7, 3, [], [], [])["reason"] == "no_online_recipient"
+
+
+def test_a_forward_receipt_qualifies_the_peers_evidence():
+    facts = dl.ForwardFacts("west", "f" * 32, "PROJ/bob", result={
+        "recipients": [], "delivered": False, "dead_lettered": True,
+        "reason": "no_live_recipient", "matched_recipients": ["PROJ/bob"],
+        "stale_recipients": ["PROJ/bob"]})
+    text, fields = dl.receipt(dl.FORWARD_ACCEPTED, CHAT, forward=facts)
+    assert text == ("accepted by west; no live recipient matched PROJ/bob there, it waits in "
+                    "that hub's mailbox")
+    assert fields["matched_recipients"] == ["PROJ/bob@west"]
+    assert fields["stale_recipients"] == ["PROJ/bob@west"] and fields["recipients"] == []
+    # a peer whose result has no matched_recipients (an older hub): the recipients
+    older = dl.ForwardFacts("west", "f" * 32, "PROJ/bob", result={
+        "recipients": ["PROJ/bob"], "delivered": True, "dead_lettered": False, "reason": ""})
+    _, fields = dl.receipt(dl.FORWARD_ACCEPTED, CHAT, forward=older)
+    assert fields["matched_recipients"] == ["PROJ/bob@west"] and fields["stale_recipients"] == []
