@@ -25,13 +25,13 @@ answer bound); a batch is answered once every forward in it is decided.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from typing import Callable
+
 import structlog
 
 from federation import delivery_forward
 from federation.policy import NAMESPACE_NOT_GRANTED
-from collections import OrderedDict
-from typing import Callable
-
 from federation.state import INBOX_IDS, forward_digest, inbox_of, verdict_result
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
