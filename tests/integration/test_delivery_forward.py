@@ -7,12 +7,14 @@ restart of east too, and the origin's typed refusals."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
 
 from tests.support.delivery_driver import CAPS, Agent, delivery_rows, operation_key
-from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.federation import (fake_peer_hub, make_pki, site_flags,
+                                     write_serving_policy)
 from tests.support.procs import hubd_process
 from tests.support.waiting import wait_for
 
@@ -200,36 +202,38 @@ def fake_status(key: str, request_id: str, stage: str = "queued") -> dict:
             "explicitly_acknowledged": False, "task_completed": False, "latest_event_seq": 2}
 
 
-def east_to_fake(tmp_path, pki, port):
-    site = site_flags(pki, "east", None)
-    return hubd_process(tmp_path / "east", "--message-peer", f"west=wss://127.0.0.1:{port}/",
-                        "--message-peer-pin", f"west={pki.server_pin('west')}",
-                        *site.connect, hub_id="east")
+@contextlib.asynccontextmanager
+async def east_on_fake_west(tmp_path, pki, version: int, on_frame, features=None):
+    """A hand-written west (tests/support/federation.py fake_peer_hub) and a
+    real east peered with it, yielded once east's link to it is up."""
+    async with fake_peer_hub(pki, "west", version, on_frame, features=features) as port:
+        site = site_flags(pki, "east", None)
+        east = hubd_process(tmp_path / "east", "--message-peer", f"west=wss://127.0.0.1:{port}/",
+                            "--message-peer-pin", f"west={pki.server_pin('west')}",
+                            *site.connect, hub_id="east")
+        await asyncio.to_thread(east.start)
+        try:
+            await asyncio.to_thread(wait_for, lambda: link_state(east) == "up", 20.0,
+                                    "east's link to the fake west")
+            yield east
+        finally:
+            east.stop()
 
 
 @pytest.mark.parametrize("version,features", [(4, None), (7, ["forward_batch"])],
                          ids=["not-hubd-below-v5", "hubd-without-the-feature"])
 def test_a_peer_that_does_not_serve_intents_is_peer_rejected(tmp_path, pki, version, features):
-    from tests.support.federation import fake_peer_hub
-
     seen = []
 
     async def record(ws, frame):
         seen.append(frame)
 
     async def scenario():
-        async with fake_peer_hub(pki, "west", version, record, features=features) as port:
-            east = east_to_fake(tmp_path, pki, port)
-            await asyncio.to_thread(east.start)
-            try:
-                await asyncio.to_thread(wait_for, lambda: link_state(east) == "up", 20.0,
-                                        "east's link to the fake west")
-                alice = await Agent.join(east.url, "PROJ/alice")
-                refused = await alice.request("PROJ/bob@west", "a" * 64, "r1")
-                await alice.close()
-                return refused
-            finally:
-                east.stop()
+        async with east_on_fake_west(tmp_path, pki, version, record, features=features) as east:
+            alice = await Agent.join(east.url, "PROJ/alice")
+            refused = await alice.request("PROJ/bob@west", "a" * 64, "r1")
+            await alice.close()
+            return refused
 
     refused = asyncio.run(scenario())
     assert (refused["type"], refused["reason_code"], refused["request_id"]) == \
@@ -241,8 +245,6 @@ def test_answers_that_would_redirect_follow_ups_are_peer_invalid_answer(tmp_path
     """A peer's operation key must be 64 lower-case hex and not routed on the
     origin already; a refusal code must be a code; a follow-up's status must
     name its operation."""
-    from tests.support.federation import fake_peer_hub
-
     routed_key = "b" * 64
     answers = {  # request id -> what the fake peer answers
         "r1": ("accepted", "", {"status": fake_status(routed_key, "r1")}),
@@ -267,20 +269,13 @@ def test_answers_that_would_redirect_follow_ups_are_peer_invalid_answer(tmp_path
                             "reason_code": code, "detail": "from the fake", "result": result})
 
     async def scenario():
-        async with fake_peer_hub(pki, "west", 7, answer) as port:
-            east = east_to_fake(tmp_path, pki, port)
-            await asyncio.to_thread(east.start)
-            try:
-                await asyncio.to_thread(wait_for, lambda: link_state(east) == "up", 20.0,
-                                        "east's link to the fake west")
-                alice = await Agent.join(east.url, "PROJ/alice")
-                got = {rid: await alice.request("PROJ/bob@west", "a" * 64, rid)
-                       for rid in answers}
-                got["status"] = await alice.status(routed_key)
-                await alice.close()
-                return got
-            finally:
-                east.stop()
+        async with east_on_fake_west(tmp_path, pki, 7, answer) as east:
+            alice = await Agent.join(east.url, "PROJ/alice")
+            got = {rid: await alice.request("PROJ/bob@west", "a" * 64, rid)
+                   for rid in answers}
+            got["status"] = await alice.status(routed_key)
+            await alice.close()
+            return got
 
     got = asyncio.run(scenario())
     assert (got["r1"]["type"], got["r1"]["operation_key"], got["r1"]["remote_hub"]) == \
@@ -336,8 +331,6 @@ def test_a_peer_that_never_answers_is_peer_unreachable_and_waiting_is_bounded(tm
     refused peer_unreachable after the 10 s answer bound, and the one past
     the 256 forwards that may wait at once is refused at once."""
     from federation.delivery_forward import MAX_IN_FLIGHT
-    from tests.support.federation import fake_peer_hub
-
     taken = []
 
     async def swallow(ws, frame):
@@ -345,25 +338,18 @@ def test_a_peer_that_never_answers_is_peer_unreachable_and_waiting_is_bounded(tm
             taken.append(frame["body"]["request_id"])
 
     async def scenario():
-        async with fake_peer_hub(pki, "west", 7, swallow) as port:
-            east = east_to_fake(tmp_path, pki, port)
-            await asyncio.to_thread(east.start)
-            try:
-                await asyncio.to_thread(wait_for, lambda: link_state(east) == "up", 20.0,
-                                        "east's link to the fake west")
-                alice = await Agent.join(east.url, "PROJ/alice")
-                rids = [f"r{i}" for i in range(MAX_IN_FLIGHT + 1)]
-                for rid in rids:
-                    await alice.send("delivery_request", "PROJ/bob@west", request_id=rid,
-                                     idempotency_key=f"k-{rid}", target_incarnation="a" * 64,
-                                     mode="next_turn", allowed_fallbacks=[], task_id="",
-                                     body="x", deadline=time.time() + 600)
-                first = await alice.answer(timeout=5)
-                rest = [await alice.answer(timeout=30) for _ in range(MAX_IN_FLIGHT)]
-                await alice.close()
-                return first, rest
-            finally:
-                east.stop()
+        async with east_on_fake_west(tmp_path, pki, 7, swallow) as east:
+            alice = await Agent.join(east.url, "PROJ/alice")
+            rids = [f"r{i}" for i in range(MAX_IN_FLIGHT + 1)]
+            for rid in rids:
+                await alice.send("delivery_request", "PROJ/bob@west", request_id=rid,
+                                 idempotency_key=f"k-{rid}", target_incarnation="a" * 64,
+                                 mode="next_turn", allowed_fallbacks=[], task_id="",
+                                 body="x", deadline=time.time() + 600)
+            first = await alice.answer(timeout=5)
+            rest = [await alice.answer(timeout=30) for _ in range(MAX_IN_FLIGHT)]
+            await alice.close()
+            return first, rest
 
     first, rest = asyncio.run(scenario())
     last = f"r{MAX_IN_FLIGHT}"
