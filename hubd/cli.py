@@ -18,9 +18,9 @@ from pathlib import Path
 import structlog
 
 from hubd import __version__, logs
-from hubd.config import (DEFAULT_DB, DEFAULT_PORT, DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS,
-                         BrokerConfig,
-                         DEFAULT_QUOTA_WINDOW, HubConfig)
+from hubd.config import (BROKER_SOCKET_SUFFIX, BROKER_TOKEN_SUFFIX, DEFAULT_DB, DEFAULT_PORT,
+                         DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS, DEFAULT_QUOTA_WINDOW,
+                         BrokerConfig, HubConfig, broker_files_beside)
 from federation.config import FederationConfigError, build_federation_config
 from hubd.http.host_trust import AuthorityError, parse_advertised
 from hubd.state.claims import LeaseLimits
@@ -209,11 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
         "local broker", "Coding-agent CLI sessions on this machine over a Unix socket "
         "(docs/broker.md); a handle H is the seat <namespace>/H.")
     broker.add_argument("--broker-socket", metavar="PATH",
-                        help="Unix socket of the broker (default: bus.sock in the folder of "
-                             "the journal), created with mode 0600")
+                        help="Unix socket of the broker (default: the journal's path plus "
+                             f"{BROKER_SOCKET_SUFFIX}, e.g. ./hubd.db{BROKER_SOCKET_SUFFIX}), "
+                             "created with mode 0600")
     broker.add_argument("--broker-token-file", metavar="PATH",
-                        help="the broker's token (default: bus.token beside the socket); "
-                             "created with mode 0600 and a random token when absent")
+                        help="the broker's token (default: the journal's path plus "
+                             f"{BROKER_TOKEN_SUFFIX}); created with mode 0600 and a random "
+                             "token when absent")
     broker.add_argument("--no-broker", action="store_true", help="do not serve the broker")
     broker.add_argument("--broker-namespace", default="local", metavar="NS",
                         help="hub namespace of broker handles (default: local)")
@@ -312,10 +314,9 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         except PrincipalError:
             parser.error("--broker-principal must be a principal's name (letters, digits, "
                          f"'.', '_', '-', '/'), not '{SHARED_TOKEN_PRINCIPAL}'")
-        socket_path = Path(args.broker_socket) if args.broker_socket else \
-            Path(args.db).resolve().parent / "bus.sock"
-        token_file = Path(args.broker_token_file) if args.broker_token_file else \
-            socket_path.parent / "bus.token"
+        default_socket, default_token = broker_files_beside(Path(args.db))
+        socket_path = Path(args.broker_socket) if args.broker_socket else default_socket
+        token_file = Path(args.broker_token_file) if args.broker_token_file else default_token
         broker = BrokerConfig(socket_path=socket_path, token_file=token_file,
                               namespace=args.broker_namespace,
                               rate_limit=not args.broker_no_rate_limit,

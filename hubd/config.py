@@ -22,10 +22,26 @@ DEFAULT_QUOTA_BYTES = 64 * 1024 * 1024
 DEFAULT_QUOTA_WINDOW = 60.0
 
 
+# The broker's default socket and token file are named after the journal and
+# sit beside it, as SQLite's own -wal and -shm do: two hubs whose journals
+# share a folder never share a broker (docs/broker.md, "Connection").
+BROKER_SOCKET_SUFFIX = "-bus.sock"
+BROKER_TOKEN_SUFFIX = "-bus.token"
+
+
+def broker_files_beside(journal: Path) -> tuple[Path, Path]:
+    """The default (socket, token file) of the broker of the hub whose journal
+    is `journal`: one pair per journal file."""
+    journal = journal.resolve()
+    return (journal.with_name(journal.name + BROKER_SOCKET_SUFFIX),
+            journal.with_name(journal.name + BROKER_TOKEN_SUFFIX))
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     """The local broker door (docs/broker.md). The `hubd` command turns it on by
-    default beside the journal; a HubConfig built in code has none unless given."""
+    default, its files beside the journal (`broker_files_beside`); a HubConfig
+    built in code has none unless given."""
 
     socket_path: Path
     token_file: Path

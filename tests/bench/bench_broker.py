@@ -38,7 +38,7 @@ if __package__ in (None, ""):
 import aiohttp  # noqa: E402
 
 from tests.support.broker_client import BrokerClient  # noqa: E402
-from tests.support.procs import hubd_process  # noqa: E402
+from tests.support.procs import connect_broker, hubd_process  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -47,8 +47,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def broker_session(folder: Path, name: str, listen: bool) -> BrokerClient:
-    c = await BrokerClient.connect(str(folder / "bus.sock"),
-                                   (folder / "bus.token").read_text().strip())
+    c = await connect_broker(folder / "hubd.db")
     await c.call("session", event="session-start", client="other", cliSessionId=name,
                  host={"hostPid": 100000 + hash(name) % 100000, "hostStart": 1}, handle=name,
                  listen=listen)

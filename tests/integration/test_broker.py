@@ -12,7 +12,7 @@ import stat
 import pytest
 
 from tests.support.broker_client import BrokerClient, BrokerError
-from tests.support.procs import hubd_process
+from tests.support.procs import broker_files, connect_broker, hubd_process
 
 
 
@@ -31,13 +31,12 @@ def unlimited_hub(tmp_path):
 
 
 def broker_of(tmp_path) -> tuple[str, str]:
-    path = tmp_path / "bus.sock"
-    return str(path), (tmp_path / "bus.token").read_text().strip()
+    path, token = broker_files(tmp_path / "hubd.db")
+    return str(path), token.read_text().strip()
 
 
 async def client(tmp_path) -> BrokerClient:
-    path, token = broker_of(tmp_path)
-    return await BrokerClient.connect(path, token)
+    return await connect_broker(tmp_path / "hubd.db")
 
 
 async def session(tmp_path, cli_id: str, pid: int, listen=True, **extra) -> tuple[BrokerClient,
@@ -239,7 +238,7 @@ async def test_unread_and_thread_caps_are_answered(unlimited_hub, tmp_path):
 
 
 async def test_socket_token_limits_and_bad_lines(hub, tmp_path):
-    sock, token_file = tmp_path / "bus.sock", tmp_path / "bus.token"
+    sock, token_file = broker_files(tmp_path / "hubd.db")
     assert stat.S_ISSOCK(sock.stat().st_mode)
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
@@ -421,15 +420,15 @@ def test_broker_flags(tmp_path):
     # --no-broker: no socket, no token file
     off = hubd_process(tmp_path / "off", "--no-broker").start()
     try:
-        assert not (tmp_path / "off" / "bus.sock").exists()
-        assert not (tmp_path / "off" / "bus.token").exists()
+        assert [p.name for p in (tmp_path / "off").iterdir() if "-bus." in p.name] == []
     finally:
         off.stop()
     # a token file others can read is refused at start
     loose = tmp_path / "loose"
     loose.mkdir()
-    (loose / "bus.token").write_text("secret\n")
-    os.chmod(loose / "bus.token", 0o644)
+    _, loose_token = broker_files(loose / "hubd.db")
+    loose_token.write_text("secret\n")
+    os.chmod(loose_token, 0o644)
     refused = hubd_process(loose)
     with pytest.raises(RuntimeError):
         refused.start()
@@ -440,9 +439,9 @@ def test_broker_flags(tmp_path):
 async def test_a_second_hub_on_a_live_socket_refuses_and_leaves_it_serving(tmp_path):
     first = hubd_process(tmp_path / "first", hub_id="first").start()
     try:
-        sock = tmp_path / "first" / "bus.sock"
+        sock, token_file = broker_files(tmp_path / "first" / "hubd.db")
         second = hubd_process(tmp_path / "second", "--broker-socket", str(sock),
-                              "--broker-token-file", str(tmp_path / "first" / "bus.token"),
+                              "--broker-token-file", str(token_file),
                               hub_id="second")
         with pytest.raises(RuntimeError):
             second.start()
@@ -455,6 +454,33 @@ async def test_a_second_hub_on_a_live_socket_refuses_and_leaves_it_serving(tmp_p
         await c.close()
     finally:
         first.stop()
+
+
+async def test_two_hubs_whose_journals_share_a_folder_each_serve_their_own_broker(tmp_path):
+    """`--db hubs/east.db` and `--db hubs/west.db`, no broker flag: each hub's
+    socket and token are named after its journal, so both start."""
+    folder = tmp_path / "hubs"
+    east = hubd_process(folder, db=folder / "east.db", hub_id="east").start()
+    try:
+        west = hubd_process(folder, db=folder / "west.db", hub_id="west").start()
+        try:
+            names = {p.name for p in folder.iterdir() if "-bus." in p.name}
+            assert names == {"east.db-bus.sock", "east.db-bus.token", "west.db-bus.sock",
+                             "west.db-bus.token"}
+            tokens = {(folder / f"{hub}.db-bus.token").read_text() for hub in ("east", "west")}
+            assert len(tokens) == 2  # a token per hub, not one shared
+            on_east = await connect_broker(folder / "east.db")
+            on_west = await connect_broker(folder / "west.db")
+            await on_east.call("register", clientKind="cli", handle="renn")
+            assert [p["handle"] for p in (await on_east.call("status"))["peers"]] == ["renn"]
+            assert (await on_west.call("status"))["peers"] == []  # another hub's broker
+            await on_east.close()
+            await on_west.close()
+        finally:
+            west.stop()
+    finally:
+        east.stop()
+    assert not (folder / "east.db-bus.sock").exists()  # each removed its own on a clean stop
 
 
 async def test_custom_socket_token_and_namespace(tmp_path):

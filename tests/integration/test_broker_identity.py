@@ -16,7 +16,7 @@ import pytest
 
 from hubd.journal import principals as store
 from tests.support.broker_client import BrokerClient, BrokerError
-from tests.support.procs import hubd_process
+from tests.support.procs import connect_broker, hubd_process
 from tests.support.wsprobe import WsProbe
 
 
@@ -27,8 +27,7 @@ def events(db) -> list[tuple]:
 
 
 async def broker(tmp_path) -> BrokerClient:
-    token = (tmp_path / "bus.token").read_text().strip()
-    return await BrokerClient.connect(str(tmp_path / "bus.sock"), token)
+    return await connect_broker(tmp_path / "hubd.db")
 
 
 async def refused(call, code: str) -> BrokerError:

@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 
@@ -67,12 +68,23 @@ def run_twice(tmp_path, popen, fetch_health):
             health = json.loads(answer.stdout)
             assert health["status"] == "ok" and health["protocol_version"] >= 2
             ids.append(health["hub_id"])
+            # the broker's socket, named after the journal (as the README says)
+            assert stat.S_ISSOCK((tmp_path / "hubd.db-bus.sock").stat().st_mode)
         finally:
             os.kill(proc.pid, signal.SIGTERM)
             _, err = proc.communicate(timeout=15)
         assert proc.returncode == 0, err
         assert (tmp_path / "hubd.db").exists()
+        assert (tmp_path / "hubd.db-bus.token").exists()
     assert ids[0] == ids[1] and ids[0].startswith("hubd-")  # generated once, then kept
+    readme = (REPO / "README.md").read_text()
+    assert "`./hubd.db`" in readme and "`./hubd.db-bus.sock`" in readme \
+        and "`./hubd.db-bus.token`" in readme
+    # what `hubd` leaves in a checkout (journal, broker socket and token) is not committed
+    left = sorted(p.name for p in tmp_path.iterdir()) + ["hubd.db-bus.sock"]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=REPO,
+                             input="\n".join(left), capture_output=True, text=True)
+    assert sorted(ignored.stdout.split()) == sorted(left), ignored
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["certs", "--help"], ["multihub", "--help"]])

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.broker_client import BrokerClient
-from tests.support.procs import hubd_process
+from tests.support.procs import connect_broker, hubd_process
 from tests.support.refclient import RefClient
 
 
@@ -22,9 +21,7 @@ async def test_broker_session_and_reference_agent_exchange_a_message_and_a_reply
         broker_hub, tmp_path, reference_venv_status):
     if reference_venv_status[0] is None:
         pytest.skip(reference_venv_status[1])
-    folder = tmp_path / "hub"
-    token = (folder / "bus.token").read_text().strip()
-    asker = await BrokerClient.connect(str(folder / "bus.sock"), token)
+    asker = await connect_broker(tmp_path / "hub" / "hubd.db")
     result = await asker.call("session", event="session-start", client="codex",
                               cliSessionId="iop-1", host={"hostPid": 3100, "hostStart": 9},
                               handle="asker", listen=True)

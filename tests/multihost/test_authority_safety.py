@@ -214,7 +214,7 @@ class Sites:
         argv = python("-m", "hubd", "--host", "0.0.0.0", "--port", str(PORT), "--db",
                       str(self.db(hub)), "--hub-id", hub, "--lease-min-ttl", "1",
                       *site.serve, *site.connect, "--namespace-owner", f"PROJ={owner}",
-                      # the hubs share one folder: one broker socket (bus.sock) each would clash
+                      # these hubs have no use for a broker door
                       "--no-broker")
         if watches:
             for peer in HUBS:

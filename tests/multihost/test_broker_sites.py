@@ -5,9 +5,9 @@ import json
 import subprocess
 import time
 
-from tests.support.broker_client import BrokerClient
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.netns import Topology, require_netns
+from tests.support.procs import connect_broker
 from tests.support.sitecmd import REPO, env, python
 
 PORT = 8876
@@ -54,9 +54,7 @@ async def test_broker_session_asks_a_seat_on_a_peer_hub(tmp_path):
         assert json.loads(bob.stdout.readline())["event"] == "ready"
 
         # the Unix socket is a file: reachable from this namespace
-        folder = tmp_path / "east"
-        asker = await BrokerClient.connect(str(folder / "bus.sock"),
-                                           (folder / "bus.token").read_text().strip())
+        asker = await connect_broker(tmp_path / "east" / "hub.db")
         await asker.call("session", event="session-start", client="claude",
                          cliSessionId="far-1", host={"hostPid": 77, "hostStart": 1},
                          handle="asker", listen=True)

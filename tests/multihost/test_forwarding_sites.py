@@ -46,7 +46,7 @@ def test_cut_and_restore_east_west_link(tmp_path):
     with Topology() as topo:
         topo.link("east", "west", "203.0.113.0/30")
         topo.link("north", "west", "203.0.113.4/30")
-        # the hubs share one folder: one broker socket (bus.sock) each would clash
+        # these hubs have no use for a broker door
         common = ["--host", "0.0.0.0", "--port", str(PORT), "--no-durable-ingress-quota",
                   "--no-broker"]
         hubs = {}

@@ -217,6 +217,22 @@ def hubd_process(workdir: Path, *args: str, port: int | None = None, hub_id: str
                       log_path=workdir / f"hubd-{port}.log", ready_path="/readyz")
 
 
+def broker_files(db: Path) -> tuple[Path, Path]:
+    """Where a hubd whose journal is `db` keeps its broker socket and token by
+    default (beside the journal, named after it: docs/broker.md)."""
+    from hubd.config import broker_files_beside
+
+    return broker_files_beside(db)
+
+
+async def connect_broker(db: Path):
+    """An authenticated broker client of the hubd whose journal is `db`."""
+    from tests.support.broker_client import BrokerClient
+
+    sock, token = broker_files(db)
+    return await BrokerClient.connect(str(sock), token.read_text().strip())
+
+
 def reference_venv() -> Path:
     """A virtual environment holding the reference package, built once and cached.
 
