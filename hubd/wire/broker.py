@@ -23,6 +23,7 @@ from typing import Callable
 import orjson
 
 from hubd.wire.codec import nests_deeper
+from hubd.wire.utf8 import utf8_problem
 
 PROTOCOL_VERSION = 2
 MAX_LINE_BYTES = 1024 * 1024
@@ -360,7 +361,7 @@ def parse_line(line: bytes | str) -> Request | WireError:
     try:
         value = orjson.loads(line)
     except orjson.JSONDecodeError:
-        return WireError(BAD_REQUEST, "Malformed JSON line.")
+        return _not_json(line)
     if not isinstance(value, dict):
         return WireError(BAD_REQUEST, "A line must be a JSON object.")
     raw_id = value.get("id")
@@ -388,6 +389,24 @@ def parse_line(line: bytes | str) -> Request | WireError:
             return WireError(BAD_REQUEST, f"{type_}: {name} {problem}.", id_)
         fields[name] = value[name]
     return Request(id_, type_, fields)
+
+
+def _not_json(line: bytes | str) -> WireError:
+    """Why orjson refused the line. Text that is not valid UTF-8 (raw bytes, or
+    escapes of lone surrogates) is refused here, before any of it could be
+    stored or forwarded; the answer names the fault and carries the line's id
+    when the line is otherwise sound JSON."""
+    problem = utf8_problem(line)
+    if problem is None:
+        return WireError(BAD_REQUEST, "Malformed JSON line.")
+    try:
+        value = orjson.loads(problem.repaired)
+    except orjson.JSONDecodeError:
+        value = None
+    raw_id = value.get("id") if isinstance(value, dict) else None
+    id_ = raw_id if _integer(raw_id) and 0 < raw_id <= MAX_ID else None
+    return WireError(BAD_REQUEST, f"The line is not valid UTF-8 text: {problem.what}; "
+                                  "nothing of it was used.", id_)
 
 
 def _accepts_null(check: Check) -> bool:

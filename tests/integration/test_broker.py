@@ -292,6 +292,48 @@ async def test_socket_token_limits_and_bad_lines(hub, tmp_path):
         await x.close()
 
 
+async def test_text_that_is_not_utf8_is_refused_while_another_client_sends(hub, tmp_path):
+    """Raw bytes that do not decode, and escapes of lone surrogates, in any
+    string of a line: the line is answered bad_request naming the fault, nothing
+    of it is stored, its connection stays usable, and another client's send at
+    the same moment is served."""
+    mallory, alice, bob = [await client(tmp_path) for _ in range(3)]
+    for c, handle in ((mallory, "mallory"), (alice, "alice"), (bob, "bob")):
+        await c.call("register", clientKind="cli", handle=handle)
+    forms = [
+        ('"body":"\xed\xa0\x80"', "byte 0xED"),  # a surrogate, encoded
+        ('"body":"ok \xff"', "byte 0xFF"),
+        ('"body":"\\ud800"', "escape \\ud800"),
+        ('"body":"pair \\ud83d\\ude00 then \\udc00"', "escape \\udc00"),
+        ('"body":"x","references":[],"mode":"push","extra":"\\udbff"', "escape \\udbff"),
+    ]
+    for n, (body, fault) in enumerate(forms):
+        id_ = mallory.take_id()
+        raw = (f'{{"v":2,"id":{id_},"type":"send","threadId":null,"to":"bob",{body}}}\n'
+               .encode("latin-1"))
+        _, answered, served = await asyncio.gather(
+            mallory.send_raw(raw), mallory.answer(),
+            alice.call("send", threadId=None, to="bob", body=f"fine {n}"))
+        assert answered["id"] == id_ and answered["error"]["code"] == "bad_request", answered
+        assert "not valid UTF-8" in answered["error"]["message"], answered
+        assert fault in answered["error"]["message"], answered
+        assert served["deliveries"] == [{"to": "bob", "state": "queued"}]
+    # the refusing connection is still usable, and a bad register changed nothing
+    id_ = mallory.take_id()
+    await mallory.send_raw(f'{{"v":2,"id":{id_},"type":"register","clientKind":"cli",'
+                           f'"handle":"mallory","display":"\\ud800"}}\n'.encode())
+    assert (await mallory.answer())["error"]["code"] == "bad_request"
+    await mallory.call("send", threadId=None, to="bob", body="now valid")
+    inbox = await bob.call("inbox", unreadOnly=True)
+    bodies = sorted(m["firstLine"] for t in inbox["threads"] for m in t["messages"])
+    assert bodies == sorted([f"fine {n}" for n in range(len(forms))] + ["now valid"])
+    peers = {p["handle"]: p for p in (await bob.call("status"))["peers"]}
+    assert peers["mallory"]["display"] is None
+    assert "hubd_broker_refused_lines_total 6.0" in hub.get_text("/metrics")
+    for c in (mallory, alice, bob):
+        await c.close()
+
+
 async def test_sigkill_mid_thread_loses_no_answered_message(tmp_path):
     proc = hubd_process(tmp_path, "--broker-no-rate-limit").start()
     answered: list[tuple[int, int, str]] = []

@@ -112,6 +112,32 @@ def test_parse_refuses_with_bad_request(raw, fragment, has_id):
     assert parsed.id == (3 if has_id else None)
 
 
+@pytest.mark.parametrize("raw, fault", [
+    (b'{"v":2,"id":3,"type":"send","threadId":null,"to":"bob","body":"\xed\xa0\x80"}',
+     "byte 0xED"),
+    (b'{"v":2,"id":3,"type":"send","threadId":null,"to":"bob","body":"ok \xff"}', "byte 0xFF"),
+    (b'{"v":2,"id":3,"type":"send","threadId":null,"to":"bob","body":"\\ud800"}',
+     "escape \\ud800"),
+    (b'{"v":2,"id":3,"type":"send","threadId":null,"to":"b\\udfff","body":"x"}',
+     "escape \\udfff"),
+    (b'{"v":2,"id":3,"type":"register","clientKind":"cli","display":"\\udbff!"}',
+     "escape \\udbff"),
+    (b'{"v":2,"id":3,"type":"auth","token":"\\ud800"}', "escape \\ud800"),
+    (b'{"v":2,"id":3,"type":"status","ignored":{"deep":["\\udc00"]}}', "escape \\udc00"),
+])
+def test_parse_refuses_text_that_is_not_utf8_naming_the_fault(raw, fault):
+    parsed = parse_line(raw)
+    assert isinstance(parsed, WireError) and parsed.code == wire.BAD_REQUEST
+    assert parsed.message.startswith("The line is not valid UTF-8 text: ")
+    assert fault in parsed.message and parsed.id == 3
+
+
+def test_a_pair_of_surrogate_escapes_is_one_character():
+    parsed = parse_line(line(type="send", threadId=None, to="bob", body="x")
+                        .replace(b'"x"', b'"\\ud83d\\ude00"'))
+    assert isinstance(parsed, Request) and parsed.fields["body"] == "\U0001F600"
+
+
 def test_parse_refuses_deep_nesting():
     deep = b'{"v":2,"id":4,"type":"status","x":' + b"[" * 40 + b"]" * 40 + b"}"
     parsed = parse_line(deep)
