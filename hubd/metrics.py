@@ -51,7 +51,7 @@ class HubMetrics:
         self.broker_requests: dict[str, int] = {}  # verb -> requests answered
         self.broker_errors: dict[str, int] = {}  # error code -> answers
         self.broker_refused_lines = 0
-        self.broker_refused_connections = 0
+        self.broker_refused_connections: dict[str, int] = {}  # reason -> connections
         self.broker_bad_tokens = 0
         self.broker_slow_consumers = 0
         self.broker_pushes = 0
@@ -198,9 +198,9 @@ class _Collector:
         yield CounterMetricFamily("hubd_broker_refused_lines",
                                   "Broker lines refused before reaching the Router (malformed, "
                                   "over 1 MiB, bad fields).", value=m.broker_refused_lines)
-        yield CounterMetricFamily("hubd_broker_refused_connections",
-                                  "Broker connections refused at the connection bound or while "
-                                  "closing.", value=m.broker_refused_connections)
+        yield _by_label("hubd_broker_refused_connections", "Broker connections refused or "
+                        "displaced at a connection bound, or while closing, by reason.",
+                        "reason", m.broker_refused_connections)
         yield CounterMetricFamily("hubd_broker_bad_tokens", "Broker connections with a wrong token.",
                                   value=m.broker_bad_tokens)
         yield CounterMetricFamily("hubd_broker_slow_consumers",

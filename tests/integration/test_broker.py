@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
+import socket
 import stat
+import time
 
 import pytest
 
@@ -574,15 +577,70 @@ async def test_delivery_proof_from_the_transcript(hub, tmp_path):
     await sender.close()
 
 
+def refused_connections(hub) -> dict[str, float]:
+    found = re.findall(r'hubd_broker_refused_connections_total\{reason="(\w+)"\} (\S+)',
+                       hub.get_text("/metrics"))
+    return {reason: float(n) for reason, n in found}
+
+
+def broker_connections(hub) -> dict[str, float]:
+    found = re.findall(r'hubd_broker_connections\{state="(\w+)"\} (\S+)',
+                       hub.get_text("/metrics"))
+    return {state: float(n) for state, n in found}
+
+
+async def test_connections_that_never_authenticate_never_lock_clients_out(hub, tmp_path):
+    """300 connections that never send auth: only 64 of them are held (each
+    newcomer past that displaces the one that waited longest, told why), and
+    a client that authenticates as it connects is served at once."""
+    path, token = broker_of(tmp_path)
+    started = time.monotonic()
+    idle = []
+    for _ in range(300):  # a blocking connect returns once the hub's listen queue took it
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)  # in blocking mode: with a timeout, a full queue is EAGAIN
+        s.settimeout(5)
+        idle.append(s)
+    # queued behind the 300 (the hub's listen queue holds 1024), accepted last
+    c = await BrokerClient.connect(path, token)
+    assert (await c.call("status"))["peers"] == []
+    # the first 237 (300 - 64, and one more for c) were displaced, oldest first
+    for s in idle[:237]:
+        told = json.loads(s.makefile("rb").readline())
+        assert told["id"] is None and told["error"]["code"] == "broker_closed"
+        assert "have not authenticated" in told["error"]["message"]
+        assert s.recv(1) == b""
+    assert refused_connections(hub) == {"unauthenticated_displaced": 237}
+    assert broker_connections(hub) == {"authenticated": 1, "unauthenticated": 63}
+    # the newest 63 still wait for their auth line, and may still send it
+    idle[-1].sendall(json.dumps({"v": 2, "id": 1, "type": "auth", "token": token}).encode()
+                     + b"\n")
+    assert json.loads(idle[-1].makefile("rb").readline())["ok"] is True
+    assert broker_connections(hub) == {"authenticated": 2, "unauthenticated": 62}
+    # the refusals are logged, at most one line per reason every 10 s
+    lines = hub.log().count("broker connections refused")
+    assert 1 <= lines <= 1 + (time.monotonic() - started) // 10
+    for s in idle:
+        s.close()
+    await c.close()
+
+
 async def test_connections_and_listening_sessions_are_bounded(hub, tmp_path):
     path, token = broker_of(tmp_path)
+    early = await BrokerClient.connect(path)  # not authenticated: holds no place of the 256
     held = []
     for i in range(256):
         held.append(await BrokerClient.connect(path, token))
     extra = await BrokerClient.connect(path)
     refused = await extra.answer()
     assert refused["id"] is None and refused["error"]["code"] == "broker_closed"
+    assert "256 authenticated" in refused["error"]["message"]
     await asyncio.wait_for(extra.closed.wait(), 5)
+    # an auth that finds the 256 places taken is refused with its id
+    late = await early.request("auth", token=token)
+    assert late["error"]["code"] == "broker_closed" and late["id"] == 1
+    await asyncio.wait_for(early.closed.wait(), 5)
+    assert refused_connections(hub) == {"authenticated_full": 2}
     # at most 128 of them may listen
     results = []
     for i, c in enumerate(held[:129]):

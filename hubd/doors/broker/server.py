@@ -5,10 +5,11 @@ Router as a command carrying a future, and the next line is read only after
 its answer is written. Pushes and notifications are written by the Router's
 release path through `BrokerConnection.send`, independently of the reader.
 
-Bounds: at most MAX_CONNECTIONS connections (past it a newcomer gets
-broker_closed and is closed); a connection must authenticate within
-AUTH_SECONDS; a connection whose unsent output passes MAX_WRITE_BUFFER (a
-listener that does not read) is closed; lines are at most 1 MiB.
+Bounds: connections are admitted by `Admission` (admission.py: one bound for
+authenticated connections, another for those not yet authenticated); a
+connection must authenticate within AUTH_SECONDS; a connection whose unsent
+output passes MAX_WRITE_BUFFER (a listener that does not read) is closed;
+lines are at most 1 MiB.
 """
 
 from __future__ import annotations
@@ -33,10 +34,16 @@ from hubd.core.message import Message
 from hubd.wire import broker as wire
 from hubd.wire.broker import LineSplitter, LineTooLong, Request, WireError, parse_line
 
+from . import admission
+from .admission import Admission, RefusalLog
+
 log = structlog.get_logger("hubd.broker")
 
-MAX_CONNECTIONS = 256
 AUTH_SECONDS = 10.0
+# connections the kernel queues before the door accepts them: room for a burst
+# of both bounds at once (asyncio's default, 100, turns a burst of CLI hooks
+# into failed connects; Linux caps it at net.core.somaxconn)
+LISTEN_BACKLOG = 1024
 MAX_WRITE_BUFFER = 16 * 1024 * 1024
 READ_CHUNK = 256 * 1024
 NATIVE_CONNECT_SECONDS = 2.0
@@ -183,6 +190,10 @@ class BrokerDoor:
         self.token = ""
         self.server: asyncio.AbstractServer | None = None
         self.connections: set[BrokerConnection] = set()
+        self.admission = Admission()
+        self.refusal_log = RefusalLog()
+        hub.metrics.gauge("hubd_broker_connections", "Open broker connections, by whether they "
+                          "authenticated.", self.admission.counts, "state")
         self.closing = False
         self._dir_fd: int | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -208,7 +219,8 @@ class BrokerDoor:
         old_umask = os.umask(0o177)  # the socket is 0600 from its first moment
         try:
             self.server = await asyncio.start_unix_server(self._serve, bind_path,
-                                                          limit=READ_CHUNK)
+                                                          limit=READ_CHUNK,
+                                                          backlog=LISTEN_BACKLOG)
         finally:
             os.umask(old_umask)
         os.chmod(path, 0o600)
@@ -241,15 +253,27 @@ class BrokerDoor:
 
     # -- one connection
 
+    def _refuse(self, conn: BrokerConnection, reason: str, request_id: int | None = None) -> None:
+        """Close a connection the admission refused, saying why (counted, and
+        logged at most once per reason every few seconds)."""
+        refused = self.metrics.broker_refused_connections
+        refused[reason] = refused.get(reason, 0) + 1
+        since = self.refusal_log.refused(reason, asyncio.get_running_loop().time())
+        if since is not None:
+            log.warning("broker connections refused", reason=reason, refused=since,
+                        **self.admission.counts())
+        conn.write(wire.encode_error(request_id, wire.BROKER_CLOSED,
+                                     admission.SENTENCES[reason]))
+        conn.close()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = BrokerConnection(writer, self)
-        if self.closing or len(self.connections) >= MAX_CONNECTIONS:
-            self.metrics.broker_refused_connections += 1
-            writer.write(wire.encode_error(None, wire.BROKER_CLOSED,
-                                           "The broker is shutting down." if self.closing else
-                                           f"The broker serves at most {MAX_CONNECTIONS} "
-                                           "connections; try again later."))
-            writer.close()
+        refusal, displaced = (admission.CLOSING, None) if self.closing else \
+            self.admission.arrive(conn)
+        if displaced is not None:
+            self._refuse(displaced, admission.UNAUTHENTICATED_DISPLACED)
+        if refusal is not None:
+            self._refuse(conn, refusal)
             return
         self.connections.add(conn)
         self.hub.endpoints.add(conn)
@@ -259,6 +283,7 @@ class BrokerDoor:
             pass
         finally:
             self.connections.discard(conn)
+            self.admission.leave(conn)
             self.hub.endpoints.remove(conn)
             conn.close()
             if self.hub.router is not None and not self.closing:
@@ -325,6 +350,10 @@ class BrokerDoor:
             self.metrics.broker_bad_tokens += 1
             conn.write(wire.encode_error(request.id, wire.BAD_TOKEN, "Wrong broker token."))
             conn.close()
+            return False
+        refusal = self.admission.authenticate(conn)
+        if refusal is not None:
+            self._refuse(conn, refusal, request.id)
             return False
         conn.last_id = request.id
         conn.write(wire.encode_ok(request.id, {}))
