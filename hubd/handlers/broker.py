@@ -28,7 +28,7 @@ from hubd.state import broker as bs
 from hubd.state import broker_rules as rules
 from hubd.state import broker_views as views
 from hubd.state.broker_rules import Limits, Refusal
-from hubd.state.principals import Principal
+from hubd.state.broker_seats import BrokerSeats
 from hubd.wire import broker as wire
 from hubd.wire.targets import RemoteTargetError, parse_remote
 
@@ -59,6 +59,7 @@ class BrokerLive:
     # the principal the door's token maps to: its name is what every event a
     # broker request causes records (docs/identity.md)
     principal: str = "broker"
+    seats: BrokerSeats | None = None  # which handles it may speak for
     bindings: dict = field(default_factory=dict)  # endpoint id -> [handle, via]
     connected: dict = field(default_factory=dict)  # handle -> endpoints bound to it
     listeners: dict = field(default_factory=dict)  # handle -> endpoint id
@@ -117,30 +118,24 @@ def live_of(router: Router) -> BrokerLive:
     if live is None:
         config = router.config.broker
         limits = Limits() if config is None or config.rate_limit else Limits(rate_sends=None)
-        live = router.live["broker"] = BrokerLive(config.namespace if config else "local",
-                                                  limits,
-                                                  config.principal if config else "broker")
+        namespace = config.namespace if config else "local"
+        principal = config.principal if config else "broker"
+        live = router.live["broker"] = BrokerLive(namespace, limits, principal,
+                                                  BrokerSeats(principal, namespace))
     return live
 
 
-def broker_principal(router: Router, live: BrokerLive) -> Principal:
-    """Who the broker speaks as: the hub's principal of the configured name
-    when its table holds one (its seats then decide which handles the broker
-    may use), else the door's own, whose seats are <namespace>/*."""
-    found = router.hub.identity.table.principals.get(live.principal)
-    if found is not None:
-        return found
-    return Principal(live.principal, (f"{live.namespace}/*",), claim=(), board=(), mailbox=())
+def seat_refusal(router: Router, live: BrokerLive, handle_: str) -> str | None:
+    """Why the broker may not speak for this handle's seat (hubd/state/broker_seats.py)."""
+    return live.seats.refusal(router.hub.identity.table, handle_)
 
 
 def speaks_for(router: Router, live: BrokerLive, handle_: str) -> None:
     """Refuse (`forbidden`, before anything is journaled) a handle whose seat
-    <namespace>/<handle> the broker's principal may not speak for."""
-    principal = broker_principal(router, live)
-    seat = f"{live.namespace}/{handle_}"
-    if not principal.speaks_for(seat):
-        raise Refusal(wire.FORBIDDEN, f"Principal '{principal.name}' may not speak for "
-                                      f"'{seat}' (its seats: {', '.join(principal.seats)}).")
+    <namespace>/<handle> the broker may not speak for."""
+    refusal = seat_refusal(router, live, handle_)
+    if refusal is not None:
+        raise Refusal(wire.FORBIDDEN, refusal)
 
 
 # -- the messages a broker endpoint gets (its door writes each as one line)
@@ -425,10 +420,12 @@ def _to_hub(router: Router, live: BrokerLive, message: bs.Message, target: str) 
 
 
 def broker_seat(router: Router, item: str) -> str | None:
-    """The handle a hub target item names, when it is <ns>/<handle> of a peer."""
+    """The handle a hub target item names, when it is <ns>/<handle> of a peer
+    the broker may speak for (a seat a principal holds is that principal's)."""
     live = live_of(router)
     head, sep, rest = item.partition("/")
-    if sep and head == live.namespace and rest in bs.of(router.state).peers:
+    if sep and head == live.namespace and rest in bs.of(router.state).peers \
+            and seat_refusal(router, live, rest) is None:
         return rest
     return None
 

@@ -316,6 +316,14 @@ def takeover_refusal(holder_principal: str, principal: str, seat: str) -> str | 
             "a takeover works only within the same principal.")
 
 
+def seat_holders(table: PrincipalTable, seat: str) -> tuple[str, ...]:
+    """The principals of the hub's own table whose seat patterns cover `seat`:
+    only their tokens speak for it. The shared --token's principal is no
+    one's holder (it speaks for every seat no principal holds)."""
+    return tuple(name for name, principal in table.principals.items()
+                 if principal.speaks_for(seat))
+
+
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback

@@ -112,6 +112,83 @@ async def test_broker_principal_records_its_name_and_speaks_only_for_its_namespa
         proc.stop()
 
 
+async def test_a_seat_a_principal_holds_is_not_the_brokers_to_speak_for(tmp_path):
+    """`lalice` (seat local/alice) is online on the WebSocket door: a broker
+    client cannot register handle `alice` and speak to PROJ/carol as
+    local/alice; a chat to local/alice reaches lalice only; a handle whose
+    seat a principal comes to hold is refused from then on, on every verb."""
+    db = tmp_path / "hubd.db"
+    store.add(db, "lalice", ["local/alice"])
+    store.add(db, "carol", ["PROJ/carol"])
+    tokens = {name: store.new_token(db, name, "laptop") for name in ("lalice", "carol")}
+    proc = hubd_process(tmp_path, db=db).start()
+    try:
+        seats = {}
+        for name, seat in (("lalice", "local/alice"), ("carol", "PROJ/carol")):
+            seats[name] = await WsProbe.open(proc.url)
+            await seats[name].register(seat, token=tokens[name])
+            await seats[name].recv_type("presence_update", agent=seat, event="joined")
+        lalice, carol = seats["lalice"], seats["carol"]
+
+        c = await broker(tmp_path)
+        before = len(events(db))
+        taken = await refused(c.call("register", clientKind="cli", handle="alice"), "forbidden")
+        assert "held by principal 'lalice'" in taken.message
+        await refused(c.call("session", event="session-start", client="claude",
+                             cliSessionId="s-a", host={"hostPid": 41, "hostStart": 1},
+                             handle="alice"), "forbidden")
+        await refused(c.call("session", event="session-start", client="claude",
+                             cliSessionId="s-b", host={"hostPid": 42, "hostStart": 1},
+                             title="Alice"), "forbidden")  # the title's slug is alice
+        assert len(events(db)) == before  # refused before anything is journaled
+
+        # every other handle of the namespace stays the broker's
+        await c.call("register", clientKind="cli", handle="bob")
+        await c.call("send", threadId=None, to="PROJ/carol", body="from the broker")
+        chat = await carol.recv_type("chat")
+        assert chat["sender"] == "local/bob"
+        # a chat to local/alice is lalice's, not a broker handle's
+        await carol.chat("PROJ/carol", "local/alice", "for alice")
+        got = await lalice.recv_type("chat", sender="PROJ/carol")
+        assert got["payload"] == "for alice"
+        assert [p["handle"] for p in (await c.call("status"))["peers"]] == ["bob"]
+
+        # a handle registered before a principal held its seat: refused once it does
+        dave = await broker(tmp_path)
+        await dave.call("register", clientKind="cli", handle="dave")
+        await dave.call("send", threadId=None, to="bob", body="while dave is the broker's")
+        store.add(db, "ldave", ["local/dave"])
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                await dave.call("send", threadId=None, to="PROJ/carol",
+                                body=f"as dave {time.monotonic()}")
+                assert (await carol.recv_type("chat"))["sender"] == "local/dave"
+            except BrokerError as error:
+                assert error.code == "forbidden" and "'ldave'" in error.message, error.error
+                break
+            assert time.monotonic() < deadline, "the table change did not apply"
+            await asyncio.sleep(0.2)
+        await refused(dave.call("inbox", unreadOnly=False), "forbidden")
+        await refused(c.call("hook", event="prompt", handle="dave"), "forbidden")
+        # and a chat to local/dave no longer lands in the broker handle's inbox
+        await carol.chat("PROJ/carol", "local/dave", "for the seat, not the handle")
+        await carol.chat("PROJ/carol", "local/bob", "after it")
+        deadline = time.monotonic() + 5
+        while (await c.call("inbox", unreadOnly=True))["unreadTotal"] < 2:  # dave's, carol's
+            assert time.monotonic() < deadline, "carol's chat to local/bob did not arrive"
+            await asyncio.sleep(0.05)
+        # carol's chats are handled in order: the one to local/dave came first
+        peers = {p["handle"]: p for p in (await c.call("status"))["peers"]}
+        assert peers["dave"]["unread"] == 0
+        for client in (c, dave):
+            await client.close()
+        for probe in (lalice, carol):
+            await probe.close()
+    finally:
+        proc.stop()
+
+
 def test_broker_principal_and_namespace_flags_are_checked(tmp_path, capsys):
     from hubd.cli import build_parser, config_from_args
 
@@ -119,6 +196,13 @@ def test_broker_principal_and_namespace_flags_are_checked(tmp_path, capsys):
     db = ["--db", str(tmp_path / "x.db")]
     config = config_from_args(parser.parse_args(db), parser)
     assert config.broker.principal == "broker" and config.broker.namespace == "local"
+    # the socket and token are named after the journal; naming one leaves the other there
+    journal = (tmp_path / "x.db").resolve()
+    assert (config.broker.socket_path, config.broker.token_file) == (
+        journal.with_name("x.db-bus.sock"), journal.with_name("x.db-bus.token"))
+    named = config_from_args(parser.parse_args([*db, "--broker-socket", "/run/b.sock"]), parser)
+    assert (str(named.broker.socket_path), named.broker.token_file) == (
+        "/run/b.sock", journal.with_name("x.db-bus.token"))
     config = config_from_args(parser.parse_args([*db, "--broker-principal", "cli-bus"]), parser)
     assert config.broker.principal == "cli-bus"
     for flags in (["--broker-principal", "shared-token"], ["--broker-principal", "a b"],
