@@ -59,7 +59,6 @@ class BrokerLive:
     # the principal the door's token maps to: its name is what every event a
     # broker request causes records (docs/identity.md)
     principal: str = "broker"
-    seats: BrokerSeats | None = None  # which handles it may speak for
     bindings: dict = field(default_factory=dict)  # endpoint id -> [handle, via]
     connected: dict = field(default_factory=dict)  # handle -> endpoints bound to it
     listeners: dict = field(default_factory=dict)  # handle -> endpoint id
@@ -69,6 +68,10 @@ class BrokerLive:
     request_id: int = 0  # the request being handled (a wait answers it later)
     # the door's transcript watcher (hubd/doors/broker/proof.py), once it serves
     proofs: object | None = None
+    seats: BrokerSeats = field(init=False)  # which handles it may speak for
+
+    def __post_init__(self) -> None:
+        self.seats = BrokerSeats(self.principal, self.namespace)
 
     def handle_of(self, endpoint: int) -> str | None:
         binding = self.bindings.get(endpoint)
@@ -118,10 +121,9 @@ def live_of(router: Router) -> BrokerLive:
     if live is None:
         config = router.config.broker
         limits = Limits() if config is None or config.rate_limit else Limits(rate_sends=None)
-        namespace = config.namespace if config else "local"
-        principal = config.principal if config else "broker"
-        live = router.live["broker"] = BrokerLive(namespace, limits, principal,
-                                                  BrokerSeats(principal, namespace))
+        live = router.live["broker"] = BrokerLive(config.namespace if config else "local",
+                                                  limits,
+                                                  config.principal if config else "broker")
     return live
 
 

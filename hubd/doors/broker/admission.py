@@ -1,4 +1,4 @@
-"""Who may hold a connection to the broker socket (docs/broker.md, "Bounds").
+"""Who may hold a connection to the broker socket (docs/broker.md, "Authentication").
 
 Two separate bounds, so the socket cannot be exhausted either way:
 

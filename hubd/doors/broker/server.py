@@ -35,7 +35,6 @@ from hubd.wire import broker as wire
 from hubd.wire.broker import LineSplitter, LineTooLong, Request, WireError, parse_line
 
 from . import admission
-from .admission import Admission, RefusalLog
 
 log = structlog.get_logger("hubd.broker")
 
@@ -190,8 +189,8 @@ class BrokerDoor:
         self.token = ""
         self.server: asyncio.AbstractServer | None = None
         self.connections: set[BrokerConnection] = set()
-        self.admission = Admission()
-        self.refusal_log = RefusalLog()
+        self.admission = admission.Admission()
+        self.refusal_log = admission.RefusalLog()
         hub.metrics.gauge("hubd_broker_connections", "Open broker connections, by whether they "
                           "authenticated.", self.admission.counts, "state")
         self.closing = False
