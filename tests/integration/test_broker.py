@@ -577,16 +577,18 @@ async def test_delivery_proof_from_the_transcript(hub, tmp_path):
     await sender.close()
 
 
+def by_label(hub, metric: str) -> dict[str, float]:
+    """One labelled metric of the hub's /metrics: label value -> sample."""
+    found = re.findall(metric + r'\{\w+="(\w+)"\} (\S+)', hub.get_text("/metrics"))
+    return {label: float(n) for label, n in found}
+
+
 def refused_connections(hub) -> dict[str, float]:
-    found = re.findall(r'hubd_broker_refused_connections_total\{reason="(\w+)"\} (\S+)',
-                       hub.get_text("/metrics"))
-    return {reason: float(n) for reason, n in found}
+    return by_label(hub, "hubd_broker_refused_connections_total")
 
 
 def broker_connections(hub) -> dict[str, float]:
-    found = re.findall(r'hubd_broker_connections\{state="(\w+)"\} (\S+)',
-                       hub.get_text("/metrics"))
-    return {state: float(n) for state, n in found}
+    return by_label(hub, "hubd_broker_connections")
 
 
 async def test_connections_that_never_authenticate_never_lock_clients_out(hub, tmp_path):

@@ -6,10 +6,10 @@ Two separate bounds, so the socket cannot be exhausted either way:
   while they are all taken is refused at once (it could never be served), and
   so is an `auth` that finds them taken;
 - at most UNAUTHENTICATED connections that have not (yet) authenticated:
-  a newcomer past that bound displaces the one that has waited longest. A
-  client that authenticates as soon as it connects is never locked out by
-  connections that never do; they cannot hold a place for the 10 s auth
-  timeout, only until the next newcomer needs it.
+  a newcomer past that bound displaces the one that has waited longest.
+  Connections that never authenticate hold a place only until newer ones
+  need it, not for the 10 s auth timeout, so a client that authenticates as
+  soon as it connects is not locked out by them.
 
 Connections that never authenticate therefore never count against the
 authenticated bound. Every refusal is counted by reason
