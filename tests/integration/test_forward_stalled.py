@@ -1,11 +1,13 @@
-"""A link that is up while nothing succeeds is reported stalled: real hubd
-processes, west refusing every forward past its ingress quota (a transient
-refusal east keeps retrying with backoff)."""
+"""A peer link that is up while nothing succeeds: real hubd processes. West
+refusing every forward past its ingress quota (a transient refusal east keeps
+retrying with backoff) is reported stalled; a peer that never answers a
+roster request gives the asker an error at the roster timeout."""
 
+import asyncio
 import json
+import time
 
-
-from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.federation import fake_peer_hub, make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
 from tests.support.wsprobe import joined
 from tests.support.waiting import wait_for
@@ -23,8 +25,6 @@ def test_up_link_without_success_is_stalled_in_health_and_metrics(tmp_path):
                         "--message-peer-pin", f"west={pki.server_pin('west')}", hub_id="east")
     east.start()
     try:
-        import asyncio
-
         async def send():
             alice = await joined(east.url, "PROJ/alice")
             for i in range(8):
@@ -57,11 +57,6 @@ def test_a_roster_the_peer_never_answers_is_an_error_at_the_roster_timeout(tmp_p
     answers a `who` forward. The asker hears an error when the roster timeout
     runs out (the seed's ten seconds by default; --roster-timeout shortens it
     here), not before, and east answers other askers meanwhile."""
-    import asyncio
-    import time
-
-    from tests.support.federation import fake_peer_hub
-
     pki = make_pki(tmp_path / "pki", ["east", "west"])
     asked = []
 
