@@ -18,6 +18,7 @@ answered "unknown" to its claimant, loudly, in the log too.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -26,6 +27,7 @@ import structlog
 from federation.clock import SYSTEM, wait_for
 from federation.link import TIMEOUT as LINK_TIMEOUT
 from federation.link import LinkError
+from hubd.state.claims import CLAIM_DENIED
 
 log = structlog.get_logger("hubd.federation.claims")
 
@@ -42,6 +44,12 @@ REPLIES = {
     "handoff": ("handoff_granted", "handoff_denied"),
     "wait_request": ("wait_granted", "wait_denied"),
 }
+# A claim_denied always carries a stable reason_code (docs/claims.md). The
+# owner's is relayed when it is one: upper-case letters, digits and
+# underscores, as hubd's own (LEASE_LIVE, SCOPE_CONFLICT, ...); an owner that
+# gives none (the reference hub, a hubd before it sent them) or something else
+# is answered with the generic CLAIM_DENIED, never a code guessed from its text.
+_REASON_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 # What a granted verb does to the claimant's record of its remote leases.
 LEASE_HELD = "held"  # the answer carries the lease as it now is
 LEASE_ENDED = "ended"
@@ -135,11 +143,18 @@ class ClaimForwarder:
         if link is None:
             return ClaimVerdict(claim, False, denied_type, refusal_text(claim.namespace, "remote"),
                                 {**common, "ownership": "remote", "forward_error": "no_route",
-                                 "reason_code": "CLAIM_DENIED"})
+                                 "reason_code": CLAIM_DENIED})
         try:
-            answer = await wait_for(self.clock, link.request(claim.request, None,
-                                                             key=claim.request_id), self.timeout)
+            # matched by the request_id hubd echoes, or in order from an
+            # owner that echoes none (the reference hub)
+            answer = await wait_for(self.clock, link.request(
+                claim.request, None, key=claim.request_id, reply_type="multihub_claim_result"),
+                self.timeout)
             granted, detail, grant, lease = read_answer(answer)
+            if answer["task_id"] != claim.task_id:
+                # an owner that echoes no request id is matched in order: an
+                # answer about another task is not this request's
+                raise ValueError(f"answered for task {answer['task_id']!r}")
         except (LinkError, TimeoutError) as exc:
             cause = exc.cause if isinstance(exc, LinkError) else LINK_TIMEOUT
             if cause == LINK_TIMEOUT:
@@ -149,12 +164,12 @@ class ClaimForwarder:
                 text = refusal_text(claim.namespace, "remote")
             return ClaimVerdict(claim, False, denied_type, text,
                                 {**common, "ownership": "remote", "forward_error": cause,
-                                 "reason_code": "CLAIM_DENIED"})
+                                 "reason_code": CLAIM_DENIED})
         except ValueError as exc:
             return ClaimVerdict(claim, False, denied_type,
                                 f"{verb} refused: owning hub '{owner}' answered badly ({exc})",
                                 {**common, "ownership": "remote",
-                                 "forward_error": "invalid_answer", "reason_code": "CLAIM_DENIED"})
+                                 "forward_error": "invalid_answer", "reason_code": CLAIM_DENIED})
         fields = dict(grant) if grant is not None else {}
         for envelope in ("type", "sender", "target", "timestamp", "hub_id", "payload"):
             fields.pop(envelope, None)
@@ -164,6 +179,8 @@ class ClaimForwarder:
                 # the owner refused the request itself (its grant for this hub,
                 # the claimant, the holder), typed: relayed as federation_reason
                 fields["federation_reason"] = reason
+            if verb == "claim":
+                fields["reason_code"] = claim_reason_code(fields.get("reason_code"))
             return ClaimVerdict(claim, False, denied_type,
                                 detail or f"{verb} refused by the owning hub", {**common, **fields})
         effect = LEASE_EFFECT[verb]
@@ -193,12 +210,20 @@ class ClaimForwarder:
                 f"'{claim.owner}' decided it is unknown. Check state, then retry.",
                 {"task_id": claim.task_id, "namespace": claim.namespace,
                  "owner_hub_id": claim.owner, "ownership": "remote",
-                 "forward_error": "forwarder_stopped", "reason_code": "CLAIM_DENIED"}))
+                 "forward_error": "forwarder_stopped", "reason_code": CLAIM_DENIED}))
 
     def health(self) -> dict:
         return {"queued": self.inbox.qsize(), "queue_bound": self.inbox.maxsize,
                 "in_flight": len(self.in_flight), "in_flight_bound": self.max_in_flight,
                 "refused_full": self.refused_full, "answered": self.answered}
+
+
+def claim_reason_code(owner_code) -> str:
+    """The reason_code a claimant's claim_denied carries for an owner's
+    refusal: the owner's own stable code, or CLAIM_DENIED without one."""
+    if isinstance(owner_code, str) and _REASON_CODE.fullmatch(owner_code):
+        return owner_code
+    return CLAIM_DENIED
 
 
 def refusal_text(namespace, kind: str) -> str:

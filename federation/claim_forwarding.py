@@ -255,7 +255,9 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
                                 peer_principal(sender))
         outcome, granted, _ = claim_handlers.decide_and_record(router, request)
         if isinstance(outcome, cl.Deny):
-            router.send(session.endpoint, result(False, outcome.text))
+            # the decision's stable code and conflict, as a local claimant
+            # gets them (the reference relays only the text)
+            router.send(session.endpoint, result(False, outcome.text, cl.denial_fields(outcome)))
         else:
             router.send(session.endpoint, result(True, granted["payload"],
                                              cl.grant_fields(outcome.lease), outcome.lease))

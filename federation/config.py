@@ -26,6 +26,9 @@ from hubd.wire.envelope import HUB_ID_RE
 
 DEFAULT_FORWARD_TTL = 86400.0
 DEFAULT_WATCH_INTERVAL = 30.0
+# how long a roster request (who_request naming a peer) waits for the peer's
+# answer: seed 000's bound on one multihub_message_result, "up to ten seconds"
+DEFAULT_ROSTER_TIMEOUT = 10.0
 WATCH_INTERVAL_FLOOR = 1.0
 
 
@@ -51,6 +54,7 @@ class FederationConfig:
     client_certfile: Path | None = None
     client_keyfile: Path | None = None
     forward_ttl: float = DEFAULT_FORWARD_TTL
+    roster_timeout: float = DEFAULT_ROSTER_TIMEOUT
     tls_certfile: Path | None = None
     tls_keyfile: Path | None = None
     serving_policy_path: Path | None = None
@@ -133,6 +137,7 @@ def _routes(values: list[str], pin_values: list[str], token: str | None, flag: s
 def build_federation_config(*, message_peers: list[str], message_peer_pins: list[str],
                             message_peer_token: str | None, client_certfile: str | None,
                             client_keyfile: str | None, forward_ttl: float,
+                            roster_timeout: float = DEFAULT_ROSTER_TIMEOUT,
                             tls_certfile: str | None, tls_keyfile: str | None,
                             serving_policy: str | None, hub_id: str | None,
                             namespace_owners: list[str] = (),
@@ -153,6 +158,8 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
                                     "(and the reverse)")
     if forward_ttl < 1:
         raise FederationConfigError("--message-forward-ttl must be at least 1 second")
+    if not roster_timeout > 0:
+        raise FederationConfigError("--roster-timeout must be positive")
     peers = _routes(list(message_peers), list(message_peer_pins), message_peer_token,
                     "--message-peer", "--message-peer-pin", client_certfile)
     if peers and not hub_id:
@@ -175,7 +182,7 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
         message_peers=peers,
         client_certfile=Path(client_certfile) if client_certfile else None,
         client_keyfile=Path(client_keyfile) if client_keyfile else None,
-        forward_ttl=float(forward_ttl),
+        forward_ttl=float(forward_ttl), roster_timeout=float(roster_timeout),
         tls_certfile=Path(tls_certfile) if tls_certfile else None,
         tls_keyfile=Path(tls_keyfile) if tls_keyfile else None,
         serving_policy_path=Path(serving_policy) if serving_policy else None,
@@ -185,6 +192,7 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
         flags=dict(message_peers=list(message_peers), message_peer_pins=list(message_peer_pins),
                    message_peer_token=message_peer_token, client_certfile=client_certfile,
                    client_keyfile=client_keyfile, forward_ttl=forward_ttl,
+                   roster_timeout=roster_timeout,
                    tls_certfile=tls_certfile, tls_keyfile=tls_keyfile,
                    serving_policy=serving_policy, hub_id=hub_id,
                    namespace_owners=list(namespace_owners), watches=list(watches),

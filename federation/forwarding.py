@@ -85,7 +85,8 @@ class Forwarding:
     def _add_outbox(self, peer: str) -> None:
         outbox = ForwardOutbox(self.hub.hub_id, peer, self.peers.link(peer),
                                lambda **events: self.peers.subscribe(peer, **events),
-                               self.metrics, self._reported, self._load)
+                               self.metrics, self._reported, self._load,
+                               roster_timeout=self.config.roster_timeout)
         self.outboxes[peer] = outbox
         self._group.create_task(outbox.run(), name=f"forward-outbox-{peer}")
 

@@ -60,7 +60,7 @@ class LinkError(Exception):
 
 class Answers:
     """Where a peer's answers go: a waiting request (matched by the id it
-    echoes, or in order for reply types that carry none) or, for forward
+    echoes, or in order when the answer echoes none) or, for forward
     results nobody waits for, the subscriber. One home for both link kinds
     (PeerLink here, the in-memory link of the actor tests)."""
 
@@ -70,22 +70,30 @@ class Answers:
         self.on_result, self.on_rejected = on_result, on_rejected
         self._by_key: dict[str, asyncio.Future] = {}  # answers that echo an id
         self._in_order: dict[str, deque] = {}  # reply type -> waiters, for answers without one
+        # reply type -> keyed waiters that also take an answer echoing no id
+        self._keyed_in_order: dict[str, deque] = {}
 
     def expect(self, key: str | None, reply_type: str | None) -> asyncio.Future:
+        """A waiter for the answer echoing `key`, or with no key the next
+        answer of `reply_type`. With both, an answer of that type that echoes
+        no id at all (the reference hub's multihub_claim_result) is matched in
+        order among such waiters."""
         future = asyncio.get_running_loop().create_future()
-        if key is not None:
-            self._by_key[key] = future
-        else:
+        if key is None:
             self._in_order.setdefault(reply_type, deque()).append(future)
+            return future
+        self._by_key[key] = future
+        if reply_type is not None:
+            self._keyed_in_order.setdefault(reply_type, deque()).append(future)
         return future
 
     def forget(self, future: asyncio.Future, key: str | None, reply_type: str | None) -> None:
         if key is not None:
             self._by_key.pop(key, None)
-        else:
-            waiting = self._in_order.get(reply_type)
-            if waiting and future in waiting:
-                waiting.remove(future)
+        table = self._in_order if key is None else self._keyed_in_order
+        waiting = table.get(reply_type)
+        if waiting and future in waiting:
+            waiting.remove(future)
 
     def route(self, frame: dict) -> None:
         kind = frame.get("type")
@@ -102,8 +110,17 @@ class Answers:
             elif not waiter.done():
                 waiter.set_result(frame)
         elif kind in ("multihub_log_snapshot", "multihub_claim_result"):
-            waiter = self._by_key.pop(frame.get("request_id"), None) \
-                if isinstance(frame.get("request_id"), str) else None
+            waiter = None
+            keyed = self._keyed_in_order.get(kind)
+            rid = frame.get("request_id")
+            if isinstance(rid, str):
+                # only the request it names (never another keyed one: a late
+                # answer to a request that gave up must not answer the next)
+                waiter = self._by_key.pop(rid, None)
+                if waiter is not None and keyed and waiter in keyed:
+                    keyed.remove(waiter)
+            elif keyed:
+                waiter = keyed.popleft()
             waiting = self._in_order.get(kind)
             if waiter is None and waiting:
                 waiter = waiting.popleft()
@@ -122,6 +139,8 @@ class Answers:
         waiters = list(self._by_key.values())
         for waiting in self._in_order.values():
             waiters.extend(waiting)
+            waiting.clear()
+        for waiting in self._keyed_in_order.values():
             waiting.clear()
         self._by_key.clear()
         for waiter in waiters:

@@ -42,6 +42,7 @@ from typing import Awaitable, Callable, NamedTuple
 import structlog
 
 from federation.clock import SYSTEM, next_retry
+from federation.config import DEFAULT_ROSTER_TIMEOUT
 from federation.delivery_forward import relay_sessions
 from federation.state import PendingForward
 from hubd.state import delivery as dl
@@ -58,7 +59,6 @@ ANSWER_TIMEOUT = 10.0
 SWEEP = 0.5
 FIRST_ANSWER = 1.0  # seconds a sender's receipt waits for the peer before "pending"
 ROSTERS = 32  # roster requests waiting for this peer's answer
-ROSTER_TIMEOUT = 5.0
 
 
 # -- what the actor tells the Router
@@ -206,13 +206,15 @@ Load = Callable[[str, int, int], Awaitable[tuple[list[PendingForward], bool]]]
 
 class ForwardOutbox:
     def __init__(self, origin_hub: str, peer: str, link, subscribe: Callable[..., None],
-                 metrics, report: Callable[[list], None], load: Load, *, clock=SYSTEM):
+                 metrics, report: Callable[[list], None], load: Load, *, clock=SYSTEM,
+                 roster_timeout: float = DEFAULT_ROSTER_TIMEOUT):
         self.origin = origin_hub
         self.peer = peer
         self.metrics = metrics
         self.report = report
         self.load = load
         self.clock = clock
+        self.roster_timeout = roster_timeout
         self.mailbox = Mailbox(RESIDENT, EVENTS)
         self.items: OrderedDict[str, Attempt] = OrderedDict()  # held forwards, oldest first
         self.ready: deque = deque()  # forward_ids to send now
@@ -426,7 +428,7 @@ class ForwardOutbox:
             return
         forward_id = secrets.token_hex(16)
         self.rosters[forward_id] = WaitingRoster(ask.reply_to, ask.name,
-                                                 self.clock.monotonic() + ROSTER_TIMEOUT)
+                                                 self.clock.monotonic() + self.roster_timeout)
         # sent with the forwards (below), so a hung link holds it like them
         self._roster_frames.append({
             "sender": self.origin, "target": "System", "type": "multihub_message_forward",
@@ -560,7 +562,7 @@ class ForwardOutbox:
         for forward_id in late:
             roster = self.rosters.pop(forward_id)
             self._roster_error(roster.reply_to, roster.name,
-                               f"no answer within {ROSTER_TIMEOUT:g}s")
+                               f"no answer within {self.roster_timeout:g}s")
 
     # -- figures
 

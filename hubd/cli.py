@@ -21,7 +21,8 @@ from hubd import __version__, logs
 from hubd.config import (BROKER_SOCKET_SUFFIX, BROKER_TOKEN_SUFFIX, DEFAULT_DB, DEFAULT_PORT,
                          DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS, DEFAULT_QUOTA_WINDOW,
                          BrokerConfig, HubConfig, broker_files_beside)
-from federation.config import FederationConfigError, build_federation_config
+from federation.config import (DEFAULT_ROSTER_TIMEOUT, FederationConfigError,
+                               build_federation_config)
 from hubd.http.host_trust import AuthorityError, parse_advertised
 from hubd.state.claims import LeaseLimits
 from hubd.state.principals import (SHARED_TOKEN_PRINCIPAL, PrincipalError, check_name,
@@ -152,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     fed.add_argument("--message-forward-ttl", type=float, default=86400.0, metavar="SECONDS",
                      help="retry an unanswered forward this long before it expires "
                           "(default 86400)")
+    fed.add_argument("--roster-timeout", type=float, default=DEFAULT_ROSTER_TIMEOUT,
+                     metavar="SECONDS",
+                     help="how long a who_request naming a peer waits for the peer's "
+                          "roster before it is answered with an error "
+                          f"(default {DEFAULT_ROSTER_TIMEOUT:g})")
     leases = parser.add_argument_group("claims and leases")
     leases.add_argument("--max-claims-per-agent", type=int, default=LeaseLimits.max_claims_per_agent,
                         help="most live claims one agent may hold before further claims are "
@@ -274,6 +280,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             message_peers=args.message_peer, message_peer_pins=args.message_peer_pin,
             message_peer_token=peer_token, client_certfile=args.multihub_client_certfile,
             client_keyfile=args.multihub_client_keyfile, forward_ttl=args.message_forward_ttl,
+            roster_timeout=args.roster_timeout,
             tls_certfile=args.tls_certfile, tls_keyfile=args.tls_keyfile,
             serving_policy=args.multihub_serving_policy, hub_id=args.hub_id,
             namespace_owners=args.namespace_owner, watches=args.multihub_watch,

@@ -91,11 +91,8 @@ def grant_or_deny(router: Router, session: Session, request: cl.ClaimRequest,
     decision, granted, first = decide_and_record(router, request)
     task_id = request.task_id
     if isinstance(decision, cl.Deny):
-        fields = {"task_id": task_id, "reason_code": decision.reason_code}
-        if decision.conflict_task_id is not None:
-            fields["conflict_task_id"] = decision.conflict_task_id
-            fields["holder"] = decision.holder
-        router.reply(session, "claim_denied", decision.text, **fields)
+        router.reply(session, "claim_denied", decision.text, task_id=task_id,
+                     **cl.denial_fields(decision))
         router.fail_privately(session, f"Claim of '{task_id}' could not be decided now (the "
                                        "hub could not journal it); nothing changed. Retry.",
                               task_id=task_id)

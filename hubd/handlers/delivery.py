@@ -296,14 +296,14 @@ def delivery_request(router: Router, session: Session, frame: dict, size: int) -
     key = rules.operation_key(origin, session.name, request.request_id)
     digest = request.digest()
     existing = d.ops.get(key)
-    if existing is not None:
-        # a retry: the original operation as it stands now, or a conflict
-        if existing.digest == digest:
-            reply_status(router, session, existing)
-        else:
-            refuse(router, session, rules.Refusal(
-                rules.ID_CONFLICT, "request identity was reused with new content",
-                request.request_id))
+    identity = rules.admission_identity(
+        request.request_id, digest, existing.digest if existing is not None else None,
+        d.by_idempotency.get((origin, session.name, request.idempotency_key)))
+    if isinstance(identity, rules.Refusal):
+        refuse(router, session, identity)
+        return
+    if identity == rules.RETRY:  # the original operation as it stands now
+        reply_status(router, session, existing)
         return
     def no(code: str, text: str) -> None:
         refuse(router, session, rules.Refusal(code, text, request.request_id))

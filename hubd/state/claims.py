@@ -385,6 +385,17 @@ class Deny:
     holder: str | None = None
 
 
+def denial_fields(deny: Deny) -> dict:
+    """What a claim_denied says beside its text: the stable reason code and,
+    for a conflict, the task and holder it conflicts with. The same fields
+    whether the claimant is on this hub or a peer forwarded its claim."""
+    fields = {"reason_code": deny.reason_code}
+    if deny.conflict_task_id is not None:
+        fields["conflict_task_id"] = deny.conflict_task_id
+        fields["holder"] = deny.holder
+    return fields
+
+
 @dataclass(frozen=True)
 class Grant:
     lease: dict

@@ -17,7 +17,8 @@ Events (one command's events commit in one transaction):
 
 Bounded: unfinished operations are capped at admission (the caps in the rules
 module, and UNFINISHED_TOTAL here); finished ones are kept for status and
-retry identity up to RETAINED, the oldest finished going first; pending
+retry identity (request ids and idempotency keys alike) up to RETAINED, the
+oldest finished going first, its idempotency key free again with it; pending
 notifications up to OUTBOX_PER_AUDIENCE per audience and OUTBOX_TOTAL in all,
 the oldest going first. Every eviction is counted (the gauges on /metrics).
 """
@@ -84,6 +85,9 @@ class Operation:
 @dataclass
 class DeliveryState:
     ops: dict = field(default_factory=dict)  # operation key -> Operation
+    # (origin hub, sender, idempotency key) -> the operation key it was admitted
+    # under, for every retained operation: a key is spent once per sender
+    by_idempotency: dict = field(default_factory=dict)
     # unfinished work per recipient incarnation, in admission (journal) order
     by_incarnation: dict = field(default_factory=dict)  # incarnation -> {key: None}
     by_target: dict = field(default_factory=dict)  # recipient name -> {key: None}, unfinished
@@ -144,7 +148,11 @@ class DeliveryState:
         self.finished[op.key] = None
         while len(self.finished) > RETAINED:
             old, _ = self.finished.popitem(last=False)
-            self.ops.pop(old, None)
+            gone = self.ops.pop(old, None)
+            if gone is not None:
+                spent = (gone.origin_hub, gone.sender, gone.idempotency_key)
+                if self.by_idempotency.get(spent) == old:
+                    del self.by_idempotency[spent]
             self.evicted_operations += 1
 
     def queue_notification(self, audience: str, frame: dict) -> None:
@@ -195,6 +203,9 @@ def _apply_accepted(state: HubState, event: Event) -> None:
         tuple(p["allowed_fallbacks"]), p["selected_mode"], p["quality"], p["body"],
         p["deadline"], p["request_digest"], event.seq, latest_event_seq=event.seq)
     d.ops[op.key] = op
+    # the first admission keeps the key (a journal from before the key was
+    # checked may hold two operations with one key)
+    d.by_idempotency.setdefault((op.origin_hub, op.sender, op.idempotency_key), op.key)
 
 
 @appliers.applies(QUEUED)

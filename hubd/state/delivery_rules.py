@@ -238,6 +238,31 @@ class Request:
         return canonical_digest(self.content())
 
 
+RETRY, NEW = "retry", "new"
+
+
+def admission_identity(request_id: str, digest: str, earlier_digest: str | None,
+                       key_holder: str | None) -> str | Refusal:
+    """How a delivery_request stands against the work this hub admitted.
+
+    `earlier_digest` is the content digest of the operation with this request's
+    key (origin, sender, request id), None if there is none; `key_holder` the
+    key of the operation this sender's idempotency key was admitted under,
+    None if unused. The same request id with the same content is a RETRY (the
+    operation's status again); with other content, or an idempotency key the
+    sender already spent on another request id, it is id_conflict (seed 001:
+    a duplicate returns the original disposition, a reused id is refused).
+    Otherwise it is NEW. The reference answers both conflicts with the same
+    code and words (docs/reference-observed.md, 8.2)."""
+    if earlier_digest is not None:
+        if earlier_digest == digest:
+            return RETRY
+        return Refusal(ID_CONFLICT, "request identity was reused with new content", request_id)
+    if key_holder is not None:
+        return Refusal(ID_CONFLICT, "request identity was reused with new content", request_id)
+    return NEW
+
+
 def exact_target(target) -> str | Refusal:
     """One exact identity: not a broadcast, a list, a role glob or a project."""
     text = bounded_text(target, "target", max_bytes=256)

@@ -345,3 +345,44 @@ def test_one_link_per_peer_carries_forwards_claims_and_the_watch(tmp_path, sites
 
     asyncio.run(scenario())
 
+
+
+def test_a_forwarded_claim_refused_by_the_owner_carries_its_stable_reason_code(tmp_path,
+                                                                              sites):
+    """The claimant on west hears an owner's refusal as a claimant on the
+    owner does: the same reason_code, conflict task and holder, and text
+    (d590ccf relayed the text only, as the reference does)."""
+    start, route, url = sites
+    start("east", {"west": ["PROJ"]}, "--namespace-owner", "PROJ=east",
+          "--max-claims-per-agent", "2")
+    west = start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
+                 *route("claim-peer", "east"))
+    route_up(west, "east")
+    same = ("reason_code", "conflict_task_id", "holder", "payload", "task_id")
+
+    async def scenario():
+        bob = await agent(url["east"], "PROJ/bob")
+        carl = await agent(url["east"], "PROJ/carl")
+        amy = await agent(url["west"], "PROJ/amy")
+        assert (await claim(bob, "PROJ/bob", "t-1", ["src/core"]))["type"] == "claim_granted"
+        for task, paths, code in (("t-1", ["elsewhere"], "LEASE_LIVE"),
+                                  ("t-2", ["src/core/x.py"], "SCOPE_CONFLICT")):
+            local = await claim(carl, "PROJ/carl", task, paths)
+            forwarded = await claim(amy, "PROJ/amy", task, paths)
+            assert (local["type"], local["reason_code"]) == ("claim_denied", code)
+            assert {k: forwarded.get(k) for k in same} == {k: local.get(k) for k in same}
+            assert (forwarded["conflict_task_id"], forwarded["holder"]) == ("t-1", "PROJ/bob")
+            assert (forwarded["hub_id"], forwarded["owner_hub_id"]) == ("west", "east")
+        # a refusal without a conflict: amy's own quota, counted on the owner
+        for task in ("q-1", "q-2"):
+            assert (await claim(amy, "PROJ/amy", task, [task]))["type"] == "claim_granted"
+        over = await claim(amy, "PROJ/amy", "q-3", ["q-3"])
+        assert (over["type"], over["reason_code"]) == ("claim_denied", "QUOTA_EXCEEDED")
+        assert "conflict_task_id" not in over and "holds the maximum 2 claims" in over["payload"]
+        for p in (amy, bob, carl):
+            await p.close()
+
+    asyncio.run(scenario())
+    # the owner journaled its denials' evidence with the same codes
+    assert [r["reason_code"] for r in rows(tmp_path / "east", "claim_denial")] == \
+        ["LEASE_LIVE", "LEASE_LIVE", "SCOPE_CONFLICT", "SCOPE_CONFLICT", "QUOTA_EXCEEDED"]

@@ -41,6 +41,13 @@ def replay_ledger():
     return {}
 
 
+@pytest.fixture(scope="module")
+def spent_keys():
+    """(sender, target, incarnation, idempotency key) the sender spent: still
+    spent after a restart."""
+    return []
+
+
 def run(coro):
     return asyncio.run(coro)
 
@@ -259,6 +266,56 @@ def test_identical_retry_returns_the_original_and_altered_content_conflicts(hub,
         remember(replay_ledger, "d/alice", first)
         await bob.close()
         await alice.close()
+    run(case())
+
+
+def test_an_idempotency_key_names_one_request_of_its_sender(hub, replay_ledger, spent_keys):
+    """Seed 001: a reused id is refused. The reference refuses a sender's
+    idempotency key under a new request id (id_conflict), whatever the
+    content and before it looks at the recipient; hubd did not (d590ccf
+    admitted a second operation)."""
+    conflict = ("delivery_refused", "id_conflict", "request identity was reused with new content")
+
+    def refused(answer, rid):
+        assert (answer["type"], answer["reason_code"], answer["payload"]) == conflict, answer
+        assert answer["request_id"] == rid
+
+    async def case():
+        bob = await Agent.join(hub.url, "ik/bob", recipient=True)
+        alice = await Agent.join(hub.url, "ik/alice")
+        carol = await Agent.join(hub.url, "ik/carol")
+        deadline = time.time() + 300
+        first = await alice.request("ik/bob", bob.incarnation, "pay", idempotency_key="pay-1",
+                                    deadline=deadline)
+        assert first["stage"] == "queued"
+        offer = await bob.offer("pay")
+        before = last_seq(hub)
+        refused(await alice.request("ik/bob", bob.incarnation, "pay-again",
+                                    idempotency_key="pay-1", deadline=deadline), "pay-again")
+        refused(await alice.request("ik/bob", bob.incarnation, "pay-other",
+                                    idempotency_key="pay-1", body="other"), "pay-other")
+        # answered before the recipient is looked at, as the reference does
+        refused(await alice.request("ik/nobody", "0" * 64, "pay-elsewhere",
+                                    idempotency_key="pay-1"), "pay-elsewhere")
+        assert appended(hub, before) == []
+        assert [f for f in await bob.probe.drain(0.3) if f.get("type") == "delivery_offer"] == []
+        # the retry (same request id, same content) is still the original
+        again = await alice.request("ik/bob", bob.incarnation, "pay", idempotency_key="pay-1",
+                                    deadline=deadline)
+        assert again == {**first, "timestamp": again["timestamp"]}
+        # the key is its sender's: another sender's request with it is its own
+        carols = await carol.request("ik/bob", bob.incarnation, "pay", idempotency_key="pay-1")
+        assert (carols["type"], carols["stage"]) == ("delivery_status", "queued")
+        assert carols["operation_key"] != first["operation_key"]
+        # spent for as long as the operation is kept, finished or not
+        for stage in ("boundary_delivered", "acknowledged", "completed"):
+            await bob.report(offer, stage)
+        refused(await alice.request("ik/bob", bob.incarnation, "pay-later",
+                                    idempotency_key="pay-1"), "pay-later")
+        remember(replay_ledger, "ik/alice", await alice.status(first["operation_key"]))
+        spent_keys.append(("ik/alice", "ik/bob", bob.incarnation, "pay-1"))
+        for agent in (alice, bob, carol):
+            await agent.close()
     run(case())
 
 
@@ -692,7 +749,7 @@ def test_sigkill_after_delivery_before_ack(hub):
 # -- 9. everything above, after a restart
 
 
-def test_zz_every_case_replays_from_the_journal(hub, replay_ledger):
+def test_zz_every_case_replays_from_the_journal(hub, replay_ledger, spent_keys):
     if not replay_ledger:
         pytest.skip("no case recorded anything to replay (run with the whole module)")
     hub.stop()
@@ -706,6 +763,12 @@ def test_zz_every_case_replays_from_the_journal(hub, replay_ledger):
         for (sender, op), facts in replay_ledger.items():
             status = await agents[sender].status(op)
             assert {k: status[k] for k in FACTS} == facts, (sender, op)
+        for n, (sender, target, inc, key) in enumerate(spent_keys):
+            if sender not in agents:
+                agents[sender] = await Agent.join(hub.url, sender)
+            answer = await agents[sender].request(target, inc, f"after-restart-{n}",
+                                                  idempotency_key=key)
+            assert answer["reason_code"] == "id_conflict", answer
         # a notification queued while its audience was offline survived the restart
         alice = await Agent.join(hub.url, "o/alice")
         op = operation_key(HUB_ID, "o/alice", "away")

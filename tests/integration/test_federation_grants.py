@@ -3,7 +3,8 @@
 over real mutual TLS.
 
 West owns PROJ and OTHER and grants east PROJ only (north: both). East routes
-claims to west and watches west's log; a hand-driven connection holding east's
+claims to west, forwards chats and delivery intents to it, and watches west's
+log; a hand-driven connection holding east's
 (or north's) client certificate plays the peer where the real hub would never
 send the request.
 """
@@ -18,6 +19,7 @@ import time
 import pytest
 
 from federation.tls import peer_client_context
+from tests.support.delivery_driver import Agent
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import free_port, hubd_process
 from tests.support.wsprobe import WsProbe, joined
@@ -40,6 +42,7 @@ def sites(tmp_path_factory):
     east = hubd_process(tmp / "east", *site_flags(pki, "east", None).serve,
                         *site_flags(pki, "east", None).connect, *OWNERS,
                         "--claim-peer", *route, "--claim-peer-pin", *pin,
+                        "--message-peer", *route, "--message-peer-pin", *pin,
                         "--multihub-watch", *route, "--multihub-watch-pin", *pin,
                         "--multihub-watch-interval", "0.5",
                         hub_id="east", port=ports["east"], scheme="wss").start()
@@ -201,4 +204,46 @@ async def test_log_pulls_show_only_the_granted_namespaces(sites):
     assert watch["quarantined"] is False and watch["last_error"] is None, watch
     assert not [k for _, k, _ in events(east_db) if k == "multihub_equivocation"]
     for probe in (ola, pat, link, other, impostor):
+        await probe.close()
+
+
+
+async def test_a_peer_speaks_for_its_own_seats_of_any_namespace_and_addresses_only_its_grant(
+        sites):
+    """Issue 30.10, decided (docs/federation.md, "Whom a peer speaks for"):
+    east is granted PROJ; its seat OPS/mallory may chat and request delivery
+    to a PROJ seat on west, and arrives as OPS/mallory@east, never as west's
+    own OPS/mallory; it may not address OTHER, nor claim there."""
+    pki, url, west_db, east_db, west, east = sites
+    bob = await Agent.join(url["west"], "PROJ/bob", recipient=True)
+    local_mallory = await joined(url["west"], "OPS/mallory")
+    ola = await joined(url["west"], "OTHER/ola")
+    mallory = await Agent.join(url["east"], "OPS/mallory")
+    await mallory.probe.chat("OPS/mallory", "PROJ/bob@west", "from east's OPS seat",
+                             client_msg_id="m-1", receipt_requested=True)
+    got = await bob.probe.recv_type("chat", payload="from east's OPS seat", timeout=15)
+    assert (got["sender"], got["forwarded_from"]) == ("OPS/mallory@east", "east")
+    receipt = await mallory.probe.recv(lambda f: f.get("type") == "delivery_receipt"
+                                       and f.get("forward_state") == "accepted", timeout=15)
+    # delivered to bob alone: west's own OPS/mallory is another seat
+    assert (receipt["delivered"], receipt["recipients"]) == (True, ["PROJ/bob@west"])
+    # a delivery intent in its name: admitted at west as OPS/mallory@east
+    queued = await mallory.request("PROJ/bob@west", bob.incarnation, "job-1")
+    assert (queued["type"], queued["stage"], queued["remote_hub"]) == \
+        ("delivery_status", "queued", "west"), queued
+    offer = await bob.offer("job-1", timeout=15)
+    assert offer["sender"] == "OPS/mallory@east"
+    # the grant bounds what east addresses: OTHER is not granted
+    await mallory.probe.chat("OPS/mallory", "OTHER/ola@west", "not granted", client_msg_id="m-2",
+                             receipt_requested=True)
+    refused = await mallory.probe.recv(lambda f: f.get("type") == "delivery_receipt"
+                                       and f.get("forward_state") == "refused", timeout=15)
+    assert (refused["refusal_code"], refused["client_msg_id"]) == \
+        ("namespace_not_granted", "m-2"), refused
+    assert not [f for f in await ola.drain(0.5) if f.get("payload") == "not granted"]
+    senders = [json.loads(p)["sender"] for _, k, p in events(west_db) if k == "chat"]
+    assert "OPS/mallory@east" in senders and "OPS/mallory" not in senders
+    for agent in (bob, mallory):
+        await agent.close()
+    for probe in (local_mallory, ola):
         await probe.close()

@@ -1,11 +1,13 @@
-"""A link that is up while nothing succeeds is reported stalled: real hubd
-processes, west refusing every forward past its ingress quota (a transient
-refusal east keeps retrying with backoff)."""
+"""A peer link that is up while nothing succeeds: real hubd processes. West
+refusing every forward past its ingress quota (a transient refusal east keeps
+retrying with backoff) is reported stalled; a peer that never answers a
+roster request gives the asker an error at the roster timeout."""
 
+import asyncio
 import json
+import time
 
-
-from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.federation import fake_peer_hub, make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
 from tests.support.wsprobe import joined
 from tests.support.waiting import wait_for
@@ -23,8 +25,6 @@ def test_up_link_without_success_is_stalled_in_health_and_metrics(tmp_path):
                         "--message-peer-pin", f"west={pki.server_pin('west')}", hub_id="east")
     east.start()
     try:
-        import asyncio
-
         async def send():
             alice = await joined(east.url, "PROJ/alice")
             for i in range(8):
@@ -50,3 +50,48 @@ def test_up_link_without_success_is_stalled_in_health_and_metrics(tmp_path):
     finally:
         east.stop()
         west.stop()
+
+
+def test_a_roster_the_peer_never_answers_is_an_error_at_the_roster_timeout(tmp_path):
+    """A hand-written hubd-like west takes east's link and forwards but never
+    answers a `who` forward. The asker hears an error when the roster timeout
+    runs out (the seed's ten seconds by default; --roster-timeout shortens it
+    here), not before, and east answers other askers meanwhile."""
+    pki = make_pki(tmp_path / "pki", ["east", "west"])
+    asked = []
+
+    async def silent_on_rosters(ws, frame):
+        if frame.get("type") == "multihub_message_forward" and frame.get("kind") == "who":
+            asked.append(frame)
+
+    async def scenario():
+        async with fake_peer_hub(pki, "west", 7, silent_on_rosters,
+                                 features=["forward_batch"]) as port:
+            east = hubd_process(tmp_path / "east", *site_flags(pki, "east", None).connect,
+                                "--message-peer", f"west=wss://127.0.0.1:{port}/",
+                                "--message-peer-pin", f"west={pki.server_pin('west')}",
+                                "--roster-timeout", "1.5", hub_id="east")
+            await asyncio.to_thread(east.start)
+            try:
+                await asyncio.to_thread(wait_for, lambda: json.loads(east.get_text(
+                    "/health"))["message_forward"]["west"]["link"] == "up", 20.0)
+                alice = await joined(east.url, "PROJ/alice")
+                started = time.monotonic()
+                await alice.send_json({"sender": "PROJ/alice", "type": "who_request",
+                                       "hub": "west"})
+                # not answered before the timeout; the hub serves other requests
+                await alice.send_json({"sender": "PROJ/alice", "type": "who_request"})
+                local = await alice.recv_type("who_snapshot", timeout=1.0)
+                assert "remote_hub" not in local
+                error = await alice.recv_type("error", timeout=10)
+                waited = time.monotonic() - started
+                await alice.close()
+                return error, waited
+            finally:
+                east.stop()
+
+    error, waited = asyncio.run(scenario())
+    assert [f["sender_seat"] for f in asked] == ["PROJ/alice"]
+    assert "Hub 'west' did not answer the roster request" in error["payload"]
+    assert "no answer within 1.5s" in error["payload"]
+    assert 1.5 <= waited < 5.0, waited  # the 0.5 s sweep ticks it, not a 10 s default

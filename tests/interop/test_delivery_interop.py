@@ -114,3 +114,32 @@ def test_reference_client_delivery_api_against_hubd(reference_venv_status, tmp_p
         assert {k: status2[k] for k in facts} == {k: last2[k] for k in facts}
     finally:
         hub.stop()
+
+
+def test_an_idempotency_key_reused_under_a_new_request_id_is_refused(hub, reference_venv_status,
+                                                                     tmp_path):
+    """The reference client's request_delivery, unchanged: job-1, its retry,
+    job-2 under job-1's idempotency key, job-3 under a fresh one. Both hubs
+    answer alike: the retry is job-1's operation again, job-2 is id_conflict
+    with the reference's words, job-3 is admitted (d590ccf admitted job-2)."""
+    venv, why = reference_venv_status
+    if venv is None:
+        from tests.support.prereq import missing
+        missing(why)
+    lines = drive(venv, hub.url, tmp_path, "reuse")
+    answers = [line["frame"] for line in lines if line["event"] == "answer"]
+    assert [a.get("request_id") for a in answers] == ["job-1", "job-1", "job-2", "job-3"], answers
+    first, retry, reused, fresh = answers
+    assert (first["type"], first["stage"]) == ("delivery_status", "queued")
+    assert (retry["type"], retry["operation_key"]) == ("delivery_status", first["operation_key"])
+    assert {k: reused.get(k) for k in ("type", "reason_code", "payload", "protocol_version")} == {
+        "type": "delivery_refused", "reason_code": "id_conflict",
+        "payload": "request identity was reused with new content", "protocol_version": 3}
+    assert "operation_key" not in reused
+    assert (fresh["type"], fresh["stage"]) == ("delivery_status", "queued")
+    assert fresh["operation_key"] == operation_key(hub.hub_id, "iop/alice", "job-3")
+    if hub.kind == "hubd":
+        db = hub.proc.argv[hub.proc.argv.index("--db") + 1]
+        accepted = [p["request_id"] for _, k, p in delivery_rows(db)
+                    if k == "delivery_intent_accepted"]
+        assert accepted == ["job-1", "job-3"]

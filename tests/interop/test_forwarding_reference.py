@@ -11,6 +11,7 @@ import pytest
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.prereq import missing
 from tests.support.procs import hubd_process, reference_hub_process
+from tests.support.waiting import wait_for
 from tests.support.wsprobe import WsProbe
 
 pytestmark = pytest.mark.interop
@@ -97,6 +98,91 @@ def test_hubd_east_forwards_to_reference_west(tmp_path, pki):
         snapshot = asyncio.run(roster())
         assert snapshot["remote_hub"] == "west"
         assert snapshot["online_agents"] == ["PROJ/bob2@west"]  # OTHER is not granted
+    finally:
+        east.stop()
+        west.stop()
+
+
+async def claim(probe, name, task_id, paths):
+    await probe.send_json({"sender": name, "target": "System", "type": "claim",
+                           "payload": task_id, "task_id": task_id, "worktree": "/repo",
+                           "paths": paths, "ttl_seconds": 120})
+    return await probe.recv(lambda f: f.get("type") in ("claim_granted", "claim_denied")
+                            and f.get("task_id") == task_id
+                            and (f.get("type") == "claim_denied" or f.get("owner") == name),
+                            timeout=15)
+
+
+def claim_sites(tmp_path, pki, owner_process, claimant_process):
+    """west owns PROJ (its policy grants east PROJ); east routes PROJ claims to west."""
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    west = owner_process(tmp_path / "west", *site_flags(pki, "west", policy).serve,
+                         "--namespace-owner", "PROJ=west", hub_id="west", scheme="wss")
+    east = claimant_process(tmp_path / "east", "--namespace-owner", "PROJ=west",
+                            "--claim-peer", f"west=wss://127.0.0.1:{west.port}/",
+                            "--claim-peer-pin", f"west={pki.server_pin('west')}",
+                            *site_flags(pki, "east", None).connect, hub_id="east")
+    return west, east
+
+
+def reference(workdir, *args, **kw):
+    return reference_hub_process(workdir, "--no-durable-ingress-quota", *args, **kw)
+
+
+async def refused_and_granted(west_url, east_url):
+    bob = await joined(west_url, "PROJ/bob")
+    amy = await joined(east_url, "PROJ/amy")
+    held = await claim(bob, "PROJ/bob", "t-1", ["src/core"])
+    answers = [await claim(amy, "PROJ/amy", "t-1", ["elsewhere"]),
+               await claim(amy, "PROJ/amy", "t-2", ["src/core/x.py"]),
+               await claim(amy, "PROJ/amy", "t-3", ["docs"])]
+    for probe in (amy, bob):
+        await probe.close()
+    return held, answers
+
+
+def test_hubd_east_claims_through_reference_west(tmp_path, pki):
+    """A reference owner answers without request_id and without reason_code:
+    hubd matches its answers in order (d590ccf waited them out, 10 s each)
+    and gives the claimant the owner's words with the generic CLAIM_DENIED
+    (docs/claims.md, "Forwarded claims")."""
+    west, east = claim_sites(tmp_path, pki, reference, hubd_process)
+    west.start()
+    try:
+        east.start()
+        wait_for(lambda: east.get_json("/health")["multihub"]["claim_routes"]["west"]["link"]
+                 == "up", what="claim route to west up")
+        held, (live, scope, granted) = asyncio.run(refused_and_granted(west.url, east.url))
+        assert held["type"] == "claim_granted"
+        for answer, text in ((live, "Task 't-1' is already claimed by PROJ/bob."),
+                             (scope, "Task 't-2' file scope conflicts with 't-1' held by "
+                                     "PROJ/bob.")):
+            assert {k: answer.get(k) for k in ("type", "payload", "reason_code", "owner_hub_id",
+                                               "hub_id", "target")} == {
+                "type": "claim_denied", "payload": text, "reason_code": "CLAIM_DENIED",
+                "owner_hub_id": "west", "hub_id": "east", "target": "PROJ/amy"}
+            assert "forward_error" not in answer and "conflict_task_id" not in answer
+        assert (granted["type"], granted["owner_hub_id"], granted["epoch"]) == \
+            ("claim_granted", "west", held["epoch"] + 1)
+    finally:
+        east.stop()
+        west.stop()
+
+
+def test_reference_east_claims_through_hubd_west(tmp_path, pki):
+    """hubd as the owner now sends its refusal's fields with a denial; the
+    reference claimant still relays the owner's words as before."""
+    west, east = claim_sites(tmp_path, pki, hubd_process, reference)
+    west.start()
+    try:
+        east.start()
+        held, (live, scope, granted) = asyncio.run(refused_and_granted(west.url, east.url))
+        assert held["type"] == "claim_granted"
+        assert (live["type"], live["payload"], live["owner_hub_id"]) == \
+            ("claim_denied", "Task 't-1' is already claimed by PROJ/bob.", "west")
+        assert (scope["type"], scope["payload"]) == \
+            ("claim_denied", "Task 't-2' file scope conflicts with 't-1' held by PROJ/bob.")
+        assert (granted["type"], granted["epoch"]) == ("claim_granted", held["epoch"] + 1)
     finally:
         east.stop()
         west.stop()

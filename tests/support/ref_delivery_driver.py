@@ -14,6 +14,11 @@ Prints one JSON object per line: {"event": "frame", "who": "alice"|"bob",
 "frame": {...}}, {"event": "op", "name": ..., "operation_key": ...},
 and finally {"event": "done"}.
 
+--scenario reuse: alice requests job-1 (idempotency key idem-1), repeats it
+unchanged (a retry), then sends job-2 with the same idempotency key and job-3
+with a fresh one; {"event": "answer", "name": ..., "frame": ...} is the hub's
+private answer to each.
+
 --scenario full: a next_turn delivery the bridge runs to completed, then a
 second one cancelled right after it is requested, waited for until it is
 terminal: completed (the bridge ran the turn) or cancelled (it confirmed the
@@ -80,6 +85,26 @@ async def across(args, alice, seen, bob_name: str) -> None:
             break
         await asyncio.sleep(0.2)
     emit({"event": "done"})
+
+
+async def reuse(alice, seen, bob_name: str, inc: str) -> None:
+    """--scenario reuse: one idempotency key under two request ids."""
+    deadline = time.time() + 60
+    sends = [("job-1", "idem-1"), ("job-1", "idem-1"), ("job-2", "idem-1"), ("job-3", "idem-3")]
+    for n, (rid, key) in enumerate(sends):
+        count = len(seen["alice"])
+        op = await alice.request_delivery(target=bob_name, target_incarnation=inc,
+                                          mode="next_turn", body=f"work for {rid}",
+                                          deadline=deadline, request_id=rid,
+                                          idempotency_key=key, task_id=f"task-{rid}")
+        emit({"event": "op", "name": rid, "operation_key": op})
+        answer, until = None, time.monotonic() + 10
+        while answer is None and time.monotonic() < until:
+            answer = next((f for f in seen["alice"][count:] if f.get("type") in (
+                "delivery_status", "delivery_refused") and "audience" not in f
+                and f.get("request_id") == rid), None)
+            await asyncio.sleep(0.02)
+        emit({"event": "answer", "name": f"{n}:{rid}", "frame": answer})
 
 
 async def stop(alice, bob, bridge, tasks) -> None:
@@ -166,6 +191,12 @@ async def main() -> int:
     who = await wait_for(seen["alice"], lambda f: f.get("type") == "who_snapshot")
     inc = who["delivery_sessions"][bob_name]["incarnation"]
     emit({"event": "incarnation", "value": inc})
+
+    if args.scenario == "reuse":
+        await reuse(alice, seen, bob_name, inc)
+        emit({"event": "done"})
+        await stop(alice, bob, bridge, tasks)
+        return 0
 
     def stage_of(key, stage):
         return lambda f: (f.get("type") == "delivery_status" and f.get("operation_key") == key

@@ -105,6 +105,100 @@ def test_a_refusal_keeps_the_owners_words_and_task_updates_refuse_as_errors():
     run(scenario())
 
 
+@pytest.mark.parametrize("grant,code", [
+    ({"reason_code": "SCOPE_CONFLICT", "conflict_task_id": "t-0", "holder": "PROJ/bob"},
+     "SCOPE_CONFLICT"),
+    ({"reason_code": "LEASE_LIVE", "conflict_task_id": "t-1", "holder": "PROJ/bob"},
+     "LEASE_LIVE"),
+    (None, "CLAIM_DENIED"),  # the reference hub: the text only
+    ({"reason_code": "scope conflict!"}, "CLAIM_DENIED"),
+    ({"reason_code": ["LEASE_LIVE"]}, "CLAIM_DENIED"),
+    ({"reason_code": "X" * 65}, "CLAIM_DENIED")])
+def test_a_refused_claim_carries_the_owners_stable_code_or_the_generic_one(grant, code):
+    async def scenario():
+        async with Harness() as h:
+            h.forwarder.submit(request(1))
+            await settle()
+            [sent] = h.link.far.take()
+            h.link.far.answer(result(sent, granted=False, grant=grant,
+                                     detail="Task 't-1' is already claimed by PROJ/bob."))
+            await settle()
+            [verdict] = h.verdicts
+            assert (verdict.type, verdict.text) == (
+                "claim_denied", "Task 't-1' is already claimed by PROJ/bob.")
+            assert verdict.fields["reason_code"] == code
+            assert verdict.fields["owner_hub_id"] == "east"
+            if code != "CLAIM_DENIED":
+                assert verdict.fields == {"task_id": "t-1", "namespace": "PROJ",
+                                          "owner_hub_id": "east", **grant}
+    run(scenario())
+
+
+def claim_on(n: int, task: str) -> ForwardClaim:
+    c = request(n)
+    frame = {**c.request, "task_id": task}
+    return ForwardClaim(c.request_id, c.owner, c.verb, c.namespace, task, c.claimant, frame,
+                        c.reply_to)
+
+
+def test_an_owner_that_echoes_no_request_id_is_answered_in_order():
+    """The reference hub's multihub_claim_result carries no request_id: its
+    answers, one socket served in order, go to the requests in order."""
+    async def scenario():
+        async with Harness() as h:
+            for n, task in ((1, "t-a"), (2, "t-b")):
+                h.forwarder.submit(claim_on(n, task))
+            await settle()
+            sent = h.link.far.take()
+            assert [f["task_id"] for f in sent] == ["t-a", "t-b"]
+            for frame in sent:
+                answer = {k: v for k, v in result(frame, granted=False).items()
+                          if k != "request_id"}
+                h.link.far.answer({**answer, "task_id": frame["task_id"],
+                                   "detail": f"no for {frame['task_id']}"})
+            await settle()
+            assert [(v.claim.task_id, v.text, v.fields["reason_code"]) for v in h.verdicts] == \
+                [("t-a", "no for t-a", "CLAIM_DENIED"), ("t-b", "no for t-b", "CLAIM_DENIED")]
+    run(scenario())
+
+
+def test_an_answer_in_order_about_another_task_is_not_this_requests():
+    async def scenario():
+        async with Harness() as h:
+            h.forwarder.submit(claim_on(1, "t-a"))
+            await settle()
+            [sent] = h.link.far.take()
+            answer = {k: v for k, v in result(sent).items() if k != "request_id"}
+            h.link.far.answer({**answer, "task_id": "t-other"})
+            await settle()
+            [verdict] = h.verdicts
+            assert not verdict.ok and verdict.fields["forward_error"] == "invalid_answer"
+    run(scenario())
+
+
+def test_a_late_answer_naming_a_request_that_gave_up_answers_no_other():
+    async def scenario():
+        async with Harness(timeout=10.0) as h:
+            h.forwarder.submit(claim_on(1, "t-a"))
+            await settle()
+            [late] = h.link.far.take()
+            await h.clock.advance(10.1)
+            [gave_up] = h.verdicts
+            assert gave_up.fields["forward_error"] == "timeout"
+            h.forwarder.submit(claim_on(2, "t-a"))
+            await settle()
+            [current] = h.link.far.take()
+            h.link.far.answer(result(late, task_id="t-a",
+                                     grant={"type": "claim_granted", **LEASE}))
+            await settle()
+            assert len(h.verdicts) == 1  # the late grant was r-1's, not r-2's
+            h.link.far.answer(result(current, granted=False, task_id="t-a", detail="no"))
+            await settle()
+            assert [(v.claim.request_id, v.ok, v.text) for v in h.verdicts[1:]] == \
+                [("r-2", False, "no")]
+    run(scenario())
+
+
 def test_an_owner_that_never_answers_is_refused_at_the_timeout_of_the_clock():
     async def scenario():
         async with Harness(timeout=10.0) as h:

@@ -279,6 +279,17 @@ def test_content_identity_covers_every_semantic_field():
     assert digest == expected
 
 
+def test_a_request_id_and_an_idempotency_key_each_name_one_request():
+    # the answers the reference hub gave (docs/reference-observed.md, 8.2)
+    assert r.admission_identity("r1", "d1", None, None) == r.NEW
+    assert r.admission_identity("r1", "d1", "d1", "op1") == r.RETRY
+    conflict = refused(r.admission_identity("r1", "d2", "d1", "op1"), r.ID_CONFLICT, "r1")
+    assert conflict.text == "request identity was reused with new content"
+    # the sender's key, spent under another request id: refused whatever the content
+    assert refused(r.admission_identity("r2", "d1", None, "op1"), r.ID_CONFLICT, "r2") == \
+        r.Refusal(r.ID_CONFLICT, conflict.text, "r2")
+
+
 def test_only_delivery_frames_get_past_the_door_with_an_escaped_lone_surrogate():
     from hubd.wire import codec
     frame = codec.decode_frame('{"type":"delivery_request","sender":"p/a","body":"\\ud800"}')

@@ -447,9 +447,13 @@ def test_roster_requests_are_answered_refused_at_the_bound_and_timed_out(monkeyp
                 "hub_id": "west"}}})
         h.outbox.mailbox.post(Roster(9, "PROJ/ann"))
         await settle()
-        await h.clock.advance(outbox_module.ROSTER_TIMEOUT + 0.6)
+        # the seed's bound on a peer's answer is ten seconds (d590ccf gave up at 5)
+        answered = len(h.rosters)
+        await h.clock.advance(9.4)
+        assert len(h.rosters) == answered
+        await h.clock.advance(1.2)  # past 10 s, within the outbox's 0.5 s sweep
         late = h.rosters[-1]
-        assert late.reply_to == 9 and "no answer within 5s" in late.text
+        assert late.reply_to == 9 and "no answer within 10s" in late.text
         assert h.outbox.mailbox.dropped["roster"] == 1
     run(scenario)
 
@@ -471,3 +475,13 @@ def test_an_outbox_that_dies_answers_its_waiting_requests_and_fails_loudly():
         [failed] = h.rosters
         assert failed.reply_to == 7 and failed.type == "error" and "stopped" in failed.text
     asyncio.run(main())
+
+
+def test_the_roster_timeout_is_the_seeds_ten_seconds_unless_a_flag_shortens_it():
+    from hubd.cli import build_parser, config_from_args
+    parser = build_parser()
+    for argv, seconds in (([], 10.0), (["--roster-timeout", "0.5"], 0.5)):
+        assert config_from_args(parser.parse_args(argv), parser).federation.roster_timeout == \
+            seconds
+    with pytest.raises(SystemExit):
+        config_from_args(parser.parse_args(["--roster-timeout", "0"]), parser)
