@@ -102,17 +102,17 @@ class HubWebSocket(web.WebSocketResponse):
             self.peer_closed = True  # aiohttp has already sent the hub's close frame back
         return msg
 
-    async def finish(self, seconds: float = LINGER_SECONDS) -> None:
+    async def finish(self) -> None:
         """End the TCP connection once the handler is done with the socket:
         at once if the closing handshake is complete, else after reading and
         discarding what the client still sends until its close frame, its
-        FIN, or `seconds`."""
+        FIN, or LINGER_SECONDS."""
         request = self._req
         transport = request.transport if request is not None else None
         if transport is None:
             return
         if not self.peer_closed and not transport.is_closing():
-            await self._await_peer_close(transport, seconds)
+            await self._await_peer_close(transport, LINGER_SECONDS)
         if not transport.is_closing():
             transport.close()
 

@@ -112,5 +112,23 @@ class RawWs:
         frames, close = parse_frames(data)
         return Received(frames, close, error)
 
+    async def read_until_close(self, timeout: float = 10.0) -> Received:
+        """Read until the hub's close frame has arrived (or EOF, a reset, the
+        timeout), without waiting for the connection to end."""
+        data, error = b"", None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while parse_frames(data)[1] is None:
+                chunk = await asyncio.wait_for(self.reader.read(1 << 20),
+                                               max(0.0, deadline - loop.time()))
+                if not chunk:
+                    break
+                data += chunk
+        except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
+            error = type(exc).__name__
+        frames, close = parse_frames(data)
+        return Received(frames, close, error)
+
     def close(self) -> None:
         self.writer.close()
