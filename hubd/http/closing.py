@@ -117,27 +117,34 @@ class HubWebSocket(web.WebSocketResponse):
             transport.close()
 
     async def _await_peer_close(self, transport: asyncio.BaseTransport, seconds: float) -> None:
+        """The linger: the client's frames are read from aiohttp's frame queue
+        (as its receive() reads them; receive() itself answers nothing once
+        the hub has closed) and discarded, until its close frame."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         reader = self._reader
         try:
             async with asyncio.timeout(seconds):
                 if self._in_close:
-                    # a close under way may be reading the client's reply
-                    # itself (aiohttp does when no receive() is waiting):
-                    # one reader at a time
+                    # One reader at a time: a close under way reads the
+                    # client's reply itself when no receive() was waiting
+                    # (the door's reader held back by a full Router inbox).
+                    # Having read it, it leaves nothing for this loop, which
+                    # then runs out the linger: rare, and no worse than that.
                     await self._close_done.wait()
                 while reader is not None and not self.peer_closed:
                     if (await reader.read()).type is WSMsgType.CLOSE:
                         self.peer_closed = True
             return
         except TimeoutError:
-            return  # the client never closed: closed under it (the linger's bound)
+            return  # the client never answered: closed under it (the linger's bound)
         except (EofStream, ConnectionError):
             return  # the client closed its side (or the connection is gone)
         except (WebSocketError, RuntimeError):
-            # the frames can no longer be parsed (the protocol error the hub
-            # closed for): only the client's FIN can still end the linger
+            # The frames can no longer be read: the parser failed (the
+            # protocol error the hub closed for), or aiohttp released it
+            # with frames still parked (its RuntimeError "stalled reader").
+            # Only the client's FIN can still end the linger early.
             pass
         while not transport.is_closing() and loop.time() < deadline:
             await asyncio.sleep(0.02)
