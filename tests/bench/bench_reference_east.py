@@ -39,7 +39,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.bench.bench_local import _git_head, fmt, med, run_from_snapshot, snapshot_hubd  # noqa: E402
+from tests.bench.bench_local import (  # noqa: E402
+    _git_head, fmt, med, run_from_snapshot, snapshot_hubd)
 from tests.bench.order import in_turn  # noqa: E402
 from tests.support.federation import Pki, make_pki, site_flags, write_serving_policy  # noqa: E402
 from tests.support.forward_load import forward_load  # noqa: E402
@@ -95,7 +96,8 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=60.0,
                     help="seconds after the first send; a chat not arrived by then is undelivered")
     ap.add_argument("--base-rev", default="d590ccf", help="hubd-base: hubd at this revision")
-    ap.add_argument("--hubd-rev", default=None, help="hubd at this revision (default: working tree)")
+    ap.add_argument("--hubd-rev", default=None,
+                    help="hubd at this revision (default: the working tree)")
     ap.add_argument("--only", default=",".join(VARIANTS))
     ap.add_argument("--json", default=None, help="write every run's record here")
     args = ap.parse_args()
@@ -133,7 +135,8 @@ def main() -> int:
         print(f"{variant:<10} {fmt(med([r['msg_per_s'] for r in ok])):>15} "
               f"{' '.join(fmt(r['msg_per_s']) for r in ok):>24} "
               f"{sum(r['undelivered'] for r in ok):>12} "
-              f"{fmt(med([r['p50_ms'] for r in ok])):>8}" + (f"  ({failed} failed)" if failed else ""))
+              f"{fmt(med([r['p50_ms'] for r in ok])):>8}"
+              + (f"  ({failed} failed)" if failed else ""))
     for num, den in (("hubd", "hubd-base"), ("hubd", "reference")):
         pairs = [(a["msg_per_s"], b["msg_per_s"]) for a in by_variant.get(num, [])
                  for b in by_variant.get(den, []) if a["round"] == b["round"] and b["msg_per_s"]]

@@ -46,8 +46,9 @@ class LoadResult:
 
     def summary(self) -> str:
         p50 = f"{self.p50_ms:.1f}" if self.p50_ms is not None else "-"
-        return (f"{self.delivered}/{self.expected} delivered ({self.sent} sent) in {self.elapsed:.2f} s "
-                f"({self.msg_per_s:.1f} msg/s, p50 {p50} ms), {self.duplicates} duplicates, "
+        return (f"{self.delivered}/{self.expected} delivered ({self.sent} sent) in "
+                f"{self.elapsed:.2f} s ({self.msg_per_s:.1f} msg/s, p50 {p50} ms), "
+                f"{self.duplicates} duplicates, "
                 f"{len(self.refusals)} refusals {self.refusals[:3]}")
 
 
@@ -130,7 +131,9 @@ async def _measure(run: str, pairs: list[tuple[str, str]], origins: list[WsProbe
     await asyncio.gather(*receiving)
     for task in (*sending, *watching):
         task.cancel()
-    await asyncio.gather(*sending, *watching, return_exceptions=True)
+    for outcome in await asyncio.gather(*sending, *watching, return_exceptions=True):
+        if isinstance(outcome, Exception):  # a cancelled task's CancelledError is not one
+            raise outcome
     last = max(arrived.values()) if len(arrived) == expected else end
     return LoadResult(expected=expected, sent=len(sent_at), delivered=len(arrived),
                       duplicates=duplicates,
