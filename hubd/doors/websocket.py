@@ -26,7 +26,7 @@ from hubd.core.commands import Closed, Inbound, Opened
 from hubd.core.endpoints import next_endpoint_id
 from hubd.core.message import (CLOSE_AUTH, CLOSE_REGISTRATION_TIMEOUT, CLOSE_TRY_AGAIN,
                                Message)
-from hubd.http.closing import (GRACEFUL_CLOSE_SECONDS, HubWebSocket, close_frame, linger,
+from hubd.http.closing import (GRACEFUL_CLOSE_SECONDS, HubWebSocket, close_frame,
                                lingering_shutdown)
 from hubd.http.guard import guard
 from hubd.wire import codec
@@ -393,9 +393,10 @@ def make_handler(hub):
         if ssl_object is not None:
             conn.peer_cert = ssl_object.getpeercert(binary_form=True)
         await conn.run()
-        # After the hub's close frame, give the client time to read it and
-        # close its side before the socket goes (hubd/http/closing.py).
-        await linger(request.transport)
+        # The TCP connection ends at once after a complete closing handshake;
+        # after the hub's close frame alone, once the client has read it and
+        # closed too, or the linger is over (hubd/http/closing.py).
+        await ws.finish()
         return ws
 
     return websocket

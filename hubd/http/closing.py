@@ -9,11 +9,20 @@ read (it saw 1006):
   TCP reset, and Linux discards what the client had not read yet: the close
   frame. So the hub *lingers*: after its close frame it shuts its write side
   (FIN after the close frame, plain TCP) and goes on reading and discarding
-  for up to LINGER_SECONDS, until the client closes too.
+  for up to LINGER_SECONDS, until the client's close frame or its FIN.
 * A stalled consumer was aborted outright. Now it gets one graceful attempt:
   the close frame (1013 "outbound delivery timeout") behind what is already
   buffered and the write side shut; only if that has not drained within
   GRACEFUL_CLOSE_SECONDS is the transport aborted (the seed's rule).
+
+Once both close frames have crossed (the closing handshake is complete), the
+hub closes the TCP connection at once, as RFC 6455 (7.1.1) asks of a server:
+the client sends nothing more, and a client that waits for the server to
+close first (the `websockets` library, the reference hub's peer links) would
+otherwise wait out the linger. Over TLS there is no half-close to tell it
+anything, so that cost a full LINGER_SECONDS per connection (issue 22: a
+reference hub opening one peer link per forward crawled at one forward a
+second).
 
 aiohttp's own closes (protocol errors) carry only a code; HubWebSocket adds
 the documented reason (CLOSE_REASONS). The table of every code the hub sends
@@ -25,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import struct
 
-from aiohttp import web
+from aiohttp import EofStream, WebSocketError, WSMsgType, web
 
 LINGER_SECONDS = 1.0
 GRACEFUL_CLOSE_SECONDS = 1.0
@@ -57,7 +66,7 @@ def lingering_shutdown(transport: asyncio.BaseTransport | None) -> None:
     """Stop writing after what is buffered (FIN where TCP allows it) and keep
     reading, so data still arriving from the client is discarded instead of
     answered with a reset. The transport is closed by whoever waits on it
-    (linger) or by aiohttp once the handler returns."""
+    (HubWebSocket.finish) or by aiohttp once the handler returns."""
     if transport is None or transport.is_closing():
         return
     if isinstance(transport, asyncio.WriteTransport) and transport.can_write_eof():
@@ -70,39 +79,88 @@ def lingering_shutdown(transport: asyncio.BaseTransport | None) -> None:
         transport.resume_reading()
 
 
-async def linger(transport: asyncio.BaseTransport | None, seconds: float = LINGER_SECONDS) -> None:
-    """Wait (bounded) for the client to close its side after the hub's close
-    frame, then close the transport."""
-    if transport is None:
-        return
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not transport.is_closing() and loop.time() < deadline:
-        await asyncio.sleep(0.02)
-    if not transport.is_closing():
-        transport.close()
-
-
 class HubWebSocket(web.WebSocketResponse):
     """aiohttp's WebSocketResponse with the hub's close rules: every close
     frame carries a reason, and the TCP socket is shut down gracefully
-    (lingering_shutdown) instead of closed under a client still sending."""
+    (lingering_shutdown, then finish) instead of closed under a client still
+    sending."""
 
     def __init__(self, **kwargs) -> None:
         kwargs.setdefault("timeout", CLOSE_REPLY_SECONDS)
         super().__init__(**kwargs)
         self.close_started: float | None = None  # loop time the hub's close began
         self.close_finished = False
+        self._in_close = False  # close() was called and has not returned yet
+        self._close_done = asyncio.Event()
+        # the client's close frame has been read: with the hub's own (aiohttp
+        # answers one at once), the closing handshake is complete
+        self.peer_closed = False
+
+    async def receive(self, timeout: float | None = None):
+        msg = await super().receive(timeout)
+        if msg.type is WSMsgType.CLOSE:
+            self.peer_closed = True  # aiohttp has already sent the hub's close frame back
+        return msg
+
+    async def finish(self) -> None:
+        """End the TCP connection once the handler is done with the socket:
+        at once if the closing handshake is complete, else after reading and
+        discarding what the client still sends until its close frame, its
+        FIN, or LINGER_SECONDS."""
+        request = self._req
+        transport = request.transport if request is not None else None
+        if transport is None:
+            return
+        if not self.peer_closed and not transport.is_closing():
+            await self._await_peer_close(transport, LINGER_SECONDS)
+        if not transport.is_closing():
+            transport.close()
+
+    async def _await_peer_close(self, transport: asyncio.BaseTransport, seconds: float) -> None:
+        """The linger: the client's frames are read from aiohttp's frame queue
+        (as its receive() reads them; receive() itself answers nothing once
+        the hub has closed) and discarded, until its close frame."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        reader = self._reader
+        try:
+            async with asyncio.timeout(seconds):
+                if self._in_close:
+                    # One reader at a time: a close under way reads the
+                    # client's reply itself when no receive() was waiting
+                    # (the door's reader held back by a full Router inbox).
+                    # Having read it, it leaves nothing for this loop, which
+                    # then runs out the linger: rare, and no worse than that.
+                    await self._close_done.wait()
+                while reader is not None and not self.peer_closed:
+                    if (await reader.read()).type is WSMsgType.CLOSE:
+                        self.peer_closed = True
+            return
+        except TimeoutError:
+            return  # the client never answered: closed under it (the linger's bound)
+        except (EofStream, ConnectionError):
+            return  # the client closed its side (or the connection is gone)
+        except (WebSocketError, RuntimeError):
+            # The frames can no longer be read: the parser failed (the
+            # protocol error the hub closed for), or aiohttp released it
+            # with frames still parked (its RuntimeError "stalled reader").
+            # Only the client's FIN can still end the linger early.
+            pass
+        while not transport.is_closing() and loop.time() < deadline:
+            await asyncio.sleep(0.02)
 
     async def close(self, *, code: int = 1000, message: bytes = b"", drain: bool = True) -> bool:
         if not message:
             message = CLOSE_REASONS.get(int(code), "").encode()
         if self.close_started is None:
             self.close_started = asyncio.get_running_loop().time()
+        self._in_close = True
         try:
             return await super().close(code=code, message=message, drain=drain)
         finally:
+            self._in_close = False
             self.close_finished = True
+            self._close_done.set()
 
     def _close_transport(self) -> None:
         request = self._req

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from hubd.http import closing
 from hubd.http.closing import CLOSE_REASONS
 from tests.support.inproc import running_hub
 from tests.support.rawws import RawWs, client_frame, text
@@ -154,3 +155,72 @@ async def test_stalled_consumer_gets_a_graceful_1013_before_the_abort(tmp_path):
         await talker.close()
         waking.close()
         sleeping.close()
+
+
+# The closing handshake (RFC 6455 7.1.1): once both close frames have
+# crossed, the hub ends the TCP connection itself, at once. A client that
+# waits for the server to close first (the `websockets` library, the
+# reference hub's per-forward peer links) must not wait out the linger, over
+# TLS (no half-close to tell it anything) as over plain TCP. The linger is
+# lengthened so that waiting it out could not pass for a prompt close.
+LONG_LINGER = 30.0
+PROMPT = 5.0
+
+
+@pytest.fixture(params=["ws", "wss"])
+def scheme_overrides(request, tmp_path):
+    if request.param == "ws":
+        return {}, None
+    from federation.tls import peer_client_context
+    from hubd.cli import build_parser, config_from_args
+    from tests.support.federation import make_pki, site_flags
+
+    pki = make_pki(tmp_path / "pki", ["hub"])
+    parser = build_parser()
+    args = parser.parse_args(["--hub-id", "test-hub", *site_flags(pki, "hub", None).serve])
+    return {"federation": config_from_args(args, parser).federation}, peer_client_context()
+
+
+def close_from_client(code: int = 1000, reason: bytes = b"bye") -> bytes:
+    return client_frame(0x8, code.to_bytes(2, "big") + reason)
+
+
+async def test_a_client_close_is_answered_and_the_connection_ended_at_once(
+        tmp_path, scheme_overrides, monkeypatch):
+    monkeypatch.setattr(closing, "LINGER_SECONDS", LONG_LINGER)
+    overrides, tls = scheme_overrides
+    async with running_hub(tmp_path, **overrides) as server:
+        ws = await RawWs.connect(server.port, tls=tls)
+        await ws.send(register("p/leaving"))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await ws.send(close_from_client())
+        received = await ws.read_all(timeout=LONG_LINGER + 5)
+        ended = loop.time() - started
+        ws.close()
+        assert received.close == (1000, "normal closure") and received.error is None, received
+        assert ended < PROMPT, f"the hub kept the connection {ended:.1f} s after the handshake"
+
+
+async def test_a_hub_close_answered_by_the_client_ends_the_connection_at_once(
+        tmp_path, scheme_overrides, monkeypatch):
+    monkeypatch.setattr(closing, "LINGER_SECONDS", LONG_LINGER)
+    overrides, tls = scheme_overrides
+    async with running_hub(tmp_path, **overrides) as server:
+        holder = await WsProbe.open(server.url)
+        await holder.recv_type("welcome")
+        await holder.register("p/a")
+        await holder.recv_type("presence_update", agent="p/a")
+        ws = await RawWs.connect(server.port, tls=tls)
+        await ws.send(register("p/a"))
+        refused = await ws.read_until_close()
+        assert refused.close == (4009, "name conflict"), refused
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await ws.send(close_from_client(4009, b""))
+        rest = await ws.read_all(timeout=LONG_LINGER + 5)
+        ended = loop.time() - started
+        ws.close()
+        assert rest.error is None and rest.frames == [], rest
+        assert ended < PROMPT, f"the hub kept the connection {ended:.1f} s after the handshake"
+        await holder.close()

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.forward_load import forward_load
 from tests.support.prereq import missing
 from tests.support.procs import hubd_process, reference_hub_process
 from tests.support.waiting import wait_for
@@ -186,3 +187,60 @@ def test_reference_east_claims_through_hubd_west(tmp_path, pki):
     finally:
         east.stop()
         west.stop()
+
+
+# Issue 22 item 1: the reference hub opens one peer link per forward and
+# closes it once answered. hubd, as the peer, kept every such link for its
+# 1 s close linger (over TLS nothing told the reference the socket was done):
+# about one forward a second. The shape of the report, scaled down: 2
+# senders with 4 chats in flight each; the same reference east forwards to a
+# reference west and to a hubd west, one after the other.
+SENDERS, WINDOW, PER_SENDER = 2, 4, 50
+RUN_DEADLINE = 20.0  # seconds per run; the reference pair needs about 3 here
+
+
+def test_reference_east_forwards_to_hubd_as_fast_as_to_a_reference_west(tmp_path,
+                                                                       reference_venv_status):
+    if reference_venv_status[0] is None:
+        missing(reference_venv_status[1])
+    pki = make_pki(tmp_path / "pki", ["east", "rwest", "hwest"])
+    wests = {
+        # the reference charges forwarded chats to its ingress quota (100 a
+        # minute by default): off, as in every interop test; hubd's defaults
+        "rwest": reference_hub_process(
+            tmp_path / "rwest", "--no-durable-ingress-quota",
+            *site_flags(pki, "rwest", write_serving_policy(
+                tmp_path / "rwest-policy", pki, {"east": ["PROJ"]})).serve,
+            hub_id="rwest", scheme="wss"),
+        "hwest": hubd_process(
+            tmp_path / "hwest", *site_flags(pki, "hwest", write_serving_policy(
+                tmp_path / "hwest-policy", pki, {"east": ["PROJ"]})).serve,
+            hub_id="hwest", scheme="wss"),
+    }
+    east_site = site_flags(pki, "east", None)
+    try:
+        for west in wests.values():
+            west.start()
+        east = reference_hub_process(
+            tmp_path / "east", "--no-durable-ingress-quota", *east_site.connect,
+            *(flag for hub_id, west in wests.items()
+              for flag in east_site.peer_flags(pki, hub_id, west.url)), hub_id="east")
+        try:
+            east.start()
+            # hubd first: a reference run cut short by its deadline would
+            # leave retries behind in east
+            results = {hub_id: asyncio.run(forward_load(
+                east.url, wests[hub_id].url, hub_id, senders=SENDERS, window=WINDOW,
+                per_sender=PER_SENDER, deadline=RUN_DEADLINE)) for hub_id in ("hwest", "rwest")}
+        finally:
+            east.stop()
+    finally:
+        for west in wests.values():
+            west.stop()
+    hubd, reference = results["hwest"], results["rwest"]
+    report = f"reference east -> hubd west: {hubd.summary()}; " \
+             f"-> reference west: {reference.summary()}"
+    print(report)
+    assert hubd.delivered == hubd.expected and hubd.duplicates == 0, report
+    assert hubd.refusals == [], report
+    assert hubd.msg_per_s >= reference.msg_per_s / 2, report

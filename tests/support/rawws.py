@@ -97,11 +97,19 @@ class RawWs:
 
     async def read_all(self, timeout: float = 10.0) -> Received:
         """Read until EOF, a reset, or the close frame and EOF; bounded by timeout."""
+        return await self._read(timeout, until_close=False)
+
+    async def read_until_close(self, timeout: float = 10.0) -> Received:
+        """Read until the hub's close frame has arrived (or EOF, a reset, the
+        timeout), without waiting for the connection to end."""
+        return await self._read(timeout, until_close=True)
+
+    async def _read(self, timeout: float, until_close: bool) -> Received:
         data, error = b"", None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
-            while True:
+            while not (until_close and parse_frames(data)[1] is not None):
                 chunk = await asyncio.wait_for(self.reader.read(1 << 20),
                                                max(0.0, deadline - loop.time()))
                 if not chunk:
