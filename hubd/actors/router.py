@@ -71,6 +71,8 @@ class Router:
         # the verbs and hooks of the hub's plugins (hubd/core/plugin.py)
         self.installed = installed = hub.installed
         self.handlers = installed.handlers
+        # the plugins' own command types (hubd/core/plugin.py `commands`)
+        self.commands = installed.commands
         self.config = hub.config
         self.hub_id: str = hub.hub_id
         self.metrics = hub.metrics
@@ -168,6 +170,8 @@ class Router:
             self._journal_failed = True
         elif kind is Wake:
             pass
+        elif kind in self.commands:
+            self._safely(None, self.commands[kind], self, command)
         elif kind is Call:
             self._call(command)
         elif callable(command):

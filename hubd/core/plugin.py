@@ -112,6 +112,9 @@ class Plugin:
     # recipients) and `.journal(router)` (records the plugin's side of it,
     # right after the chat's event, in the same command)
     directed_chat: Sequence[Callable[["Router", dict, str, Any], Any]] = ()
+    # the plugin's own commands (typed messages its actors post to the
+    # Router): command type -> fn(router, command), run as an ordinary command
+    commands: Mapping[type, Callable[["Router", Any], None]] = field(default_factory=dict)
     # claim-family verbs first pass here; True when it handled the frame
     claim_gate: Callable[["Router", "Session", dict, str], bool] | None = None
     # targets on peer hubs
@@ -152,7 +155,9 @@ class Installed:
         projections: dict[str, Callable[[], object]] = {}
         state_sections: dict = {}
         health_sections: dict = {}
+        commands: dict = {}
         for plugin in self.plugins:
+            _merge_unique(commands, plugin.commands, f"command (plugin {plugin.name})")
             _merge_unique(verbs, plugin.verbs, f"verb (plugin {plugin.name})")
             _merge_unique(projections, plugin.projections, f"projection (plugin {plugin.name})")
             _merge_unique(state_sections, plugin.state_sections,
@@ -174,6 +179,7 @@ class Installed:
         self.projections = projections
         self.state_sections = state_sections
         self.health_sections = health_sections
+        self.commands = commands
         self.on_register = self._all("on_register")
         self.on_unregister = self._all("on_unregister")
         self.periodic = self._all("periodic")

@@ -44,3 +44,17 @@ def test_the_federation_plugin_lists_remote_leases_in_active_claims():
     assert installed.state_sections["active_claims"] is active_claims_with_remote
     assert "remote_leases" in installed.projections
     assert "multihub_remote_lease" in installed.appliers
+
+
+class LinkReport:
+    """A plugin's own command type (what an actor of it posts to the Router)."""
+
+
+def test_a_command_type_has_one_handler():
+    def handle(router, command):
+        return None
+    installed = Installed([Plugin("federation", commands={LinkReport: handle})])
+    assert installed.commands == {LinkReport: handle}
+    with pytest.raises(ValueError, match="declared by two plugins"):
+        Installed([Plugin("federation", commands={LinkReport: handle}),
+                   Plugin("broker", commands={LinkReport: handle})])
