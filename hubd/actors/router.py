@@ -277,8 +277,11 @@ class Router:
         self.abandon()
         if isinstance(refused, MutationsRefused):
             return refused.message
-        self.metrics.unstorable_events += 1
-        log.warning("command refused: an event it made cannot be stored", error=str(refused))
+        metrics = self.metrics
+        metrics.unstorable_events += 1
+        if metrics.unstorable_events % 1000 == 1:  # the metric counts them all
+            log.warning("command refused: an event it made cannot be stored (logged once "
+                        "per 1,000)", error=str(refused), total=metrics.unstorable_events)
         return (f"This cannot be stored in the hub's journal ({refused}); nothing was changed. "
                 "Send text as valid UTF-8.")
 
@@ -496,7 +499,9 @@ class Router:
                     reason=self._dirty_reason,
                     principal=principal if principal is not None else "(the hub)",
                     rebuild_seconds=round(rebuild_seconds, 3),
-                    changes_refused_seconds=round(suspended, 3), last_seq=self.state.last_seq)
+                    changes_refused_seconds=round(suspended, 3), last_seq=self.state.last_seq,
+                    # live suspensions dropped at the table's bound, ever
+                    suspensions_evicted=self.suspensions.evicted_live)
 
     def refuse_permanently(self, reason: str) -> None:
         self.refusing_mutations = reason

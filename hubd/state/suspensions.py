@@ -48,7 +48,7 @@ class Suspensions:
         seconds = suspension_seconds(offences + 1, rebuild_seconds)
         self.entries[key] = [offences + 1, now + seconds]
         if len(self.entries) > MAX_KEYS:
-            self._evict(now)
+            self._evict(now, key)
         return seconds
 
     def refused_until(self, key, now: float) -> float | None:
@@ -61,11 +61,12 @@ class Suspensions:
     def live(self, now: float) -> int:
         return sum(1 for _, until in self.entries.values() if until > now)
 
-    def _evict(self, now: float) -> None:
-        """Drop the least recent entry whose suspension has ended, or else the
-        least recent one (counted: each entry cost a rebuild to make)."""
+    def _evict(self, now: float, keep) -> None:
+        """Drop the least recent entry (other than `keep`, just recorded) whose
+        suspension has ended, or else the least recent one (counted: each
+        entry cost a rebuild to make)."""
         for key, (_, until) in self.entries.items():
-            if until <= now:
+            if until <= now and key != keep:
                 del self.entries[key]
                 return
         del self.entries[next(iter(self.entries))]
