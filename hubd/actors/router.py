@@ -282,8 +282,7 @@ class Router:
         if metrics.unstorable_events % 1000 == 1:  # the metric counts them all
             log.warning("command refused: an event it made cannot be stored (logged once "
                         "per 1,000)", error=str(refused), total=metrics.unstorable_events)
-        return (f"This cannot be stored in the hub's journal ({refused}); nothing was changed. "
-                "Send text as valid UTF-8.")
+        return f"This cannot be stored in the hub's journal ({refused}); nothing was changed."
 
     def abandon(self) -> None:
         """Drop everything the command being handled did so far: its events
