@@ -50,6 +50,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from federation.pins import PinError, PinSet, parse_pin, pins_for_certificate
+from hubd.owner_only import open_to_others
 
 SUPPORTED_VERSION = 1
 
@@ -141,12 +142,9 @@ def read_owner_only_file(path: str | os.PathLike[str], label: str) -> bytes:
                 f"{label} {path} is owned by uid {info.st_uid}, not by the user hubd runs as "
                 f"(uid {os.geteuid()}); run: chown {os.geteuid()} {path}"
             )
-        mode = stat.S_IMODE(info.st_mode)
-        if mode & 0o077:
-            raise PolicyError(
-                f"{label} {path} is accessible by other users (mode {mode:04o}); "
-                f"it must be owner-only; run: chmod 600 {path}"
-            )
+        refused = open_to_others(label, [(path, info.st_mode)])
+        if refused is not None:
+            raise PolicyError(refused)
         if info.st_size > MAX_FILE_BYTES:
             raise PolicyError(f"{label} {path} is larger than {MAX_FILE_BYTES} bytes")
         chunks = []

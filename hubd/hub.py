@@ -36,7 +36,9 @@ from hubd.core.endpoints import Endpoints
 from hubd.core.message import CLOSE_GOING_AWAY
 from hubd.core.plugin import Installed, Plugin
 from hubd.journal.checkpoint import Checkpointer
-from hubd.journal.store import CorruptRow, JournalReader, NotAHubdJournal
+from hubd.journal.files import JournalFileError
+from hubd.journal.store import (CorruptRow, JournalReader, JournalTooNew, NotAHubdJournal,
+                                UnknownKinds)
 from hubd.metrics import HubMetrics
 from hubd.state.hub import HubState, apply
 
@@ -69,6 +71,7 @@ class Hub:
         self.ready = False
         self.started = time.time()
         self.corrupt_rows: list[CorruptRow] = []
+        self.unknown_kinds = UnknownKinds()
         self._reader_thread = ThreadPoolExecutor(2, thread_name_prefix="journal-reader")
         self._reader: JournalReader | None = None
         self._background: set[asyncio.Task] = set()
@@ -84,24 +87,32 @@ class Hub:
             return getattr(self._reader, method)(*args)
         return await asyncio.get_running_loop().run_in_executor(self._reader_thread, run)
 
-    def _replay(self) -> tuple[HubState, list[CorruptRow]]:
+    def _replay(self) -> tuple[HubState, list[CorruptRow], UnknownKinds, int]:
         installed = self.installed
-        state = HubState.fresh(installed.appliers, installed.projections,
+        known = installed.appliers
+        state = HubState.fresh(known, installed.projections,
                                history_limit=self.config.max_history,
                                pending_receipts=self.config.pending_receipts)
         corrupt: list[CorruptRow] = []
+        unknown = UnknownKinds()
+        applied = 0
         reader = JournalReader(self.config.db)
         try:
             for event in reader.replay(corrupt=corrupt):
+                if event.kind not in known:
+                    unknown.count(event)
                 apply(state, event)
+                applied += 1
         finally:
             reader.close()
-        return state, corrupt
+        return state, corrupt, unknown, applied
 
     async def load_state(self) -> HubState:
-        state, corrupt = await asyncio.get_running_loop().run_in_executor(
+        state, corrupt, unknown, applied = await asyncio.get_running_loop().run_in_executor(
             self._reader_thread, self._replay)
         self.corrupt_rows = corrupt
+        self.unknown_kinds = unknown
+        self.metrics.replayed_events += applied
         return state
 
     async def reload(self) -> bool:
@@ -164,7 +175,9 @@ class Hub:
     async def open(self) -> None:
         try:
             store = await self.writer.open()
-        except (NotAHubdJournal, sqlite3.DatabaseError) as exc:
+        except JournalFileError as exc:  # says which file and what to do
+            raise JournalRefused(str(exc)) from exc
+        except (NotAHubdJournal, JournalTooNew, sqlite3.DatabaseError) as exc:
             raise JournalRefused(f"journal {self.config.db}: {exc}") from exc
         stored = await self.writer.call(store.get_meta, "hub_id")
         if stored and self.config.hub_id and stored != self.config.hub_id:
@@ -188,6 +201,15 @@ class Hub:
             self.router.refuse_permanently("journal recovery required")
             log.error("journal replay quarantined undecodable rows; mutations are refused",
                       rows=len(self.corrupt_rows), first_seq=self.corrupt_rows[0].seq)
+        unknown = self.unknown_kinds
+        if unknown.events:
+            # a newer hubd wrote them: what they changed is missing from this
+            # state, so deciding anything on it could contradict them
+            self.router.refuse_permanently("the journal holds events this hubd does not know; "
+                                           "run the hubd that wrote them")
+            log.error("journal holds events of kinds this hubd does not know (a newer hubd "
+                      "wrote them?); they are not applied and mutations are refused",
+                      events=unknown.events, kinds=unknown.names(), first_seq=unknown.first_seq)
         self.metrics.gauge("hubd_journal_seq", "Last committed journal sequence.",
                            lambda: self.writer.committed_seq)
         self.metrics.gauge("hubd_connections", "Open WebSocket connections.",
@@ -195,6 +217,10 @@ class Hub:
         self.metrics.gauge("hubd_online_agents", "Registered agent names online.",
                            lambda: len(self.router.presence.by_name))
         self.metrics.gauge("hubd_up", "1 while the hub serves.", lambda: 1)
+        self.metrics.gauge("hubd_mutations_suspended",
+                           "Principals whose changes are refused for now (one of their "
+                           "commands made the hub rebuild its state).",
+                           lambda: self.router.suspensions.live(time.time()))
         log.info("journal replayed", events=state.last_seq,
                  seconds=round(time.perf_counter() - started, 3), hub_id=self.hub_id)
 

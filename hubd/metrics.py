@@ -42,6 +42,14 @@ class HubMetrics:
         self.send_timeouts = 0
         self.send_aborts = 0
         self.handler_crashes = 0
+        # rebuilds of the Router's state from the journal, by why; their time;
+        # every event a replay applied (at start and in rebuilds)
+        self.state_rebuilds: dict[str, int] = {}
+        self.state_rebuild_seconds = 0.0
+        self.replayed_events = 0
+        self.suspensions = 0
+        self.unstorable_events = 0
+        self.rows_refused = 0
         self.journal_failures = 0
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
@@ -84,6 +92,10 @@ class HubMetrics:
     def observe_commit(self, events: int, seconds: float) -> None:
         self.commit_batch.observe(events)
         self.commit_seconds.observe(seconds)
+
+    def count_rebuild(self, reason: str, seconds: float) -> None:
+        self.state_rebuilds[reason] = self.state_rebuilds.get(reason, 0) + 1
+        self.state_rebuild_seconds += seconds
 
     def refuse_quota(self, reason: str) -> None:
         self.quota_refusals[reason] = self.quota_refusals.get(reason, 0) + 1
@@ -177,6 +189,27 @@ class _Collector:
         yield CounterMetricFamily("hubd_handler_crashes",
                                   "Connections closed 1011 after an unexpected handler exception.",
                                   value=m.handler_crashes)
+        yield _by_label("hubd_state_rebuilds", "Rebuilds of the Router's state from the "
+                        "journal, by why: handler_failure, row_refused, journal_failure.",
+                        "reason", m.state_rebuilds)
+        yield CounterMetricFamily("hubd_state_rebuild_seconds",
+                                  "Time spent rebuilding the Router's state from the journal.",
+                                  value=m.state_rebuild_seconds)
+        yield CounterMetricFamily("hubd_journal_replayed_events",
+                                  "Events applied by journal replays, at start and in rebuilds.",
+                                  value=m.replayed_events)
+        yield CounterMetricFamily("hubd_mutation_suspensions",
+                                  "Times a principal's changes were refused for a while because "
+                                  "one of its commands made the hub rebuild its state.",
+                                  value=m.suspensions)
+        yield CounterMetricFamily("hubd_unstorable_events",
+                                  "Commands refused because an event they made cannot be a "
+                                  "journal row (text that is not valid UTF-8, ...).",
+                                  value=m.unstorable_events)
+        yield CounterMetricFamily("hubd_journal_rows_refused",
+                                  "Events whose row SQLite refused at commit: their command "
+                                  "failed alone, a journal_row_refused row holds each seq.",
+                                  value=m.rows_refused)
         yield CounterMetricFamily("hubd_journal_commit_failures", "Journal commits that failed.",
                                   value=m.journal_failures)
         yield CounterMetricFamily("hubd_journal_checkpoints", "WAL checkpoints run beside the writer.",

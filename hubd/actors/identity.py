@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import stat
 from pathlib import Path
 
 import structlog
 
 from hubd.actors.sessions import revalidate
 from hubd.journal.principals import JournalPrincipals
+from hubd.owner_only import open_to_others
 from hubd.state.principals import (PrincipalError, PrincipalTable, build_table,
                                    parse_principals_file)
 
@@ -36,9 +36,9 @@ def read_principals_file(path: Path, shared_token: str | None) -> PrincipalTable
         data = path.read_bytes() if info.st_size <= MAX_FILE_BYTES else None
     except OSError as exc:
         raise PrincipalError(f"cannot read principals file {path}: {exc.strerror}") from exc
-    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise PrincipalError(f"principals file {path} is readable by others "
-                             f"(mode {stat.S_IMODE(info.st_mode):o}); chmod 600 it")
+    refused = open_to_others("principals file", [(path, info.st_mode)])
+    if refused is not None:
+        raise PrincipalError(refused)
     if data is None:
         raise PrincipalError(f"principals file {path} is over {MAX_FILE_BYTES} bytes")
     try:

@@ -9,11 +9,19 @@ commit-before-publish, with one fsync shared by every event in the group.
 A failed commit fails every outcome in the group and every later one until the
 Router, told about the failure, has rebuilt its state from the journal and sent
 a Resync marker. Outcomes without events (replies to reads) still go out.
+
+A row SQLite refuses (a constraint, a value it cannot bind: ROW_ERRORS) is not
+a journal failure: the group's outcomes are committed one by one, the one
+whose row is refused fails alone (its seqs hold journal_row_refused rows, so
+the log stays contiguous), and the Router, told with RowsRefused, rebuilds its
+state from the journal. The Router makes every row before it applies the
+event (Router.event), so text SQLite cannot store never gets this far.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from pathlib import Path
 from typing import Callable
@@ -25,6 +33,7 @@ from hubd.core.endpoints import Endpoints
 from hubd.core.message import CloseEndpoint, Message
 from hubd.journal.store import JournalStore
 from hubd.journal.thread import DbThread
+from hubd.state.events import refused_row
 
 from .outcome import Flush, Outcome, Resync
 
@@ -32,6 +41,10 @@ log = structlog.get_logger("hubd.journal")
 
 QUEUE_BATCHES = 256
 MAX_GROUP_EVENTS = 20_000
+# what a row can make SQLite (or the binding of its values) refuse, as opposed
+# to what stops the journal itself (full disk, I/O error, a damaged file)
+ROW_ERRORS = (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError,
+              sqlite3.ProgrammingError, ValueError, TypeError, OverflowError)
 
 
 class JournalFailed:
@@ -41,15 +54,27 @@ class JournalFailed:
         self.error = error
 
 
+class RowsRefused:
+    """For the Router: the events of one command were not journaled (their
+    rows were refused) though its state applied them."""
+
+    __slots__ = ("principal", "seqs")
+
+    def __init__(self, principal: str | None, seqs: list[int]):
+        self.principal, self.seqs = principal, seqs
+
+
 def release(outcomes: list[Outcome], use_failure: bool, endpoints: Endpoints,
-            frames_out: dict) -> None:
+            frames_out: dict, failing: set | None = None) -> None:
     """Hand each outcome's (destination, item, type) sends to their endpoints,
     in order: a destination is one endpoint id or a tuple of them; an item is
     a Message, a callable that builds one (a failure reply, made only when
-    needed) or a CloseEndpoint. An id whose endpoint has gone is skipped."""
+    needed) or a CloseEndpoint. An id whose endpoint has gone is skipped. An
+    outcome with events sends its failure replies instead if use_failure, or
+    if it is one of `failing`."""
     get = endpoints.get
     for outcome in outcomes:
-        failed = use_failure and outcome.events
+        failed = (use_failure or (failing is not None and outcome in failing)) and outcome.events
         for dest, item, type_ in outcome.failure if failed else outcome.sends:
             if type(item) is not Message:
                 if type(item) is CloseEndpoint:
@@ -138,26 +163,77 @@ class JournalWriter:
             return
         events = [event for outcome in group for event in outcome.events]
         failed = self.failed
+        failing = None
         if events and not failed:
             if self._fault is not None:
                 self._fault.reached("before", events)
             started = time.perf_counter()
             try:
-                # rows are made here, not on the writer's thread, which then
-                # needs the GIL only to start and to end the statement
-                rows = [event.row() for event in events]
-                await self.call(self.store.append, rows)
-            except Exception as exc:  # sqlite3.Error, OSError: the disk said no
-                failed = self.failed = True
-                self.metrics.journal_failures += 1
-                log.error("journal commit failed; mutations refused until state is rebuilt",
-                          events=len(events), first_seq=events[0].seq, error=repr(exc))
-                self._on_failure(JournalFailed(exc))
+                # the rows were made on the loop (Router.event), not on the
+                # writer's thread, which then needs the GIL only to start and
+                # to end the statement
+                await self.call(self.store.append, [event.row() for event in events])
+            except ROW_ERRORS as exc:
+                failing = await self._commit_one_by_one(group, exc)
+            except Exception as exc:  # sqlite3.OperationalError, OSError: the disk said no
+                failed = True
+                self._fail(events, exc)
             else:
-                self.committed_seq = events[-1].seq
-                if self._fault is not None:
-                    self._fault.reached("after", events)
-                self.metrics.observe_commit(len(events), time.perf_counter() - started)
-                if self._on_commit is not None:
-                    self._on_commit()
-        release(group, failed, self.endpoints, self.metrics.frames_out)
+                self._committed(events, started)
+        release(group, failed, self.endpoints, self.metrics.frames_out, failing)
+
+    async def _commit_one_by_one(self, group: list[Outcome], error: BaseException) -> set:
+        """SQLite refused a row of the group: commit each outcome alone, so
+        that only one whose own row is refused fails. The outcomes that fail."""
+        log.warning("a journal row was refused; committing the group's commands one by one",
+                    outcomes=len(group), error=repr(error))
+        failing: set = set()
+        for outcome in group:
+            events = outcome.events
+            if not events:
+                continue
+            if self.failed:  # the journal itself failed on an earlier one
+                failing.add(outcome)
+                continue
+            started = time.perf_counter()
+            try:
+                await self.call(self.store.append, [event.row() for event in events])
+            except ROW_ERRORS as exc:
+                failing.add(outcome)
+                await self._hold_seqs(events, exc)
+            except Exception as exc:
+                failing.add(outcome)
+                self._fail(events, exc)
+            else:
+                self._committed(events, started)
+        return failing
+
+    async def _hold_seqs(self, events: list, error: BaseException) -> None:
+        """The command's rows were refused: journal_row_refused rows keep its
+        seqs, and the Router rebuilds the state that applied its events."""
+        try:
+            await self.call(self.store.append, [refused_row(event, error) for event in events])
+        except Exception as exc:
+            self._fail(events, exc)
+            return
+        self.committed_seq = events[-1].seq
+        self.metrics.rows_refused += len(events)
+        log.error("journal rows refused; their command failed alone", kind=events[0].kind,
+                  first_seq=events[0].seq, events=len(events), principal=events[0].principal,
+                  error=repr(error))
+        self._on_failure(RowsRefused(events[0].principal, [event.seq for event in events]))
+
+    def _fail(self, events: list, exc: BaseException) -> None:
+        self.failed = True
+        self.metrics.journal_failures += 1
+        log.error("journal commit failed; mutations refused until state is rebuilt",
+                  events=len(events), first_seq=events[0].seq, error=repr(exc))
+        self._on_failure(JournalFailed(exc))
+
+    def _committed(self, events: list, started: float) -> None:
+        self.committed_seq = events[-1].seq
+        if self._fault is not None:
+            self._fault.reached("after", events)
+        self.metrics.observe_commit(len(events), time.perf_counter() - started)
+        if self._on_commit is not None:
+            self._on_commit()

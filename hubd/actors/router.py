@@ -8,9 +8,18 @@ Everything it drained in one go becomes one batch for the JournalWriter, which
 commits it and only then releases the frames. Events are applied to the state
 as they are made, with the same `apply` that replays the journal at start.
 
-Recovery keeps the invariant "state is a projection of the journal":
-- a handler that raises leaves no trace: its endpoint is closed 1011 and the
-  state is rebuilt from the journal once everything queued is committed;
+Recovery keeps the invariant "state is a projection of the journal"
+(docs/architecture.md, "Router"):
+- a command that fails leaves no trace: its events, replies and callbacks are
+  dropped, and only its endpoint hears of it (an unexpected exception closes
+  it 1011; an event that cannot be stored gets a typed error). The state is
+  rebuilt from the journal only when the command had applied an event, once
+  everything queued is committed, and the principal whose command it was may
+  not change state for a while (hubd/state/suspensions.py), so no client can
+  keep the hub replaying;
+- a row SQLite refuses at commit fails its own command only (the writer
+  keeps its seq with a journal_row_refused row), and the state is rebuilt
+  the same way;
 - a failed commit is answered by the writer with private errors, and the
   Router rebuilds from the journal before new events are accepted again.
 """
@@ -26,15 +35,16 @@ import structlog
 
 from hubd.core.commands import WAKE, Call, Closed, Inbound, Opened, Wake
 from hubd.core.message import CLOSE_INTERNAL, CloseEndpoint, Message
-from hubd.state.events import Event
+from hubd.state.events import Event, UnstorableEvent
 from hubd.state.hub import HubState, apply
 from hubd.state.presence import Presence, Session
 from hubd.state.quota import IngressQuota
+from hubd.state.suspensions import Suspensions
 from hubd.wire import codec
 from hubd.wire.envelope import BROADCAST, error_frame, frame_type, hub_frame
 
 from . import sessions
-from .journal_writer import JournalFailed
+from .journal_writer import JournalFailed, RowsRefused
 from .outcome import Flush, Outcome, Resync
 
 log = structlog.get_logger("hubd.router")
@@ -47,8 +57,41 @@ MAX_BATCH_COMMANDS = 2048
 REFUSAL_BACKOFF_START = 1.0
 REFUSAL_BACKOFF_MAX = 30.0
 
-class JournalUnavailable(Exception):
-    """Raised by Router.event() while mutations are refused."""
+class MutationsRefused(Exception):
+    """Raised by Router.event() when this command may not change state now;
+    `message` tells its sender why (nothing was changed)."""
+
+    error_code: str | None = None
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class JournalUnavailable(MutationsRefused):
+    """The journal refuses writes (a failed commit's back-off, corrupt or
+    unknown rows)."""
+
+    def __init__(self, reason: str | None):
+        super().__init__(f"The hub cannot write its journal right now ({reason}); nothing "
+                         "was changed. Reads still work; retry later.")
+
+
+class PrincipalSuspended(MutationsRefused):
+    """A command of this principal made the hub rebuild its state a moment
+    ago (hubd/state/suspensions.py)."""
+
+    error_code = "mutations_suspended"
+
+    def __init__(self, principal: str | None, seconds: float):
+        who = f"principal {principal}" if principal is not None else "the hub's own work"
+        super().__init__(f"The hub refuses changes from {who} for {seconds:.1f} s more: one of "
+                         "its commands failed and made the hub rebuild its state. Nothing "
+                         "was changed; reads still work.")
+
+
+# what Router.event() raises to refuse a command, before anything is applied
+REFUSALS = (MutationsRefused, UnstorableEvent)
 
 
 class LazyError:
@@ -84,6 +127,14 @@ class Router:
         self._control: deque = deque()
         self._batch: list[Outcome] = []
         self._needs_rebuild = False
+        # why the state is dirty and whose command made it so (None: the hub's own)
+        self._dirty_reason = ""
+        self._dirty_by: str | None = None
+        # an event of the command being handled was applied (or its applier
+        # started): if the command fails, the state may hold part of it
+        self._applied = False
+        self._applied_by: str | None = None
+        self.suspensions = Suspensions()
         self._journal_failed = False
         # Why mutations are refused, if they are; a refusal after a failed
         # commit lifts at _refuse_until, one for corrupt rows never does.
@@ -155,6 +206,7 @@ class Router:
         kind = type(command)
         self.now = time.time()
         self.out = Outcome()
+        self._applied = False
         if kind is Inbound:
             endpoint = command.endpoint
             session = self.presence.sessions.get(endpoint)
@@ -168,6 +220,8 @@ class Router:
             self._safely(command.endpoint, self._closed, command.endpoint)
         elif kind is JournalFailed:
             self._journal_failed = True
+        elif kind is RowsRefused:
+            self._state_dirty("row_refused", command.principal)
         elif kind is Wake:
             pass
         elif kind in self.commands:
@@ -194,34 +248,60 @@ class Router:
             reply.set_result(result)
 
     def _safely(self, endpoint: int | None, fn, *args, reraise: bool = False):
-        """Run one handler; an exception it did not expect closes only its
-        endpoint (1011) and leaves no partial state behind."""
+        """Run one handler. A refusal (MutationsRefused, UnstorableEvent)
+        answers the session privately; an exception nobody expected closes
+        only its endpoint (1011). Either way the command leaves no trace."""
         try:
             return fn(*args)
-        except JournalUnavailable:
-            if self.out.events:
-                self._needs_rebuild = True
-            self.out = Outcome()
+        except REFUSALS as refused:
+            text = self.refuse_command(refused)
             session = args[0] if args and isinstance(args[0], Session) else None
             if session is not None:
-                self.error(session, f"The hub cannot write its journal right now "
-                                    f"({self.refusing_mutations}); nothing was changed. "
-                                    "Reads still work; retry later.")
+                code = getattr(refused, "error_code", None)
+                if code is None:
+                    self.error(session, text)
+                else:
+                    self.error(session, text, error_code=code)
                 self._batch.append(self.out)
                 self.out = Outcome()
         except Exception:
-            out = self.out
-            log.exception("handler failed; closing its endpoint", endpoint=endpoint)
+            log.exception("handler failed; closing its endpoint", endpoint=endpoint,
+                          state_rebuilt=self._applied)
             self.metrics.handler_crashes += 1
-            if out.events:
-                # The state may hold part of this command: drop its events
-                # and rebuild from the journal once the queue is committed.
-                self._needs_rebuild = True
-            self.out = Outcome()
+            self.abandon()
             if endpoint is not None:
                 self.endpoints.close(endpoint, CLOSE_INTERNAL, "internal error")
             if reraise:
                 raise
+
+    def refuse_command(self, refused: MutationsRefused | UnstorableEvent) -> str:
+        """Abandon the command being handled because event() refused it; the
+        text that tells its sender why (doors with their own error shapes use
+        it too)."""
+        self.abandon()
+        if isinstance(refused, MutationsRefused):
+            return refused.message
+        metrics = self.metrics
+        metrics.unstorable_events += 1
+        if metrics.unstorable_events % 1000 == 1:  # the metric counts them all
+            log.warning("command refused: an event it made cannot be stored (logged once "
+                        "per 1,000)", error=str(refused), total=metrics.unstorable_events)
+        return f"This cannot be stored in the hub's journal ({refused}); nothing was changed."
+
+    def abandon(self) -> None:
+        """Drop everything the command being handled did so far: its events
+        (if one was applied, the state is rebuilt from the journal before the
+        next decision), its sends, failure replies and callbacks. What the
+        handler queues after this is its answer."""
+        if self._applied:
+            self._state_dirty("handler_failure", self._applied_by)
+            self._applied = False
+        self.out = Outcome()
+
+    def _state_dirty(self, reason: str, principal: str | None) -> None:
+        if not self._needs_rebuild:
+            self._dirty_reason, self._dirty_by = reason, principal
+        self._needs_rebuild = True
 
     def _inbound(self, session: Session, frame: dict, size: int) -> None:
         if session.peer_hub is not None:
@@ -298,11 +378,27 @@ class Router:
 
     def event(self, kind: str, payload: dict, route: dict | None = None,
               payload_text: bytes | None = None, ts: float | None = None) -> Event:
-        """Make the next event, apply it, and attach it to this command's outcome."""
+        """Make the next event, apply it, and attach it to this command's outcome.
+
+        Raises, before anything is applied: JournalUnavailable while the
+        journal refuses writes, PrincipalSuspended while the acting principal
+        may not change state, UnstorableEvent if the event cannot be a
+        journal row."""
         if self.refusing_mutations is not None and self.mutations_refused():
-            raise JournalUnavailable()
+            raise JournalUnavailable(self.refusing_mutations)
+        acting = self.acting
+        if self.suspensions.entries:
+            until = self.suspensions.refused_until(acting, self.now)
+            if until is not None:
+                raise PrincipalSuspended(acting, until - self.now)
+        if kind not in self.state.appliers:
+            raise ValueError(f"event kind {kind!r} is not declared by any installed plugin "
+                             "(Appliers.applies or .records): a replay would not know it")
         event = Event(self.state.last_seq + 1, self.now if ts is None else ts, kind, payload,
-                      route, payload_text, self.acting)
+                      route, payload_text, acting)
+        event.row()  # made now, so a row SQLite cannot store fails here, before apply
+        if not self._applied:
+            self._applied, self._applied_by = True, acting
         apply(self.state, event)
         self.out.events.append(event)
         return event
@@ -377,19 +473,38 @@ class Router:
         await self.hub.writer.inbox.put(Flush(done))
         await done
 
-    async def _rebuild(self) -> None:
+    async def _rebuild(self, reason: str) -> float:
+        """Replace the state with a replay of the journal; the seconds it took."""
+        started = time.perf_counter()
         self.state = await self.hub.load_state()
         for restored in self.installed.hooks("restored"):
             restored(self.state)
         for rebuilt in self.installed.hooks("rebuilt"):
             rebuilt(self)
+        seconds = time.perf_counter() - started
+        self.metrics.count_rebuild(reason, seconds)
+        return seconds
 
     async def _rebuild_after_crash(self) -> None:
+        """The state may hold part of a failed command: once everything queued
+        is committed, replay the journal, and suspend whoever caused it."""
         await self._wait_committed()
         self._needs_rebuild = False
-        await self._rebuild()
-        log.warning("state rebuilt from the journal after a handler failure",
-                    last_seq=self.state.last_seq)
+        seconds = await self._rebuild(self._dirty_reason)
+        self._suspend_dirty_by(seconds)
+
+    def _suspend_dirty_by(self, rebuild_seconds: float) -> None:
+        principal = self._dirty_by
+        suspended = self.suspensions.suspend(principal, time.time(), rebuild_seconds)
+        if suspended:
+            self.metrics.suspensions += 1
+        log.warning("state rebuilt from the journal after a failed command",
+                    reason=self._dirty_reason,
+                    principal=principal if principal is not None else "(the hub)",
+                    rebuild_seconds=round(rebuild_seconds, 3),
+                    changes_refused_seconds=round(suspended, 3), last_seq=self.state.last_seq,
+                    # live suspensions dropped at the table's bound, ever
+                    suspensions_evicted=self.suspensions.evicted_live)
 
     def refuse_permanently(self, reason: str) -> None:
         self.refusing_mutations = reason
@@ -401,9 +516,11 @@ class Router:
 
     async def _recover_from_journal_failure(self) -> None:
         self._journal_failed = False
-        self._needs_rebuild = False
+        dirty, self._needs_rebuild = self._needs_rebuild, False
         try:
-            await self._rebuild()
+            seconds = await self._rebuild("journal_failure")
+            if dirty:  # a failed command made it dirty too: this rebuild is its
+                self._suspend_dirty_by(seconds)
         except Exception:
             # The journal cannot even be read: keep serving reads from the
             # last state and refuse mutations until an operator intervenes.

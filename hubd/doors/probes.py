@@ -56,7 +56,7 @@ def health_document(hub) -> dict:
     router = hub.router
     presence = router.presence if router is not None else None
     document = {
-        "status": "degraded" if hub.corrupt_rows else "ok",
+        "status": "degraded" if hub.corrupt_rows or hub.unknown_kinds.events else "ok",
         "hub_id": hub.hub_id,
         "version": f"hubd {__import__('hubd').__version__}",
         "protocol_version": PROTOCOL_VERSION,
@@ -66,6 +66,9 @@ def health_document(hub) -> dict:
         "online_agents": len(presence.by_name) if presence else 0,
         "journal_seq": hub.writer.committed_seq,
         "journal_corrupt_rows": len(hub.corrupt_rows),
+        # events of kinds this hubd does not know (a newer hubd wrote them)
+        "journal_unknown_events": hub.unknown_kinds.events,
+        "journal_unknown_kinds": hub.unknown_kinds.names(),
         "identity": hub.identity.summary(),
     }
     # the plugins' sections (federation's message_forward and multihub, the

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from hubd.actors.router import JournalUnavailable, Router
+from hubd.actors.router import REFUSALS, Router
 from hubd.core.commands import Call
 from hubd.core.message import Message
 from hubd.state import broker as bs
@@ -29,6 +29,7 @@ from hubd.state import broker_rules as rules
 from hubd.state import broker_views as views
 from hubd.state.broker_rules import Limits, Refusal
 from hubd.state.broker_seats import BrokerSeats
+from hubd.state.events import UnstorableEvent
 from hubd.wire import broker as wire
 from hubd.wire.targets import RemoteTargetError, parse_remote
 
@@ -182,15 +183,11 @@ def handle(router: Router, endpoint: int, request: wire.Request, native=None) ->
                                                          refusal.message, **refusal.extra),
                                  ANSWER))
         return
-    except JournalUnavailable:
-        metrics.broker_errors[wire.BROKER_DOWN] = metrics.broker_errors.get(wire.BROKER_DOWN,
-                                                                            0) + 1
-        router.out.sends.append((endpoint, error_message(
-            request.id, wire.BROKER_DOWN, f"The hub cannot write its journal right now "
-                                          f"({router.refusing_mutations}); nothing was changed."),
-            ANSWER))
-        if router.out.events:
-            raise  # the Router drops this command's events and rebuilds
+    except REFUSALS as refused:
+        text = router.refuse_command(refused)  # what it did so far is dropped
+        code = wire.BAD_REQUEST if isinstance(refused, UnstorableEvent) else wire.BROKER_DOWN
+        metrics.broker_errors[code] = metrics.broker_errors.get(code, 0) + 1
+        router.out.sends.append((endpoint, error_message(request.id, code, text), ANSWER))
         return
     finally:
         router.acting = None

@@ -16,7 +16,6 @@ from hubd.core.message import Message
 from hubd.state import events as ev
 from hubd.state.chat import same_content
 from hubd.state.presence import RX_SUFFIX, Presence, Session
-from hubd.wire import codec
 from hubd.wire.envelope import finite_number, valid_client_msg_id
 from hubd.wire.targets import RemoteTargetError, Target, parse_remote, parse_target
 
@@ -155,7 +154,7 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
         recipients = []  # its recipients are on the peer hub
     else:
         recipients = [n for n in presence.by_name if n != sender]
-    text = codec.encode(frame)
+    text = ev.encode_payload(ev.CHAT, frame)
     route = {"recipients": recipients if directed else []}
     if route_extra:
         route.update(route_extra)  # copied: RETRY_ROUTE is shared

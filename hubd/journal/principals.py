@@ -42,10 +42,18 @@ TOKEN_PREFIX = "hubd_"
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
-    from hubd.journal.store import _connect, ensure_schema
+    from hubd.journal.files import JournalFileError
+    from hubd.journal.store import JournalTooNew, NotAHubdJournal, _connect, ensure_schema
 
-    conn = _connect(path)
-    ensure_schema(conn)  # a journal made here is a hubd journal the hub will open
+    try:
+        conn = _connect(path)
+    except JournalFileError as exc:
+        raise PrincipalError(str(exc)) from None
+    try:
+        ensure_schema(conn)  # a journal made here is a hubd journal the hub will open
+    except (NotAHubdJournal, JournalTooNew) as exc:
+        conn.close()
+        raise PrincipalError(f"journal {path}: {exc}") from None
     for statement in SCHEMA:
         conn.execute(statement)
     _move_redsyn_nodes(conn)

@@ -19,9 +19,10 @@ from typing import Iterator
 
 import sqlite_utils
 
+from hubd.state.events import Event
 from hubd.wire.codec import loads_stored
 
-from hubd.state.events import Event
+from .files import prepare_for_writing
 
 SCHEMA_VERSION = "1"
 INSERT = ("INSERT INTO events (seq, ts, kind, payload, route, principal) "
@@ -41,6 +42,7 @@ def _connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
         conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True,
                                isolation_level=None, check_same_thread=False)
     else:
+        prepare_for_writing(path)  # owner-only; a path that cannot serve is explained
         conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
@@ -56,7 +58,25 @@ class NotAHubdJournal(RuntimeError):
     """The file is a SQLite database, but not one hubd wrote."""
 
 
+class JournalTooNew(RuntimeError):
+    """A newer hubd wrote the journal in a schema this one does not read."""
+
+
 EXPECTED_COLUMNS = {"seq", "ts", "kind", "payload", "route"}
+
+
+def check_schema_version(stored: str) -> None:
+    """Refuse a journal schema newer than SCHEMA_VERSION (older ones are
+    upgraded in place by ensure_schema)."""
+    ours = int(SCHEMA_VERSION)
+    try:
+        theirs = int(stored)
+    except ValueError:
+        theirs = None
+    if theirs is None or theirs > ours:
+        raise JournalTooNew(
+            f"written by a newer hubd (journal schema {stored}; this hubd reads schema "
+            f"{ours} and older): run a hubd that reads it, or start with a new --db")
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
@@ -68,6 +88,10 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
                 "this database has an events table hubd did not write (the reference hub's "
                 "journal looks like this); start hubd with a new --db — history does not "
                 "carry over (see docs/migration-from-reference.md)")
+    if db["meta"].exists():
+        stored = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if stored is not None:
+            check_schema_version(str(stored[0]))
     db["events"].create({"seq": int, "ts": float, "kind": str, "payload": str, "route": str,
                          "principal": str},
                         pk="seq", not_null={"ts", "kind", "payload"}, if_not_exists=True)
@@ -84,6 +108,30 @@ class CorruptRow:
     seq: int
     kind: str
     error: str
+
+
+class UnknownKinds:
+    """Events of kinds no installed plugin declares, seen by a replay: how
+    many, the first seq, and the kinds (at most MAX_NAMES, each cut to 64
+    characters: they come from the file)."""
+
+    MAX_NAMES = 20
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.first_seq: int | None = None
+        self.kinds: dict[str, int] = {}
+
+    def count(self, event) -> None:
+        self.events += 1
+        if self.first_seq is None:
+            self.first_seq = event.seq
+        kind = str(event.kind)[:64]
+        if kind in self.kinds or len(self.kinds) < self.MAX_NAMES:
+            self.kinds[kind] = self.kinds.get(kind, 0) + 1
+
+    def names(self) -> list[str]:
+        return sorted(self.kinds)
 
 
 def row_to_event(row) -> Event:

@@ -159,6 +159,7 @@ class ClaimState:
 # the projections this module keeps in HubState.extensions, by name
 PROJECTIONS = {EXTENSION: ClaimState}
 appliers = Appliers()
+appliers.records(CLAIM_DENIAL)
 
 
 def claims_of(state: HubState) -> ClaimState:

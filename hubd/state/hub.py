@@ -18,6 +18,7 @@ from . import events as ev
 from .chat import AgentsSeen, ChatState, Remembered
 from .events import Event
 from .mailbox import MailboxState
+from .principals import ACL_DENIAL
 from .receipts import PendingReceipt, ReceiptState
 
 
@@ -60,17 +61,25 @@ class Appliers(dict):
             return fn
         return declare
 
+    def records(self, *kinds: str) -> None:
+        """Kinds journaled for audit only (claim denials, grant refusals): known
+        to the hub, they keep their seq but change no projection."""
+        for kind in kinds:
+            self.setdefault(kind, [])
+
 
 appliers = Appliers()
+appliers.records(ev.DELIVERY_RECEIPT_REQUESTED, ev.JOURNAL_ROW_REFUSED, ACL_DENIAL)
 
 
 def apply(state: HubState, event: Event) -> None:
+    """Project one event. A kind the hub's appliers do not name is applied as
+    an audit row would be; replay counts such kinds (Hub.load_state) and the
+    Router never makes one (Router.event)."""
     if event.seq <= state.last_seq:
         raise ValueError(f"event seq {event.seq} does not follow {state.last_seq}")
     for applier in state.appliers.get(event.kind, ()):
         applier(state, event)
-    # Kinds without an applier are audit-only rows (claim denials, partition
-    # evidence): they keep their seq but change no projection.
     state.last_seq = event.seq
 
 

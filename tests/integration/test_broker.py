@@ -477,7 +477,7 @@ def test_broker_flags(tmp_path):
     refused = hubd_process(loose)
     with pytest.raises(RuntimeError):
         refused.start()
-    assert "readable by others" in refused.log()
+    assert "accessible by other users" in refused.log()
     refused.stop()
 
 

@@ -261,6 +261,7 @@ def test_journal_restored_from_older_backup_quarantines_the_peer(tmp_path, pair)
     for suffix in ("", "-wal", "-shm"):
         (west_dir / f"hubd.db{suffix}").unlink(missing_ok=True)
     shutil.copyfile(backup, west_dir / "hubd.db")
+    (west_dir / "hubd.db").chmod(0o600)  # a restored journal is owner-only, as hubd made it
     west.start()
     # new history under sequence numbers east already accepted, and past them
     asyncio.run(chats("a different history", 15))

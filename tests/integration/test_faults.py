@@ -123,8 +123,10 @@ async def test_a_journal_that_is_not_hubds_is_refused_with_a_reason(tmp_path):
                "mac TEXT)")
     db.commit()
     db.close()
+    (tmp_path / "hub.db").chmod(0o600)  # owner-only, as hubd makes them
     with pytest.raises(StartupError, match="did not write"):
         await HubServer(test_config(tmp_path)).start()
     (tmp_path / "other.db").write_bytes(b"this is not sqlite at all" * 100)
+    (tmp_path / "other.db").chmod(0o600)
     with pytest.raises(StartupError, match="not a database"):
         await HubServer(test_config(tmp_path, db=tmp_path / "other.db")).start()

@@ -185,7 +185,7 @@ async def test_a_principals_file_and_sighup(tmp_path):
     proc = hubd_process(tmp_path / "bad", "--principals", str(path))
     with pytest.raises(Exception):
         proc.start(ready_timeout=10)
-    assert "readable by others" in proc.log()
+    assert "accessible by other users" in proc.log()
     proc.stop()
     write({"principals": [{"name": "alice", "seats": ["PROJ/a*"]}]})
     proc = hubd_process(tmp_path / "bad2", "--principals", str(path))

@@ -88,10 +88,12 @@ def test_online_backup_while_chats_commit_then_restore(tmp_path):
                             str(backup)], capture_output=True, text=True)
     assert again.returncode != 0 and "exists" in again.stderr
 
+    # the copy holds what the journal holds: owner-only like it
+    assert backup.stat().st_mode & 0o777 == 0o600
     # restore: the copy becomes the journal (no -wal/-shm beside it), the hub starts on it
     restored = tmp_path / "restored"
     restored.mkdir()
-    shutil.copyfile(backup, restored / "hubd.db")
+    shutil.copy(backup, restored / "hubd.db")  # as cp does, with the copy's mode
     assert not (restored / "hubd.db-wal").exists()
     hub2 = hubd_process(restored, hub_id="site", db=restored / "hubd.db")
     hub2.start()

@@ -196,6 +196,7 @@ def test_a_journal_from_before_principals_keeps_its_redsyn_nodes(tmp_path):
                  "'laptop', ?, 1.0)", (token_digest("rsn_old"),))
     conn.commit()
     conn.close()
+    db.chmod(0o600)  # older hubds made journals 0644: the refusal's one-line fix first
     table = store.JournalPrincipals(db).read(None)
     credential = table.authenticate("rsn_old")
     assert credential.principal.name == "acme/dev/joel" and credential.label == "laptop"

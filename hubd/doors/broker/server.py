@@ -31,6 +31,7 @@ from hubd.config import BrokerConfig
 from hubd.core.commands import Call
 from hubd.core.endpoints import next_endpoint_id
 from hubd.core.message import Message
+from hubd.owner_only import open_to_others
 from hubd.wire import broker as wire
 from hubd.wire.broker import LineSplitter, LineTooLong, Request, WireError, parse_line
 
@@ -62,10 +63,9 @@ def load_or_create_token(path: Path) -> str:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        info = path.stat()
-        if info.st_mode & 0o077:
-            raise TokenFileError(f"broker token file {path} is readable by others "
-                                 f"(mode {stat.S_IMODE(info.st_mode):o}); chmod 600 it")
+        refused = open_to_others("broker token file", [(path, path.stat().st_mode)])
+        if refused is not None:
+            raise TokenFileError(refused)
         token = path.read_text(encoding="utf-8").strip()
         if not token:
             raise TokenFileError(f"broker token file {path} is empty")

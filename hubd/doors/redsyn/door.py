@@ -24,8 +24,10 @@ from collections import defaultdict
 import structlog
 from aiohttp import ClientSession, ClientTimeout, web
 
+from hubd.actors.router import REFUSALS
 from hubd.core.endpoints import next_endpoint_id
 from hubd.handlers.chat import route_chat
+from hubd.state.events import UnstorableEvent
 from hubd.wire.targets import parse_remote
 from hubd.state import redsyn as mb
 from hubd.wire.redsyn import envelope as wire
@@ -139,19 +141,28 @@ class RedsynDoor:
                         future.set_exception(RedsynError(503, refused))
                         return
             woken = set()
-            for kind, payload in decision.events:
-                router.event(kind, payload)
-                if kind == mb.MESSAGE:
-                    woken.update(d["agent"] for d in payload["deliveries"])
-            for chat in decision.chats:
-                # the WebSocket side: journaled and sent like any chat from this seat,
-                # or forwarded to the peer hub that owns the address's namespace
-                remote = parse_remote(chat["frame"]["target"])
-                if remote is None:
-                    route_chat(router, chat["frame"], chat["sender"], {"redsyn": 1})
-                else:
-                    remote_hubs.forward_from(router, chat["sender"], chat["frame"], remote,
-                                             False)
+            try:
+                for kind, payload in decision.events:
+                    router.event(kind, payload)
+                    if kind == mb.MESSAGE:
+                        woken.update(d["agent"] for d in payload["deliveries"])
+                for chat in decision.chats:
+                    # the WebSocket side: journaled and sent like any chat from this seat,
+                    # or forwarded to the peer hub that owns the address's namespace
+                    remote = parse_remote(chat["frame"]["target"])
+                    if remote is None:
+                        route_chat(router, chat["frame"], chat["sender"], {"redsyn": 1})
+                    else:
+                        remote_hubs.forward_from(router, chat["sender"], chat["frame"], remote,
+                                                 False)
+            except REFUSALS as refused:  # nothing of this call is kept
+                text = router.refuse_command(refused)
+                unstorable = isinstance(refused, UnstorableEvent)
+                future.set_exception(RedsynError(400 if unstorable else 503, text))
+                return
+            except BaseException:
+                future.set_exception(RedsynError(500, "internal error"))
+                raise  # the Router logs it and drops what the call did
             router.out.failure.append((self._replies.id, lambda: future, "redsyn"))
 
             def released():
