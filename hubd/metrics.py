@@ -42,6 +42,9 @@ class HubMetrics:
         self.send_timeouts = 0
         self.send_aborts = 0
         self.handler_crashes = 0
+        self.state_rebuilds = 0  # the Router rebuilt its state from the journal
+        # frames the WebSocket door refused before the Router, by error_code
+        self.frames_refused: dict[str, int] = {}
         self.journal_failures = 0
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
@@ -80,6 +83,10 @@ class HubMetrics:
     def count_in(self, type_: str) -> None:
         frames = self.frames_in
         frames[type_] = frames.get(type_, 0) + 1
+
+    def count_refused(self, code: str) -> None:
+        refused = self.frames_refused
+        refused[code] = refused.get(code, 0) + 1
 
     def observe_commit(self, events: int, seconds: float) -> None:
         self.commit_batch.observe(events)
@@ -177,6 +184,13 @@ class _Collector:
         yield CounterMetricFamily("hubd_handler_crashes",
                                   "Connections closed 1011 after an unexpected handler exception.",
                                   value=m.handler_crashes)
+        yield CounterMetricFamily("hubd_state_rebuilds",
+                                  "Times the Router rebuilt its state from the journal (after "
+                                  "a handler failure or a failed commit).",
+                                  value=m.state_rebuilds)
+        yield _by_label("hubd_frames_refused", "Frames the WebSocket door refused before the "
+                        "Router (typed error, socket kept), by error_code.", "code",
+                        m.frames_refused)
         yield CounterMetricFamily("hubd_journal_commit_failures", "Journal commits that failed.",
                                   value=m.journal_failures)
         yield CounterMetricFamily("hubd_journal_checkpoints", "WAL checkpoints run beside the writer.",

@@ -374,6 +374,7 @@ class Router:
         await done
 
     async def _rebuild(self) -> None:
+        self.metrics.state_rebuilds += 1
         self.state = await self.hub.load_state()
         for restored in self.installed.hooks("restored"):
             restored(self.state)
