@@ -67,19 +67,29 @@ def test_a_receipt_chat_with_a_list_client_msg_id_is_refused_and_nothing_rebuild
     async def case():
         alice = await joined(hub.url, "h1/alice")
         bob = await joined(hub.url, "h1/bob")
-        await alice.send_json({"sender": "h1/alice", "target": "h1/bob", "type": "chat",
-                               "payload": "x", "receipt_requested": True,
+        # to a seat nobody holds: the negative receipt's applier forgets the
+        # retry identity, which hashes client_msg_id (d590ccf: 1011, rebuild)
+        await alice.send_json({"sender": "h1/alice", "target": "h1/nobody", "type": "chat",
+                               "payload": "refused", "receipt_requested": True,
                                "client_msg_id": ["x"]})
         error = await alice.recv_type("error")
         assert (error["error_code"], error["field"], error["payload"]) == (
             "invalid_field", "client_msg_id",
             "Malformed frame: 'client_msg_id' must be a string of at most 256 bytes.")
-        # the same socket goes on: a valid receipt chat is delivered and receipted
+        # the same socket goes on: the same chat with a valid id gets its
+        # negative receipt, and one to bob is delivered and receipted
+        await alice.chat("h1/alice", "h1/nobody", "to nobody", receipt_requested=True,
+                         client_msg_id="c-nobody")
+        receipt = await alice.recv_type("delivery_receipt")
+        assert (receipt["client_msg_id"], receipt["delivered"]) == ("c-nobody", False)
         await alice.chat("h1/alice", "h1/bob", "after", receipt_requested=True,
                          client_msg_id="c-after")
-        assert (await bob.recv_type("chat"))["payload"] == "after"  # the refused one never came
         receipt = await alice.recv_type("delivery_receipt")
         assert (receipt["client_msg_id"], receipt["delivered"]) == ("c-after", True)
+        await bob.recv_type("chat", payload="after")
+        # every socket sees directed chats (the reference's compatibility
+        # routing): the refused one was never routed
+        assert [f["payload"] for f in bob.seen("chat")] == ["to nobody", "after"]
         assert alice.closed is None and bob.closed is None
         assert refused_total(hub, "invalid_field") >= 1
         for probe in (alice, bob):
