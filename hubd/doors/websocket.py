@@ -6,7 +6,8 @@ session (authentication, the registration deadline). Inbound frames are
 decoded and held to their verb's field rules here (sans-IO wire layer:
 hubd/wire/codec.py, hubd/wire/fields.py) and handed to the Router as commands
 naming this endpoint by id; a frame that cannot be decoded or breaks a rule is
-answered here with a typed error and the socket stays open. Outbound messages arrive door-neutral;
+answered here with a typed error and the socket stays open (on a secured hub,
+a refused first frame closes it 4010). Outbound messages arrive door-neutral;
 each is framed once for every socket that gets it (`ws_text`, cached on the
 message). A queue that overflows or a write that cannot drain within the
 deadline closes the socket with 1013 (a stalled one gets a graceful attempt
@@ -271,12 +272,16 @@ class Connection:
 
     def _refuse(self, frame: dict | None, text: str, code: str, field: str | None = None) -> None:
         """A frame the wire layer refuses: a typed answer to this socket only
-        (hubd/wire/fields.py `refusal`); the Router never sees the frame."""
+        (hubd/wire/fields.py `refusal`); the Router never sees the frame. The
+        socket stays open, unless it has not authenticated yet: a secured
+        hub's first frame must be a well-formed one carrying the token."""
         metrics = self.hub.metrics
         metrics.count_in("invalid")
         metrics.count_refused(code)
         answer = refusal(self.hub.hub_id, frame, text, code, time.time(), field)
         self.send(text_frame(codec.encode(answer)))
+        if not self.authenticated:
+            self.close(CLOSE_AUTH, "auth required")
 
     async def run(self) -> None:
         hub = self.hub
@@ -295,8 +300,6 @@ class Connection:
                     frame = codec.decode_frame(data)
                     if type(frame) is not dict:
                         self._refuse(frame.frame, frame.text, frame.code)
-                        if not self.authenticated:
-                            self.close(CLOSE_AUTH, "auth required")
                         continue
                     bad = check_fields(frame)
                     if bad is not None:

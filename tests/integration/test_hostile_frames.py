@@ -156,7 +156,8 @@ def test_a_frame_with_a_duplicate_key_is_refused_at_any_depth(hub):
 
 def test_two_tokens_in_one_frame_authenticate_nobody(tmp_path):
     """Last-wins parsing would admit `{"token":"wrong","token":"right"}`; the
-    refusal is the malformed first frame's: an error, then close 4010."""
+    refusal is the malformed first frame's: an error, then close 4010 (no
+    welcome: a secured hub says nothing else before the token)."""
     secured = hubd_process(tmp_path, "--token", "s3cret").start()
     try:
         async def case():
@@ -169,6 +170,13 @@ def test_two_tokens_in_one_frame_authenticate_nobody(tmp_path):
                 assert [f["type"] for f in probe.frames] == ["error"]
                 assert probe.frames[0]["error_code"] == "duplicate_key"
                 await probe.close()
+            # so is one whose field breaks its rule, right token or not
+            probe = await WsProbe.open(secured.url)
+            await probe.send_text('{"sender":"h4/x","type":"heartbeat","token":"s3cret",'
+                                  '"roles":"reviewer"}')
+            assert (await probe.wait_closed()).code == 4010
+            assert [(f["type"], f["field"]) for f in probe.frames] == [("error", "roles")]
+            await probe.close()
             honest = await WsProbe.open(secured.url)
             await honest.register("h4/x", token="s3cret")
             await honest.recv_type("welcome")
