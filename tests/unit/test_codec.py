@@ -211,3 +211,13 @@ def test_duplicates_are_found_exactly_as_a_pairs_parser_finds_them(text):
             assert isinstance(result, DecodeError) and result.code == codec.CODE_DUPLICATE_KEY
         else:
             assert result == json.loads(text)
+
+
+def test_a_trusted_peers_deep_answer_is_checked_without_raising():
+    """max_depth=None (a pinned peer's answers): orjson nests to 1024, deeper
+    than the exact duplicate check can follow; refused, never raised."""
+    deep = '{"a":"x:y","a":' + '{"b":' * 1000 + "1" + "}" * 1000 + "}"
+    assert decode_frame(deep, max_depth=None) == DecodeError(MALFORMED_JSON,
+                                                             codec.CODE_MALFORMED_JSON)
+    shallow = '{"a":"x:y","b":' + '{"c":' * 100 + "1" + "}" * 100 + "}"
+    assert isinstance(decode_frame(shallow, max_depth=None), dict)
