@@ -236,7 +236,7 @@ def check_fields(frame: dict) -> FieldError | None:
     for name, value in frame.items():
         accepts = checks.get(name)
         if accepts is not None and value is not None and not accepts(value):
-            return _broken(name, rules_of(type_).get(name) or ENVELOPE[name])
+            return _broken(name, rules_of(type_)[name])
     return None
 
 
@@ -262,7 +262,7 @@ def _encodable(value: str) -> bool:
     return True
 
 
-def echoable_id(value) -> str | None:
+def _echoable_id(value) -> str | None:
     """A request_id the refusal may echo: 1-128 UTF-8 bytes without control
     characters (the delivery verbs' own rule for the id they echo)."""
     if type(value) is not str or _CONTROL.search(value) or not _encodable(value):
@@ -285,7 +285,7 @@ def refusal(hub_id: str, frame: dict | None, text_: str, code: str, ts: float,
         sender = frame.get("sender")
         target = sender if type(sender) is str and _encodable(sender) else "all"
         return hub_frame(hub_id, "delivery_refused", target, text_, ts,
-                         request_id=echoable_id(frame.get("request_id")) or "",
+                         request_id=_echoable_id(frame.get("request_id")) or "",
                          reason_code=DELIVERY_INVALID_SHAPE,
                          protocol_version=DELIVERY_WIRE_VERSION, **extra)
     return hub_frame(hub_id, "error", "all", text_, ts, **extra)

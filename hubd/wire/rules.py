@@ -24,8 +24,8 @@ class Rule:
 
 
 def _utf8_len(value: str) -> int:
-    # the decoder has refused lone surrogates: every string here encodes
-    return len(value) if value.isascii() else len(value.encode("utf-8"))
+    # (the decoder refuses lone surrogates; surrogatepass keeps this total anyway)
+    return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
 
 
 def text(max_bytes: int | None = None) -> Rule:

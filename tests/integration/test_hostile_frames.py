@@ -54,12 +54,6 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def nothing_more(probe: WsProbe, type_: str) -> None:
-    """No frame of this type reached the probe (a sentinel chat from itself
-    follows everything routed before it)."""
-    assert not [f for f in await probe.drain(0.3) if f.get("type") == type_]
-
-
 # -- issue 22 item 2: the crash it reports
 
 
