@@ -221,3 +221,42 @@ def test_a_trusted_peers_deep_answer_is_checked_without_raising():
                                                              codec.CODE_MALFORMED_JSON)
     shallow = '{"a":"x:y","b":' + '{"c":' * 100 + "1" + "}" * 100 + "}"
     assert isinstance(decode_frame(shallow, max_depth=None), dict)
+
+
+# half the strings hold a lone surrogate (hypothesis draws none unless asked)
+_any_text = st.text(max_size=4) | st.builds(
+    lambda head, lone, tail: head + lone + tail, st.text(max_size=2),
+    st.characters(categories=["Cs"]), st.text(max_size=2))
+_values_with_surrogates = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | _any_text,
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(_any_text, children, max_size=3), max_leaves=12)
+
+
+def _has_surrogate(value) -> bool:
+    if isinstance(value, str):
+        return any(0xD800 <= ord(c) <= 0xDFFF for c in value)
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(map(_has_surrogate, value))
+    return False
+
+
+@settings(max_examples=600)
+@given(st.dictionaries(_any_text, _values_with_surrogates, max_size=4), st.booleans())
+def test_any_json_object_is_decoded_or_refused_for_its_surrogates_alone(obj, ascii_only):
+    """json.dumps writes a lone surrogate as an escape (ensure_ascii, as the
+    reference client does) or raw; either way it is refused, typed, and
+    nothing else is."""
+    try:
+        text = json.dumps(obj, ensure_ascii=ascii_only)
+        data = text if ascii_only else text.encode("utf-8")
+    except UnicodeEncodeError:  # raw surrogates cannot even be written as UTF-8
+        data = json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    result = decode_frame(data)
+    if _has_surrogate(obj):
+        assert isinstance(result, DecodeError) and result.code == codec.CODE_INVALID_UTF8
+    else:
+        assert result == obj
