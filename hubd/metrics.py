@@ -50,6 +50,8 @@ class HubMetrics:
         self.suspensions = 0
         self.unstorable_events = 0
         self.rows_refused = 0
+        # frames the WebSocket door refused before the Router, by error_code
+        self.frames_refused: dict[str, int] = {}
         self.journal_failures = 0
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
@@ -88,6 +90,10 @@ class HubMetrics:
     def count_in(self, type_: str) -> None:
         frames = self.frames_in
         frames[type_] = frames.get(type_, 0) + 1
+
+    def count_refused(self, code: str) -> None:
+        refused = self.frames_refused
+        refused[code] = refused.get(code, 0) + 1
 
     def observe_commit(self, events: int, seconds: float) -> None:
         self.commit_batch.observe(events)
@@ -210,6 +216,9 @@ class _Collector:
                                   "Events whose row SQLite refused at commit: their command "
                                   "failed alone, a journal_row_refused row holds each seq.",
                                   value=m.rows_refused)
+        yield _by_label("hubd_frames_refused", "Frames the WebSocket door refused before the "
+                        "Router (typed error, socket kept), by error_code.", "code",
+                        m.frames_refused)
         yield CounterMetricFamily("hubd_journal_commit_failures", "Journal commits that failed.",
                                   value=m.journal_failures)
         yield CounterMetricFamily("hubd_journal_checkpoints", "WAL checkpoints run beside the writer.",

@@ -3,9 +3,11 @@ that upgrades a request into one.
 
 A Connection owns the socket, its send queue and its place before the
 session (authentication, the registration deadline). Inbound frames are
-decoded here (sans-IO wire layer) and handed to the Router as commands naming
-this endpoint by id; a frame that cannot be decoded is answered here with a
-typed error and the socket stays open. Outbound messages arrive door-neutral;
+decoded and held to their verb's field rules here (sans-IO wire layer:
+hubd/wire/codec.py, hubd/wire/fields.py) and handed to the Router as commands
+naming this endpoint by id; a frame that cannot be decoded or breaks a rule is
+answered here with a typed error and the socket stays open (on a secured hub,
+a refused first frame closes it 4010). Outbound messages arrive door-neutral;
 each is framed once for every socket that gets it (`ws_text`, cached on the
 message). A queue that overflows or a write that cannot drain within the
 deadline closes the socket with 1013 (a stalled one gets a graceful attempt
@@ -30,7 +32,8 @@ from hubd.http.closing import (GRACEFUL_CLOSE_SECONDS, HubWebSocket, close_frame
                                lingering_shutdown)
 from hubd.http.guard import guard
 from hubd.wire import codec
-from hubd.wire.envelope import check_routing_fields, error_frame, hub_frame
+from hubd.wire.envelope import hub_frame
+from hubd.wire.fields import check_fields, refusal
 from hubd.wire.wsframe import text_frame
 
 log = structlog.get_logger("hubd.connection")
@@ -267,8 +270,18 @@ class Connection:
 
     # -- receive side
 
-    def _reply_error(self, text: str, target: str = "all") -> None:
-        self.send(text_frame(codec.encode(error_frame(self.hub.hub_id, target, text, time.time()))))
+    def _refuse(self, frame: dict | None, text: str, code: str, field: str | None = None) -> None:
+        """A frame the wire layer refuses: a typed answer to this socket only
+        (hubd/wire/fields.py `refusal`); the Router never sees the frame. The
+        socket stays open, unless it has not authenticated yet: a secured
+        hub's first frame must be a well-formed one carrying the token."""
+        metrics = self.hub.metrics
+        metrics.count_in("invalid")
+        metrics.count_refused(code)
+        answer = refusal(self.hub.hub_id, frame, text, code, time.time(), field)
+        self.send(text_frame(codec.encode(answer)))
+        if not self.authenticated:
+            self.close(CLOSE_AUTH, "auth required")
 
     async def run(self) -> None:
         hub = self.hub
@@ -286,15 +299,11 @@ class Connection:
                     hub.metrics.frames_in_bytes += len(data)
                     frame = codec.decode_frame(data)
                     if type(frame) is not dict:
-                        hub.metrics.count_in("invalid")
-                        self._reply_error(frame.text)
-                        if not self.authenticated:
-                            self.close(CLOSE_AUTH, "auth required")
+                        self._refuse(frame.frame, frame.text, frame.code)
                         continue
-                    bad = check_routing_fields(frame)
+                    bad = check_fields(frame)
                     if bad is not None:
-                        hub.metrics.count_in("invalid")
-                        self._reply_error(bad.text)
+                        self._refuse(frame, bad.text, bad.code, bad.field)
                         continue
                     hub.metrics.count_in(frame.get("type") or "chat")
                     if not self.authenticated:

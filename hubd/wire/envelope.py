@@ -1,4 +1,5 @@
-"""The JSON envelope: field rules for inbound frames and builders for hub frames.
+"""The JSON envelope: reading inbound frames and building hub frames (the
+field rules every inbound frame is held to are hubd/wire/fields.py).
 
 Every frame is `{sender, target, type, payload, timestamp, ...extra}`; frames the
 hub originates carry `sender: "SynapseHub"` and `hub_id`.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
 HUB_SENDER = "SynapseHub"
 BROADCAST = "all"
@@ -22,26 +22,10 @@ SYSTEM = "System"
 # between hubs and negotiated on the peer link, not by this number.)
 PROTOCOL_VERSION = 3
 
-ROUTING_FIELDS = ("sender", "target", "type", "channel")
-
 RESERVED_NAMES = frozenset({HUB_SENDER})
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_NAME_BYTES = 256
 MAX_CLIENT_MSG_ID_BYTES = 256
-
-
-@dataclass(frozen=True, slots=True)
-class EnvelopeError:
-    text: str
-
-
-def check_routing_fields(frame: dict) -> EnvelopeError | None:
-    """Routing fields must be strings when present; payload is free-form."""
-    for name in ROUTING_FIELDS:
-        value = frame.get(name)
-        if value is not None and not isinstance(value, str):
-            return EnvelopeError(f"Malformed frame: '{name}' must be a string.")
-    return None
 
 
 def frame_type(frame: dict) -> str:

@@ -1,15 +1,7 @@
-"""The wire vocabulary: frame types a client may send (used to bound metric
-labels; the Router's handler table decides what is actually served)."""
+"""The wire vocabulary: the frame types the hub serves, one per field-rule
+table (hubd/wire/fields.py; a unit test holds them to the handlers a composed
+hub installs). It bounds the metric labels of frames received."""
 
-CLIENT_TYPES = frozenset({
-    "chat", "heartbeat", "ack",
-    "who_request", "state_request", "history_request", "resume_request",
-    "claim", "release", "task_update", "handoff", "checkpoint", "wait_request", "resource",
-    "ledger_task", "ledger_task_update", "ledger_progress", "board_request",
-    "advertise", "manifest_request",
-    "delivery_request", "delivery_status_request", "delivery_cancel",
-    "delivery_boundary", "delivery_ack", "delivery_outcome",
-    "multihub_message_forward", "multihub_log_request", "multihub_claim_request",
-})
+from .fields import VERB_FIELDS
 
-KNOWN_TYPES = CLIENT_TYPES
+KNOWN_TYPES = frozenset(VERB_FIELDS)
