@@ -13,7 +13,6 @@ Time is never read here: a decision gets `now`; apply uses the event's ts.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 from collections import OrderedDict
 from itertools import islice
@@ -21,7 +20,6 @@ from dataclasses import dataclass, field
 
 from hubd.state.events import CHAT
 from hubd.state.hub import Appliers
-from hubd.wire.redsyn.canonical import canonical_bytes
 from hubd.wire.redsyn.envelope import (DEFAULT_TTL, Address, Incoming, RedsynError, Topic, b64url,
                        parse_address, parse_topic)
 from hubd.wire.redsyn.signing import fingerprint, verify_arrival
@@ -515,11 +513,6 @@ def _session(state: RedsynState, agent: str, thread: str, planned: dict,
     return session
 
 
-def content_digest(incoming: Incoming) -> str:
-    return hashlib.sha256(canonical_bytes({**incoming.fields, "files_sha256":
-                                           incoming.files_sha256})).hexdigest()
-
-
 def decide_post(state: RedsynState, node: Node, incoming: Incoming, now: float,
                 limits: Limits = Limits(), new_id=None, seat_of=None) -> Decision:
     """POST /messages: validate against the state, resolve, and store.
@@ -530,7 +523,7 @@ def decide_post(state: RedsynState, node: Node, incoming: Incoming, now: float,
     Decision.chats: the door routes each as a chat from the sender."""
     fields = incoming.fields
     id_ = fields.get("id")
-    digest = content_digest(incoming)
+    digest = incoming.digest
     if id_ is not None and id_ in state.messages:
         known = state.messages[id_]
         if known.person == node.person and known.digest == digest:

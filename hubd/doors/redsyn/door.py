@@ -30,6 +30,7 @@ from hubd.wire.targets import parse_remote
 from hubd.state import redsyn as mb
 from hubd.wire.redsyn import envelope as wire
 from hubd.wire.redsyn.envelope import API_VERSION, KNOWN_VERSIONS, RedsynError
+from hubd.wire.redsyn.json_text import decode_body
 from hubd.wire.redsyn.webhook import signature_header
 
 from .nodes import node_of
@@ -233,7 +234,13 @@ class RedsynDoor:
             raise RedsynError(413, f"the request is larger than {wire.MAX_REQUEST_BYTES} bytes")
         chunks, size = [], 0
         while True:
-            chunk = await request.content.read(65536)
+            try:
+                chunk = await request.content.read(65536)
+            except ConnectionError:
+                # The client went away mid-body: nobody reads this answer (aiohttp
+                # drops it), but the request is refused, not a traceback.
+                raise RedsynError(400, "the client closed the connection before its body "
+                                       "arrived") from None
             if not chunk:
                 break
             size += len(chunk)
@@ -242,10 +249,7 @@ class RedsynDoor:
                                        f"{wire.MAX_REQUEST_BYTES} bytes")
             chunks.append(chunk)
         data = b"".join(chunks)
-        try:
-            return json.loads(data) if data else {}, len(data)
-        except (ValueError, RecursionError):
-            raise RedsynError(400, "the request body is not JSON") from None
+        return decode_body(data), len(data)
 
     async def _route(self, request: web.Request, node: mb.Node) -> web.Response:
         path = request.match_info["tail"]
