@@ -10,17 +10,17 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from hubd.wire.redsyn import e2e, signing, webhook
+from hubd.wire.redsyn import e2e, signing
 from hubd.wire.redsyn.envelope import b64url
 from tests.support.procs import hubd_process
 from tests.support.redsyn_client import Client, login
+from tests.support.webhook_listener import Hook
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
@@ -299,36 +299,6 @@ def test_leases_ten_takes_expiry_and_cancel(hub):
     [taken] = hub.joel.take(worker)
     assert hub.ana.call("DELETE", "/messages/cancel-2").status == 409
     hub.joel.ack(worker, [taken["id"]])
-
-
-class Hook:
-    """A webhook endpoint on loopback: records each delivery and whether it
-    was genuine by the seed's check; answers with the status it is told."""
-
-    def __init__(self, secret: str, status: int):
-        self.secret, self.status, self.deliveries = secret, status, []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                hook.deliveries.append((headers, body, webhook.genuine(
-                    headers, body, hook.secret, time.time())))
-                self.send_response(hook.status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def wait_for(predicate, rounds=400):

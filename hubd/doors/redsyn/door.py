@@ -22,7 +22,7 @@ import uuid
 from collections import defaultdict
 
 import structlog
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 from hubd.core.endpoints import next_endpoint_id
 from hubd.handlers.chat import route_chat
@@ -34,6 +34,7 @@ from hubd.wire.redsyn.json_text import decode_body
 from hubd.wire.redsyn.webhook import signature_header
 
 from .nodes import node_of
+from .webhook_socket import guarded_socket_factory
 
 log = structlog.get_logger("hubd.redsyn")
 
@@ -379,7 +380,10 @@ class RedsynDoor:
         agent, at most WEBHOOK_PARALLEL agents at once."""
         busy: set[str] = set()
         slots = asyncio.Semaphore(WEBHOOK_PARALLEL)
-        async with ClientSession(timeout=ClientTimeout(total=WEBHOOK_TIMEOUT)) as http:
+        connector = TCPConnector(
+            socket_factory=guarded_socket_factory(self.allow_loopback_webhooks))
+        async with ClientSession(timeout=ClientTimeout(total=WEBHOOK_TIMEOUT),
+                                 connector=connector) as http:
             while True:
                 try:
                     await asyncio.wait_for(self._webhook_wake.wait(), 1.0)
@@ -416,13 +420,16 @@ class RedsynDoor:
                                "Redsyn-Signature": signature_header(hook["secret"], t, body),
                                VERSION_HEADER: API_VERSION, "Redsyn-Delivery": item["id"]}
                     try:
-                        async with http.post(hook["url"], data=body, headers=headers) as answer:
+                        # a redirect is an answer, not 2xx: never followed (it
+                        # could point anywhere, the hub's own network included)
+                        async with http.post(hook["url"], data=body, headers=headers,
+                                             allow_redirects=False) as answer:
                             ok = 200 <= answer.status < 300
                             outcome = str(answer.status)
                     except (OSError, asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001
                         # Any failure to get a 2xx is a failed attempt (the seed:
                         # "any other answer, or none"); it is logged and retried.
-                        ok, outcome = False, type(exc).__name__
+                        ok, outcome = False, f"{type(exc).__name__}: {exc}"[:300]
                     attempts = self.hub.metrics.redsyn_webhook_attempts
                     attempts[ok] = attempts.get(ok, 0) + 1
                     if ok:
