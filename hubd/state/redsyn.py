@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from hubd.state.events import CHAT
 from hubd.state.hub import Appliers
+from hubd.state.principals import Principal
 from hubd.wire.redsyn.envelope import (DEFAULT_TTL, Address, Incoming, RedsynError, Topic, b64url,
                        parse_address, parse_topic)
 from hubd.wire.redsyn.signing import fingerprint, verify_arrival
@@ -63,6 +64,10 @@ class Node:
     """The caller: the node a bearer token names."""
     id: str        # person:machine
     person: str    # org/team/user
+    # the principal whose token it is: the node speaks for the agents of its
+    # person that are its principal's seats. None only for the hub's own
+    # webhook pusher, which acts for one agent the door already chose.
+    principal: Principal | None = None
 
 
 @dataclass
@@ -379,9 +384,26 @@ def own_agent(node: Node, address: str) -> Address:
     agent = parse_address(address, what="agent address")
     if agent.session is not None:
         raise RedsynError(400, "an agent address here has no #session")
+    check_speaks_for(node, agent)
+    return agent
+
+
+def speaks_for(node: Node, agent: str) -> bool:
+    """Whether the node may act as this agent (announce, take, ack,
+    subscribe, send from it, cancel what it sent): an agent of its person
+    that is one of its principal's seats."""
+    if agent.rpartition("/")[0] != node.person:
+        return False
+    return node.principal is None or node.principal.speaks_for(agent)
+
+
+def check_speaks_for(node: Node, agent: Address) -> None:
     if agent.person != node.person:
         raise forbidden(f"this node speaks for the agents of {node.person}, not {agent}")
-    return agent
+    if not speaks_for(node, agent.agent_address):
+        principal = node.principal
+        raise forbidden(f"principal '{principal.name}' may not speak for {agent.agent_address} "
+                        f"(its seats: {', '.join(principal.seats)})")
 
 
 def decide_key(state: RedsynState, node: Node, doc: dict) -> Decision:
@@ -521,6 +543,7 @@ def decide_post(state: RedsynState, node: Node, incoming: Incoming, now: float,
     address that is not a REDSYN agent, or None. A message to such a seat is
     stored (so its reply can close it) and handed to the chat path as
     Decision.chats: the door routes each as a chat from the sender."""
+    check_speaks_for(node, incoming.sender)
     fields = incoming.fields
     id_ = fields.get("id")
     digest = incoming.digest
@@ -817,8 +840,8 @@ def decide_cancel(state: RedsynState, node: Node, id_: str) -> Decision:
     message = state.messages.get(id_)
     if message is None or message.cancelled:
         raise RedsynError(404, f"no message {id_}")
-    if message.person != node.person:
-        raise forbidden(f"message {id_} was sent by another person")
+    if message.person != node.person or not speaks_for(node, request_asker(message)):
+        raise forbidden(f"message {id_} was sent by an agent this node does not speak for")
     if message.envelope["kind"] != "request":
         raise RedsynError(409, f"only a request can be taken back; {id_} is a "
                                f"{message.envelope['kind']}")
@@ -889,10 +912,10 @@ def files_of(state: RedsynState, node: Node, id_: str) -> bytes:
     message = state.messages.get(id_)
     if message is None:
         raise RedsynError(404, f"no message {id_}")
-    allowed = message.person == node.person or any(
-        agent.startswith(node.person + "/") for agent in message.recipients)
+    allowed = (message.person == node.person and speaks_for(node, request_asker(message))) \
+        or any(speaks_for(node, agent) for agent in message.recipients)
     if not allowed:
-        raise forbidden(f"message {id_} is not for an agent of {node.person}")
+        raise forbidden(f"message {id_} is neither from nor for an agent this node speaks for")
     if "files" not in message.envelope:
         raise RedsynError(404, f"message {id_} has no files")
     if message.files is None:

@@ -11,6 +11,7 @@ import time
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from hubd.journal import principals as store
 from hubd.wire.redsyn.envelope import b64url
 from tests.support.procs import hubd_process
 from tests.support.redsyn_client import Client, login
@@ -127,3 +128,42 @@ def test_a_null_sig_from_a_node_with_a_key_is_an_unsigned_message(hub):
     refused = joel.send({"id": "nullsig-2", "kind": "request", "from": "cli", "to": box,
                          "body": {"type": "text/plain", "text": "x"}, "sig": None})
     assert refused.status == 403, refused.body
+
+
+def test_a_token_speaks_only_for_its_principals_seats(tmp_path):
+    """`hubd principal add acme/dev/kim --seat acme/dev/kim/laptop`: its token
+    is a REDSYN node of the person acme/dev/kim that announces, takes, acks,
+    subscribes and sends as that seat only (issue 30 item 4)."""
+    db = tmp_path / "hubd.db"
+    store.add(db, "acme/dev/kim", ["acme/dev/kim/laptop"])
+    kim = store.new_token(db, "acme/dev/kim", "laptop")
+    ana_token = login(db, ANA, "laptop")
+    proc = hubd_process(tmp_path, db=db).start()
+    try:
+        node, ana = Client(proc.http_url, kim), Client(proc.http_url, ana_token)
+        mine, other = "acme/dev/kim/laptop", "acme/dev/kim/other"
+        assert ana.send({"id": "for-other", "kind": "request", "from": "cli", "to": other,
+                         "body": {"type": "text/plain", "text": "x"}}).status == 201
+        refused = [
+            node.announce(other),
+            node.call("GET", f"/inbox/{other}"),
+            node.ack(other, ["for-other"]),
+            node.call("POST", "/topics/acme/dev/news/subscribe", {"agent": other}),
+            node.send({"kind": "request", "from": other, "to": mine,
+                       "body": {"type": "text/plain", "text": "x"}}),
+            node.send({"kind": "request", "from": "other", "to": mine,
+                       "body": {"type": "text/plain", "text": "x"}}),
+        ]
+        for answer in refused:
+            assert answer.status == 403, (answer.status, answer.body)
+            assert "acme/dev/kim/laptop" in answer.json["error"]
+        # its own seat works on every endpoint
+        assert node.announce(mine).status == 200
+        assert node.call("POST", "/topics/acme/dev/news/subscribe", {"agent": mine}).status == 200
+        sent = node.send({"id": "from-laptop", "kind": "request", "from": "laptop",
+                          "to": f"{ANA}/cli", "body": {"type": "text/plain", "text": "hi"}})
+        assert sent.status == 201, sent.body
+        [got] = ana.take_until(f"{ANA}/cli", 1)
+        assert got["from"].startswith(mine + "#")
+    finally:
+        proc.stop()
