@@ -26,6 +26,7 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 from hubd.core.endpoints import next_endpoint_id
 from hubd.handlers.chat import route_chat
+from hubd.http.guard import guard
 from hubd.wire.targets import parse_remote
 from hubd.state import redsyn as mb
 from hubd.wire.redsyn import envelope as wire
@@ -204,6 +205,9 @@ class RedsynDoor:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         version = request.headers.get(VERSION_HEADER, API_VERSION)
         try:
+            refused = guard(self.hub, request)  # DNS rebinding, browsers: as every path
+            if refused is not None:
+                raise RedsynError(refused.status, refused.text.strip())
             if version not in KNOWN_VERSIONS:
                 raise RedsynError(400, f"unknown {VERSION_HEADER} {version!r}; known: "
                                        f"{', '.join(KNOWN_VERSIONS)}", known=list(KNOWN_VERSIONS))
