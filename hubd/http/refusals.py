@@ -77,7 +77,6 @@ class ServerLog(logging.Logger):
     def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False,
              stacklevel=1):
         exc = exc_info if isinstance(exc_info, BaseException) else None
-        text = msg % args if args else str(msg)
         if exc is None and level < logging.WARNING:
             return  # aiohttp's debug notes (a premature disconnect it already handled)
         kind = kind_of(exc) if exc is not None else None
@@ -89,12 +88,20 @@ class ServerLog(logging.Logger):
             return
         fields = {"suppressed": held} if held else {}
         if kind in (MALFORMED, CLIENT_GONE):
-            log.info("http request refused", reason=kind, detail=_detail(exc), what=text,
-                     **fields)
+            # aiohttp's words ("Error handling request from %s") name only the peer
+            log.info("http request refused", reason=kind, detail=_detail(exc),
+                     peer=args[0] if args else None, **fields)
         elif exc is not None:
-            log.error("http handler failed", what=text, exc_info=exc, **fields)
+            log.error("http handler failed", what=_text(msg, args), exc_info=exc, **fields)
         else:
-            log.warning("http server", what=text, **fields)
+            log.warning("http server", what=_text(msg, args), **fields)
+
+
+def _text(msg, args) -> str:
+    try:
+        return str(msg) % args if args else str(msg)
+    except (TypeError, ValueError):
+        return f"{msg} {args!r}"
 
 
 def _detail(exc: BaseException) -> str:
