@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from hubd.state.events import CHAT
 from hubd.state.hub import Appliers
-from hubd.state.principals import Principal
+from hubd.state.redsyn_nodes import Node, check_speaks_for, forbidden, speaks_for
 from hubd.wire.redsyn.envelope import (DEFAULT_TTL, Address, Incoming, RedsynError, Topic, b64url,
                        parse_address, parse_topic)
 from hubd.wire.redsyn.signing import fingerprint, verify_arrival
@@ -57,17 +57,6 @@ class Limits:
     messages_per_day: int = 100_000
     pending_messages: int = 10_000
     pending_bytes: int = 512 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Node:
-    """The caller: the node a bearer token names."""
-    id: str        # person:machine
-    person: str    # org/team/user
-    # the principal whose token it is: the node speaks for the agents of its
-    # person that are its principal's seats. None only for the hub's own
-    # webhook pusher, which acts for one agent the door already chose.
-    principal: Principal | None = None
 
 
 @dataclass
@@ -376,34 +365,12 @@ _APPLY = {KEY: _apply_key, ANNOUNCE: _apply_announce, MESSAGE: _apply_message,
 # -- decisions
 
 
-def forbidden(error: str, **extra) -> RedsynError:
-    return RedsynError(403, error, **extra)
-
-
 def own_agent(node: Node, address: str) -> Address:
     agent = parse_address(address, what="agent address")
     if agent.session is not None:
         raise RedsynError(400, "an agent address here has no #session")
     check_speaks_for(node, agent)
     return agent
-
-
-def speaks_for(node: Node, agent: str) -> bool:
-    """Whether the node may act as this agent (announce, take, ack,
-    subscribe, send from it, cancel what it sent): an agent of its person
-    that is one of its principal's seats."""
-    if agent.rpartition("/")[0] != node.person:
-        return False
-    return node.principal is None or node.principal.speaks_for(agent)
-
-
-def check_speaks_for(node: Node, agent: Address) -> None:
-    if agent.person != node.person:
-        raise forbidden(f"this node speaks for the agents of {node.person}, not {agent}")
-    if not speaks_for(node, agent.agent_address):
-        principal = node.principal
-        raise forbidden(f"principal '{principal.name}' may not speak for {agent.agent_address} "
-                        f"(its seats: {', '.join(principal.seats)})")
 
 
 def decide_key(state: RedsynState, node: Node, doc: dict) -> Decision:

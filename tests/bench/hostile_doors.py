@@ -7,6 +7,7 @@ complete). Run under `flock /work/wt/bench.lock`:
 
     python -m tests.bench.hostile_doors --seed 1 --duration 60
     python -m tests.bench.hostile_doors --seed 7 --duration 60 --keep /tmp/run7
+    python -m tests.bench.hostile_doors --seed 1 --duration 30 --flood 300
 """
 
 from __future__ import annotations
@@ -31,13 +32,16 @@ def main() -> int:
     parser.add_argument("--redsyn-workers", type=int, default=4)
     parser.add_argument("--broker-workers", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=3, help="valid round-trip pairs per door")
+    parser.add_argument("--flood", type=int, default=0, metavar="N",
+                        help="also hold N broker connections that never authenticate")
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (journal, log)")
     args = parser.parse_args()
     workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="hostile-"))
     try:
         summary = asyncio.run(run(args.seed, args.duration, workdir,
                                   redsyn_workers=args.redsyn_workers,
-                                  broker_workers=args.broker_workers, pairs=args.pairs))
+                                  broker_workers=args.broker_workers, pairs=args.pairs,
+                                  flood=args.flood))
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -25,3 +25,4 @@ async def test_a_seeded_hostile_run_breaks_no_rule_of_either_door(tmp_path):
     assert summary.broker_hostile["bad_request"] > 0 and summary.broker_hostile["ok"] > 0, report
     assert summary.redsyn_trips["completed"] >= 3 and summary.broker_trips["completed"] >= 3, \
         report
+    assert summary.broker_one_shots["completed"] >= 3, report
