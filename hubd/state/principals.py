@@ -372,7 +372,7 @@ def admission_refusal(table: PrincipalTable, credential: str | None, peer_host: 
     if not table.tokenless:
         return "Authentication token required."
     if table.held(seat):
-        return (f"Seat '{seat}' belongs to a principal: it needs that principal's token.")
+        return f"Seat '{seat}' belongs to a principal: it needs that principal's token."
     if open_network or _is_loopback(peer_host):
         return None
     return ("This hub has no --token, so it admits agents without a token from loopback "

@@ -54,10 +54,10 @@ def hostile_value(rng: random.Random, depth: int = 0):
 
 
 def encode_hostile(value) -> bytes:
-    """JSON text of a value with lone surrogates and non-finite numbers, as a
-    client other than Python's encoder would send them."""
-    return json.dumps(value).encode("utf-8", "surrogatepass").replace(
-        b"Infinity", b"1e400").replace(b"NaN", b"NaN")
+    """JSON text of a value, lone surrogates as `\\ud800` escapes, infinity
+    as 1e400 and NaN as `NaN` (which JSON does not have), as a client other
+    than Python's encoder would send them."""
+    return json.dumps(value).encode("utf-8", "surrogatepass").replace(b"Infinity", b"1e400")
 
 
 ENVELOPE_FIELDS = ("v", "id", "kind", "from", "to", "thread", "reply_to", "ts", "ttl", "body",
@@ -87,9 +87,10 @@ def hostile_envelope(rng: random.Random) -> bytes:
 
 
 RAW_BODIES = [b"", b"[]", b"null", b'"x"', b"{", b'{"v": 1,', b"\xff\xfe", b"\xef\xbb\xbf{}",
-              b'{"description": "\xed\xa0\x80"}', b'{"listening": true, "description": "\xed\xb0\x80"}',
-              b'{"a": NaN}', b'{"a": -Infinity}', b"[" * 100_000, b'{"ids": [' + b"1," * 5000 + b"1]}",
-              b'{"\xc0\xaf": 1}', b"\x00" * 64]
+              b'{"description": "\xed\xa0\x80"}',
+              b'{"listening": true, "description": "\xed\xb0\x80"}',
+              b'{"a": NaN}', b'{"a": -Infinity}', b"[" * 100_000,
+              b'{"ids": [' + b"1," * 5000 + b"1]}", b'{"\xc0\xaf": 1}', b"\x00" * 64]
 
 
 def redsyn_case(rng: random.Random, tokens: dict) -> tuple[str, str, str, dict, bytes | None]:
