@@ -6,13 +6,13 @@ raw TCP."""
 from __future__ import annotations
 
 import math
-import re
 import socket
 import time
 
 from hubd.http.refusals import MAX_LINES, WINDOW_SECONDS
 from tests.support.procs import hubd_process
 from tests.support.redsyn_client import Client, login
+from tests.support.waiting import wait_for
 
 MALFORMED = [
     b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Bad: a\x01b\r\n\r\n",  # control char
@@ -42,18 +42,6 @@ def gone_mid_body(port: int, token: str) -> None:
                   b'{"v": 1, "')
 
 
-def metric(proc, name: str) -> float:
-    found = re.search(rf"^{re.escape(name)} (\S+)$", proc.get_text("/metrics"), re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def wait_until(predicate, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_refused_requests_log_one_line_each_rate_limited_and_no_traceback(tmp_path):
     db = tmp_path / "hubd.db"
     token = login(db, "acme/dev/joel", "laptop")
@@ -67,12 +55,12 @@ def test_refused_requests_log_one_line_each_rate_limited_and_no_traceback(tmp_pa
             gone_mid_body(proc.port, token)
         # every malformed request was answered (exchange read it); the cut
         # bodies are answered 400 to nobody (or, were they not, logged)
-        wait_until(lambda: metric(proc, 'hubd_redsyn_requests_total{code="400"}') >= 5
-                   or "Error handling request" in proc.log(), "the cut bodies' answers")
+        wait_for(lambda: proc.metric('hubd_redsyn_requests_total{code="400"}') >= 5
+                 or "Error handling request" in proc.log(), what="the cut bodies' answers")
         elapsed = time.monotonic() - started
         # the listener still serves
         assert Client(proc.http_url, token).call("GET", "/inbox/acme/dev/joel/x").status == 200
-        refused = metric(proc, 'hubd_http_refused_total{reason="malformed"}')
+        refused = proc.metric('hubd_http_refused_total{reason="malformed"}')
     finally:
         proc.stop()
     log = proc.log()

@@ -144,20 +144,15 @@ def test_bad_input_gets_its_status_and_changes_nothing(hub):
     assert hub.joel.call("GET", f"/inbox/{box}?lease=0").status == 400
 
 
-def metric(proc, name: str) -> float:
-    found = re.search(rf"^{re.escape(name)} (\S+)$", proc.get_text("/metrics"), re.M)
-    return float(found.group(1)) if found else 0.0
-
-
 def test_open_polls_are_bounded_per_node_and_counted_on_metrics(hub):
     """A node holds at most 16 open long polls; the 17th is 429, and /metrics
     counts it, beside the door's answers by status code."""
     from hubd.doors.redsyn.door import MAX_POLLS_PER_NODE
 
     box = "globex/erp/bob/poller"
-    refused_before = metric(hub.proc, "hubd_redsyn_polls_refused_total")
+    refused_before = hub.proc.metric("hubd_redsyn_polls_refused_total")
     answered_429 = 'hubd_redsyn_requests_total{code="429"}'
-    codes_before = metric(hub.proc, answered_429)
+    codes_before = hub.proc.metric(answered_429)
     # 17 long polls at once: the bound refuses exactly one of them (and that
     # 429 proves the other 16 were all open at that moment). A probe poll
     # beside them would race them for the 16th place.
@@ -179,9 +174,9 @@ def test_open_polls_are_bounded_per_node_and_counted_on_metrics(hub):
     for poll in polls:
         poll.join(timeout=60)
     assert sorted(statuses) == [200] * MAX_POLLS_PER_NODE + [429]
-    assert metric(hub.proc, "hubd_redsyn_polls_refused_total") == refused_before + 1
-    assert metric(hub.proc, answered_429) == codes_before + 1
-    assert metric(hub.proc, 'hubd_redsyn_requests_total{code="200"}') >= MAX_POLLS_PER_NODE
+    assert hub.proc.metric("hubd_redsyn_polls_refused_total") == refused_before + 1
+    assert hub.proc.metric(answered_429) == codes_before + 1
+    assert hub.proc.metric('hubd_redsyn_requests_total{code="200"}') >= MAX_POLLS_PER_NODE
     # the node's polls are free again
     assert hub.bob.call("GET", f"/inbox/{box}?wait=0").status == 200
 

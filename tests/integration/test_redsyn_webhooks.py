@@ -6,13 +6,11 @@ never followed. Every listener is on loopback: nothing is sent anywhere else."""
 
 from __future__ import annotations
 
-import re
-import time
-
 import pytest
 
 from tests.support.procs import hubd_process
 from tests.support.redsyn_client import Client, login
+from tests.support.waiting import wait_for
 from tests.support.webhook_listener import Hook
 
 JOEL = "acme/dev/joel"
@@ -29,16 +27,7 @@ MORE_SPELLINGS = ["https://2130706433/", "https://0x7f000001/", "https://[::1]/"
 
 
 def failed_attempts(proc) -> float:
-    found = re.search(r'^hubd_redsyn_webhook_attempts_total\{outcome="failed"\} (\S+)$',
-                      proc.get_text("/metrics"), re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def wait_until(predicate, what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+    return proc.metric('hubd_redsyn_webhook_attempts_total{outcome="failed"}')
 
 
 def test_every_spelling_of_an_address_is_refused_at_announce_time(tmp_path):
@@ -99,8 +88,8 @@ def test_a_webhook_that_leads_to_loopback_is_never_contacted(tmp_path, hooks):
                              "body": {"type": "text/plain", "text": "x"}})
             assert sent.status == 201, sent.body
         # at least four attempts each (or, were the guard missing, a connection)
-        wait_until(lambda: failed_attempts(proc) >= 2 * 4 or listener.connections,
-                   "the hub's webhook attempts")
+        wait_for(lambda: failed_attempts(proc) >= 2 * 4 or listener.connections,
+                 timeout=60, what="the hub's webhook attempts")
         assert listener.connections == [] and listener.deliveries == []
         refused = [line for line in proc.log().splitlines()
                    if "webhook delivery failed" in line and "address refused" in line]
@@ -126,8 +115,8 @@ def test_a_redirect_is_never_followed(tmp_path, hooks):
         assert ana.send({"id": "moved-1", "kind": "request", "from": "cli",
                          "to": f"{JOEL}/moved",
                          "body": {"type": "text/plain", "text": "x"}}).status == 201
-        wait_until(lambda: failed_attempts(proc) >= 3 or elsewhere.connections,
-                   "three attempts")
+        wait_for(lambda: failed_attempts(proc) >= 3 or elsewhere.connections,
+                 timeout=60, what="three attempts")
         assert elsewhere.connections == []
         assert len(redirecting.deliveries) >= 3
         assert all(genuine for _, _, genuine in redirecting.deliveries)

@@ -266,8 +266,10 @@ class Run:
                     if answer is None:
                         break
                     last = self._broker_answer(answer, data[:200])
-            except (OSError, asyncio.TimeoutError) as exc:
-                self.summary.broker_hostile[f"closed ({type(exc).__name__})"] += 1
+            except OSError as exc:  # writing to a connection the hub closed
+                self.summary.broker_hostile[f"closed after {last} ({type(exc).__name__})"] += 1
+                if last not in CLOSING_CODES:
+                    self.summary.unanswered.append(("broker", f"closed after {last}: {exc!r}"))
             finally:
                 await client.close()
 
