@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
         "this listener; see docs/redsyn.md. Nodes: hubd redsyn login --help.")
     redsyn.add_argument("--no-redsyn", action="store_true", help="do not serve /redsyn/v1")
     redsyn.add_argument("--redsyn-allow-loopback-webhooks", action="store_true",
-                        help="admit http://127.0.0.1 webhook URLs (for tests; off by default)")
+                        help="admit loopback webhook URLs and addresses (127.0.0.1, [::1], "
+                             "localhost; http too), nothing else (for tests; off by default)")
     redsyn.add_argument("--redsyn-webhook-first-retry", type=float, default=10.0,
                         metavar="SECONDS", help="first webhook retry delay, doubling up to an "
                         "hour (default 10, as the seed says; shorter for tests)")

@@ -73,6 +73,9 @@ class HubMetrics:
         # the per-node bound
         self.redsyn_requests: dict[int, int] = {}
         self.redsyn_polls_refused = 0
+        # requests the HTTP listener gave up on before or around a handler
+        # (hubd/http/refusals.py), by reason
+        self.http_refused: dict[str, int] = {}
         self.commit_batch = Histogram(
             "hubd_journal_commit_batch_events", "Events per journal commit (group commit size).",
             buckets=BATCH_SIZE_BUCKETS, registry=self.registry)
@@ -178,6 +181,8 @@ class _Collector:
         yield CounterMetricFamily("hubd_redsyn_polls_refused",
                                   "REDSYN long polls refused (429) because the node already "
                                   "held its bound of open polls.", value=m.redsyn_polls_refused)
+        yield _by_label("hubd_http_refused", "HTTP requests the listener gave up on, by reason "
+                        "(malformed, client_gone, handler_failed).", "reason", m.http_refused)
         yield CounterMetricFamily("hubd_auth_denied", "Connections refused for a missing or wrong token.",
                                   value=m.auth_denied)
         yield CounterMetricFamily("hubd_name_conflicts", "Registrations refused with name_conflict.",

@@ -6,6 +6,7 @@ Used by the `hubd` command and by tests that run a real hub in-process.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import structlog
 from aiohttp import web
@@ -13,6 +14,7 @@ from aiohttp import web
 from hubd.composition import build_hub
 from hubd.config import HubConfig
 from hubd.http.app import make_app
+from hubd.http.refusals import ServerLog
 from hubd.hub import JournalRefused, _Stop
 from hubd.state.principals import PrincipalError
 
@@ -51,7 +53,8 @@ class HubServer:
             await self.hub.shutdown()
             raise StartupError(str(exc)) from exc
         self._runner = web.AppRunner(make_app(self.hub), access_log=None, handle_signals=False,
-                                     shutdown_timeout=2.0)
+                                     shutdown_timeout=2.0,
+                                     logger=ServerLog(self.hub.metrics, time.monotonic))
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, config.host, config.port, backlog=1024,
                                  ssl_context=self.ssl_context)

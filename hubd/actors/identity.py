@@ -51,6 +51,17 @@ def read_principals_file(path: Path, shared_token: str | None) -> PrincipalTable
         raise PrincipalError(f"principals file {path}: {exc}") from None
 
 
+def _change_text(table: PrincipalTable) -> str:
+    if table.open:
+        return "no principals and no tokens left; the hub is open again"
+    if not table.tokenless:
+        return "every agent needs a token (the shared --token, or a principal's)"
+    if table.held_everything:
+        return "a principal holds every seat ('*'): every agent needs a token"
+    return ("principals hold seats now: a seat a principal holds needs its token; agents "
+            "without a token keep every other seat, as before")
+
+
 class IdentityWatch:
     def __init__(self, config):
         self.config = config
@@ -76,7 +87,7 @@ class IdentityWatch:
         else:
             log.info("principals", source=t.source, principals=len(t.principals),
                      shared_token=t.shared is not None,
-                     seats_bound=t.enforcing)
+                     seats_bound=t.enforcing, tokenless=self._tokenless(t))
 
     async def run(self) -> None:
         if self._journal is None:
@@ -94,12 +105,22 @@ class IdentityWatch:
                          tokens=len(table.by_digest))
 
     def summary(self) -> dict:
-        """For /health: where the principals come from and what kind of hub this is."""
+        """For /health: where the principals come from, what kind of hub this
+        is, and who may connect without a token."""
         t = self.table
-        return {"mode": "principals" if t.enforcing else "shared-token" if not t.open
-                else "open-network" if self.config.open_network else "open-loopback",
-                "source": t.source, "principals": len(t.principals),
-                "tokens": len(t.by_digest)}
+        return {"mode": self._mode(t), "tokenless": self._tokenless(t), "source": t.source,
+                "principals": len(t.principals), "tokens": len(t.by_digest)}
+
+    def _mode(self, t: PrincipalTable) -> str:
+        return ("principals" if t.enforcing else "shared-token" if not t.open
+                else "open-network" if self.config.open_network else "open-loopback")
+
+    def _tokenless(self, t: PrincipalTable) -> str:
+        """Where agents without a token may connect from (on the seats no
+        principal holds): nowhere on a hub with a shared --token."""
+        if not t.tokenless:
+            return "refused"
+        return "any-address" if self.config.open_network else "loopback"
 
     def reload(self) -> dict:
         """SIGHUP: re-read the file (PrincipalError, a ValueError: keep the old)."""
@@ -109,7 +130,14 @@ class IdentityWatch:
         return {"principals": len(self.table.principals)}
 
     def _swap(self, table: PrincipalTable) -> None:
-        self.table = table
+        old, self.table = self.table, table
+        if self.router is not None and (self._mode(old), old.held_everything) != \
+                (self._mode(table), table.held_everything):
+            # once per change of kind, not per session it closes (each of
+            # those is logged as it is closed)
+            log.warning("identity changed: " + _change_text(table),
+                        before=self._mode(old), after=self._mode(table),
+                        tokenless=self._tokenless(table))
         if self.router is not None:
             self.router.post_control(revalidate)
 

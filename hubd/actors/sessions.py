@@ -76,7 +76,7 @@ def register(router: Router, session: Session, frame: dict) -> bool:
         return False
     table = router.hub.identity.table
     refused = (admission_refusal(table, session.credential, session.peer_host,
-                                 router.config.open_network)
+                                 router.config.open_network, name)
                or speak_refusal(table, table.credential(session.credential), name))
     if refused is not None:
         _auth_denied(router, session, name, refused)
@@ -105,6 +105,16 @@ def register(router: Router, session: Session, frame: dict) -> bool:
         hook(router, session, frame)
     announce_presence(router, "joined", name)
     return True
+
+
+def credit(router: Router, endpoint: int, principal: str, credential: str) -> None:
+    """An endpoint admitted without a token at connect (a hub without --token
+    welcomes every connection, as an open hub does) proved a token in its
+    first frame: its session speaks as that principal from its registration
+    on, which comes next on the same inbox."""
+    session = router.presence.sessions.get(endpoint)
+    if session is not None and session.name is None:
+        session.principal, session.credential = principal, credential
 
 
 def revalidate(router: Router) -> None:

@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from functools import partial
 
 import structlog
 from aiohttp import WSMsgType, web
 
-from hubd.core.commands import Closed, Inbound, Opened
+from hubd.actors.sessions import credit
+from hubd.core.commands import Call, Closed, Inbound, Opened
 from hubd.core.endpoints import next_endpoint_id
 from hubd.core.message import (CLOSE_AUTH, CLOSE_REGISTRATION_TIMEOUT, CLOSE_TRY_AGAIN,
                                Message)
@@ -57,7 +59,10 @@ class Connection:
         self.hub = hub
         self.principal = f"open-host:{peer_host}"
         self.credential: str | None = None
-        self.authenticated = hub.identity.table.open
+        # A hub without a shared --token welcomes a connection at once, as an
+        # open hub does: agents without a token keep the seats no principal
+        # holds. One with a shared token hears nothing before the token.
+        self.authenticated = hub.identity.table.tokenless
         # set by the TLS layer for peer hubs: the DER client certificate
         self.peer_cert: bytes | None = None
         self.opened_at = time.monotonic()
@@ -311,6 +316,15 @@ class Connection:
                             continue
                         # On a secured hub the welcome comes only now.
                         await inbox.put(self._opened())
+                    elif not self._registered and "token" in frame \
+                            and not hub.identity.table.open:
+                        # welcomed at connect; the first frame's token names
+                        # the principal the registration speaks as
+                        if not self._authenticate(frame):
+                            continue
+                        await inbox.put(Call(partial(credit, endpoint=endpoint,
+                                                     principal=self.principal,
+                                                     credential=self.credential)))
                     if not self._registered:
                         self._registered = True
                         deadline.cancel()

@@ -208,10 +208,39 @@ class PrincipalTable:
     by_digest: dict = field(default_factory=dict)     # token digest -> Credential
     shared: str | None = None
     source: str = "journal"
+    # the principals' seat patterns, indexed (build_table): exact seats, the
+    # prefixes of `PREFIX/*` patterns (with their '/'), and whether one is `*`
+    held_seats: frozenset = frozenset()
+    held_prefixes: frozenset = frozenset()
+    held_everything: bool = False
 
     @property
     def open(self) -> bool:
         return not self.by_digest
+
+    @property
+    def tokenless(self) -> bool:
+        """Agents may connect without a token: the hub has no shared --token.
+        They may use every seat no principal holds (from loopback, or from
+        any address with --open-network), as on an open hub; a seat a
+        principal holds needs that principal's token."""
+        return self.shared is None
+
+    def held(self, seat: str) -> bool:
+        """Whether a principal's seat patterns cover this seat (or the seat
+        whose -rx wake sidecar it is)."""
+        if self.held_everything:
+            return True
+        names = (seat, seat[:-len(RX_SUFFIX)]) if seat.endswith(RX_SUFFIX) else (seat,)
+        for name in names:
+            if name in self.held_seats:
+                return True
+            cut = name.find("/")
+            while 0 <= cut < len(name) - 1:
+                if name[:cut + 1] in self.held_prefixes:
+                    return True
+                cut = name.find("/", cut + 1)
+        return False
 
     @property
     def enforcing(self) -> bool:
@@ -258,7 +287,12 @@ def build_table(principals: list[Principal], tokens: list[tuple[str, str, str]],
         if shared in by_digest:
             raise PrincipalError("the shared --token is also a principal's token")
         by_digest[shared] = Credential(SHARED, shared, "shared")
-    return PrincipalTable(by_name, by_digest, shared, source)
+    patterns = {p for principal in by_name.values() for p in principal.seats}
+    return PrincipalTable(by_name, by_digest, shared, source,
+                          held_seats=frozenset(p for p in patterns
+                                               if p != EVERY and not p.endswith("/*")),
+                          held_prefixes=frozenset(p[:-1] for p in patterns if p.endswith("/*")),
+                          held_everything=EVERY in patterns)
 
 
 def parse_principals_file(doc: object, shared_token: str | None = None,
@@ -332,25 +366,35 @@ def _is_loopback(host: str) -> bool:
 
 
 def admission_refusal(table: PrincipalTable, credential: str | None, peer_host: str,
-                      open_network: bool) -> str | None:
-    """Whether an agent may register at all: on a secured hub only with a
-    token (a connection that came in on a TLS client certificate alone may be
-    a peer hub, never an agent); an open hub (no token, no principals) admits
-    agents from loopback only, unless the operator opened it on purpose."""
-    if not table.open:
-        return None if credential is not None else "Authentication token required."
+                      open_network: bool, seat: str) -> str | None:
+    """Whether an agent may register as `seat` at all (speak_refusal then
+    decides which seats a token's principal has). With a token, the
+    principal decides. Without one (a connection that came in on a TLS
+    client certificate alone may be a peer hub, never an agent with more):
+    refused on a hub with a shared --token; on a hub without one, refused on
+    a seat a principal holds (it needs that principal's token) and otherwise
+    admitted from loopback, or from any address with --open-network, exactly
+    as on an open hub."""
+    if credential is not None:
+        return None
+    if not table.tokenless:
+        return "Authentication token required."
+    if table.held(seat):
+        return f"Seat '{seat}' belongs to a principal: it needs that principal's token."
     if open_network or _is_loopback(peer_host):
         return None
-    return ("This hub has no --token and no principals, so it admits agents from "
-            "loopback only (start it with --token, principals, or --open-network).")
+    return ("This hub has no --token, so it admits agents without a token from loopback "
+            "only (connect with a principal's token, or start the hub with --open-network).")
 
 
 def session_refusal(table: PrincipalTable, credential: str | None, seat: str | None) -> str | None:
     """Why a live session may no longer stay, after the table changed."""
     if credential is None:
-        if table.open:
-            return None
-        return "This hub now requires a token; reconnect with one."
+        if not table.tokenless:
+            return "This hub now requires a token; reconnect with one."
+        if seat is not None and table.held(seat):
+            return f"Seat '{seat}' now belongs to a principal; reconnect with its token."
+        return None
     found = table.credential(credential)
     if found is None:
         return "Token revoked."
@@ -389,8 +433,10 @@ def _grantee(table: PrincipalTable, credential: str | None, name: str) -> Princi
     """The principal whose grants decide, or None when no ACL applies."""
     if not table.enforcing:
         return None
+    if credential is None and table.tokenless:
+        return None  # an agent without a token, on a seat no principal holds: as if open
     found = table.credential(credential)
-    if found is None:  # no token (or a revoked one) beside principals: no grants
+    if found is None:  # a revoked token (or none, on a shared-token hub): no grants
         return Principal(name or "unknown", (), claim=(), board=(), mailbox=(), control=())
     return found.principal
 

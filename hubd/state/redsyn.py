@@ -13,7 +13,6 @@ Time is never read here: a decision gets `now`; apply uses the event's ts.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 from collections import OrderedDict
 from itertools import islice
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 
 from hubd.state.events import CHAT
 from hubd.state.hub import Appliers
-from hubd.wire.redsyn.canonical import canonical_bytes
+from hubd.state.redsyn_nodes import Node, check_speaks_for, forbidden, speaks_for
 from hubd.wire.redsyn.envelope import (DEFAULT_TTL, Address, Incoming, RedsynError, Topic, b64url,
                        parse_address, parse_topic)
 from hubd.wire.redsyn.signing import fingerprint, verify_arrival
@@ -58,13 +57,6 @@ class Limits:
     messages_per_day: int = 100_000
     pending_messages: int = 10_000
     pending_bytes: int = 512 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Node:
-    """The caller: the node a bearer token names."""
-    id: str        # person:machine
-    person: str    # org/team/user
 
 
 @dataclass
@@ -373,16 +365,11 @@ _APPLY = {KEY: _apply_key, ANNOUNCE: _apply_announce, MESSAGE: _apply_message,
 # -- decisions
 
 
-def forbidden(error: str, **extra) -> RedsynError:
-    return RedsynError(403, error, **extra)
-
-
 def own_agent(node: Node, address: str) -> Address:
     agent = parse_address(address, what="agent address")
     if agent.session is not None:
         raise RedsynError(400, "an agent address here has no #session")
-    if agent.person != node.person:
-        raise forbidden(f"this node speaks for the agents of {node.person}, not {agent}")
+    check_speaks_for(node, agent)
     return agent
 
 
@@ -515,11 +502,6 @@ def _session(state: RedsynState, agent: str, thread: str, planned: dict,
     return session
 
 
-def content_digest(incoming: Incoming) -> str:
-    return hashlib.sha256(canonical_bytes({**incoming.fields, "files_sha256":
-                                           incoming.files_sha256})).hexdigest()
-
-
 def decide_post(state: RedsynState, node: Node, incoming: Incoming, now: float,
                 limits: Limits = Limits(), new_id=None, seat_of=None) -> Decision:
     """POST /messages: validate against the state, resolve, and store.
@@ -528,9 +510,10 @@ def decide_post(state: RedsynState, node: Node, incoming: Incoming, now: float,
     address that is not a REDSYN agent, or None. A message to such a seat is
     stored (so its reply can close it) and handed to the chat path as
     Decision.chats: the door routes each as a chat from the sender."""
+    check_speaks_for(node, incoming.sender)
     fields = incoming.fields
     id_ = fields.get("id")
-    digest = content_digest(incoming)
+    digest = incoming.digest
     if id_ is not None and id_ in state.messages:
         known = state.messages[id_]
         if known.person == node.person and known.digest == digest:
@@ -824,8 +807,8 @@ def decide_cancel(state: RedsynState, node: Node, id_: str) -> Decision:
     message = state.messages.get(id_)
     if message is None or message.cancelled:
         raise RedsynError(404, f"no message {id_}")
-    if message.person != node.person:
-        raise forbidden(f"message {id_} was sent by another person")
+    if message.person != node.person or not speaks_for(node, request_asker(message)):
+        raise forbidden(f"message {id_} was sent by an agent this node does not speak for")
     if message.envelope["kind"] != "request":
         raise RedsynError(409, f"only a request can be taken back; {id_} is a "
                                f"{message.envelope['kind']}")
@@ -896,10 +879,10 @@ def files_of(state: RedsynState, node: Node, id_: str) -> bytes:
     message = state.messages.get(id_)
     if message is None:
         raise RedsynError(404, f"no message {id_}")
-    allowed = message.person == node.person or any(
-        agent.startswith(node.person + "/") for agent in message.recipients)
+    allowed = (message.person == node.person and speaks_for(node, request_asker(message))) \
+        or any(speaks_for(node, agent) for agent in message.recipients)
     if not allowed:
-        raise forbidden(f"message {id_} is not for an agent of {node.person}")
+        raise forbidden(f"message {id_} is neither from nor for an agent this node speaks for")
     if "files" not in message.envelope:
         raise RedsynError(404, f"message {id_} has no files")
     if message.files is None:

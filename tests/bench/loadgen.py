@@ -77,7 +77,8 @@ class LoadConfig:
     # the probe and warm-up.
     rate: float | None = None
     # A secured hub (principals, or a shared --token): every socket's first frame (its
-    # registration heartbeat) carries this token, and the welcome comes after it. Without a
+    # registration heartbeat) carries this token, and the welcome comes after it (before it
+    # on a hub with principals but no shared --token, which welcomes at connect). Without a
     # token the client waits for the welcome first (an open hub sends it on connect).
     token: str | None = None
 

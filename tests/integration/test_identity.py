@@ -66,7 +66,8 @@ async def test_a_token_speaks_only_for_its_principals_seats(hub):
         await probe.close()
 
     assert proc.get_json("/health")["identity"] == {
-        "mode": "principals", "source": "journal", "principals": 4, "tokens": 4}
+        "mode": "principals", "tokenless": "loopback", "source": "journal", "principals": 4,
+        "tokens": 4}
     alice = await online(proc.url, "PROJ/alice", tokens["alice"])
     bob = await online(proc.url, "PROJ/bob", tokens["bob"])
     who = await _who(bob)
@@ -268,7 +269,8 @@ async def test_a_redsyn_person_is_one_principal_on_both_doors(tmp_path):
 async def test_a_client_certificate_alone_admits_a_peer_hub_never_an_agent(tmp_path):
     """On a hub with principals, a peer hub may prove itself by its pinned
     TLS client certificate without a token (its forward is served); the same
-    certificate without a token cannot register an agent."""
+    certificate without a token cannot register a principal's seat (it is no
+    token: it admits no more than no token does)."""
     pki = make_pki(tmp_path / "pki", ["east", "west"])
     policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
     db = tmp_path / "west.db"
@@ -280,8 +282,8 @@ async def test_a_client_certificate_alone_admits_a_peer_hub_never_an_agent(tmp_p
         context = peer_client_context(pki.file("east", "client", "cert"),
                                       pki.file("east", "client", "key"))
         agent = await WsProbe.open(west.url, ssl=context)
-        await agent.register("PROJ/eve")
-        assert (await refused(agent))["payload"] == "Authentication token required."
+        await agent.register("PROJ/bob")
+        assert "needs that principal's token" in (await refused(agent))["payload"]
         await agent.close()
 
         bob = await WsProbe.open(west.url)
@@ -325,3 +327,56 @@ async def test_the_ingress_quota_charges_the_principal(tmp_path):
             await probe.close()
     finally:
         proc.stop()
+
+
+async def test_a_redsyn_login_on_an_open_hub_binds_that_persons_seats_only(tmp_path):
+    """Issue 22 item 6: `hubd redsyn login` on a running open hub (no --token,
+    no principals, loopback) makes the person a principal. Its seats need its
+    token from then on (a tokenless session on one is closed, a new one
+    refused); every other seat stays as open as before: tokenless agents stay
+    connected, talk, and new ones join. The hub logs the change once."""
+    db = tmp_path / "hubd.db"
+    proc = hubd_process(tmp_path / "hub", db=db).start()
+    try:
+        assert proc.get_json("/health")["identity"]["mode"] == "open-loopback"
+        alice = await online(proc.url, "PROJ/alice", None)
+        bob = await online(proc.url, "PROJ/bob", None)
+        squatter = await online(proc.url, "acme/dev/joel/cli", None)
+
+        token = login(db, "acme/dev/joel", "laptop")  # the CLI, while the hub runs
+        # the squatter's seat is the person's now: its tokenless session goes
+        assert "now belongs to a principal" in (await refused(squatter))["payload"]
+        identity = proc.get_json("/health")["identity"]
+        assert (identity["mode"], identity["tokenless"]) == ("principals", "loopback")
+
+        # every other seat is as open as before: alice and bob stay, and talk
+        await alice.chat("PROJ/alice", "PROJ/bob", "still here")
+        assert (await bob.recv_type("chat", payload="still here"))["sender"] == "PROJ/alice"
+        carol = await online(proc.url, "PROJ/carol", None)
+        assert carol.seen("welcome")  # welcomed at connect, as on an open hub
+        await carol.chat("PROJ/carol", "PROJ/alice", "new here")
+        await alice.recv_type("chat", payload="new here")
+        # ... and the grants no more than before: a tokenless claim is served
+        await carol.send_json({"type": "claim", "sender": "PROJ/carol", "target": "System",
+                               "payload": "t-22-6", "task_id": "t-22-6", "paths": ["src/"],
+                               "ttl_seconds": 30, "timestamp": time.time()})
+        assert (await carol.recv_type("claim_granted"))["owner"] == "PROJ/carol"
+
+        # the person's seats need its token
+        for seat in ("acme/dev/joel/cli", "acme/dev/joel/other"):
+            denied = await refused(await connect(proc.url, seat, None))
+            assert "needs that principal's token" in denied["payload"], denied
+        assert "Invalid" in (await refused(await connect(
+            proc.url, "acme/dev/joel/cli", "rsn_not-a-token")))["payload"]
+        joel = await online(proc.url, "acme/dev/joel/cli", token)
+        assert Client(proc.http_url, token).call("GET", "/inbox/acme/dev/joel/x").status == 200
+        await joel.chat("acme/dev/joel/cli", "PROJ/bob", "from a principal")
+        await bob.recv_type("chat", payload="from a principal")
+        for probe in (alice, bob, carol, joel):
+            assert probe.closed is None
+            await probe.close()
+    finally:
+        proc.stop()
+    changes = [line for line in proc.log().splitlines() if "identity changed" in line]
+    assert len(changes) == 1, changes
+    assert "agents without a token keep every other seat" in changes[0]

@@ -10,17 +10,17 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from hubd.wire.redsyn import e2e, signing, webhook
+from hubd.wire.redsyn import e2e, signing
 from hubd.wire.redsyn.envelope import b64url
 from tests.support.procs import hubd_process
 from tests.support.redsyn_client import Client, login
+from tests.support.webhook_listener import Hook
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
@@ -144,20 +144,15 @@ def test_bad_input_gets_its_status_and_changes_nothing(hub):
     assert hub.joel.call("GET", f"/inbox/{box}?lease=0").status == 400
 
 
-def metric(proc, name: str) -> float:
-    found = re.search(rf"^{re.escape(name)} (\S+)$", proc.get_text("/metrics"), re.M)
-    return float(found.group(1)) if found else 0.0
-
-
 def test_open_polls_are_bounded_per_node_and_counted_on_metrics(hub):
     """A node holds at most 16 open long polls; the 17th is 429, and /metrics
     counts it, beside the door's answers by status code."""
     from hubd.doors.redsyn.door import MAX_POLLS_PER_NODE
 
     box = "globex/erp/bob/poller"
-    refused_before = metric(hub.proc, "hubd_redsyn_polls_refused_total")
+    refused_before = hub.proc.metric("hubd_redsyn_polls_refused_total")
     answered_429 = 'hubd_redsyn_requests_total{code="429"}'
-    codes_before = metric(hub.proc, answered_429)
+    codes_before = hub.proc.metric(answered_429)
     # 17 long polls at once: the bound refuses exactly one of them (and that
     # 429 proves the other 16 were all open at that moment). A probe poll
     # beside them would race them for the 16th place.
@@ -179,9 +174,9 @@ def test_open_polls_are_bounded_per_node_and_counted_on_metrics(hub):
     for poll in polls:
         poll.join(timeout=60)
     assert sorted(statuses) == [200] * MAX_POLLS_PER_NODE + [429]
-    assert metric(hub.proc, "hubd_redsyn_polls_refused_total") == refused_before + 1
-    assert metric(hub.proc, answered_429) == codes_before + 1
-    assert metric(hub.proc, 'hubd_redsyn_requests_total{code="200"}') >= MAX_POLLS_PER_NODE
+    assert hub.proc.metric("hubd_redsyn_polls_refused_total") == refused_before + 1
+    assert hub.proc.metric(answered_429) == codes_before + 1
+    assert hub.proc.metric('hubd_redsyn_requests_total{code="200"}') >= MAX_POLLS_PER_NODE
     # the node's polls are free again
     assert hub.bob.call("GET", f"/inbox/{box}?wait=0").status == 200
 
@@ -299,36 +294,6 @@ def test_leases_ten_takes_expiry_and_cancel(hub):
     [taken] = hub.joel.take(worker)
     assert hub.ana.call("DELETE", "/messages/cancel-2").status == 409
     hub.joel.ack(worker, [taken["id"]])
-
-
-class Hook:
-    """A webhook endpoint on loopback: records each delivery and whether it
-    was genuine by the seed's check; answers with the status it is told."""
-
-    def __init__(self, secret: str, status: int):
-        self.secret, self.status, self.deliveries = secret, status, []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                hook.deliveries.append((headers, body, webhook.genuine(
-                    headers, body, hook.secret, time.time())))
-                self.send_response(hook.status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def wait_for(predicate, rounds=400):

@@ -199,6 +199,13 @@ class HubProcess:
 
         return json.loads(self.get_text(path, timeout, headers))
 
+    def metric(self, sample: str) -> float:
+        """One sample of /metrics, as written there (`name{label="v"}`); 0 when absent."""
+        import re
+
+        found = re.search(rf"^{re.escape(sample)} (\S+)$", self.get_text("/metrics"), re.M)
+        return float(found.group(1)) if found else 0.0
+
 
 def hubd_process(workdir: Path, *args: str, port: int | None = None, hub_id: str | None = "test-hub",
                  db: Path | None = None, env: dict | None = None, scheme: str = "ws",

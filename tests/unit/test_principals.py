@@ -9,7 +9,7 @@ import pytest
 
 from hubd.journal import principals as store
 from hubd.state.principals import (SHARED_TOKEN_PRINCIPAL, PrincipalError, admission_refusal,
-                                   build_table, control_granted, make_principal, parse_principals_file,
+                                   build_table, claim_refusal, control_granted, make_principal, parse_principals_file,
                                    seat_matches, session_refusal, speak_refusal,
                                    takeover_refusal, token_digest)
 
@@ -114,14 +114,17 @@ def test_decisions():
     assert speak_refusal(shared_only, shared_only.authenticate("shared"), "X/y") is None
     # an open hub: loopback only unless opened on purpose
     open_hub = build_table([], [])
-    assert open_hub.open
-    assert admission_refusal(open_hub, None, "127.0.0.1", False) is None
-    assert admission_refusal(open_hub, None, "::1", False) is None
-    assert "loopback" in admission_refusal(open_hub, None, "192.0.2.7", False)
-    assert admission_refusal(open_hub, None, "192.0.2.7", True) is None
-    assert admission_refusal(table, mine.digest, "192.0.2.7", False) is None
-    # in on a client certificate alone (a peer hub's way): never an agent
-    assert admission_refusal(table, None, "127.0.0.1", True) == "Authentication token required."
+    assert open_hub.open and open_hub.tokenless
+    assert admission_refusal(open_hub, None, "127.0.0.1", False, "PROJ/a") is None
+    assert admission_refusal(open_hub, None, "::1", False, "PROJ/a") is None
+    assert "loopback" in admission_refusal(open_hub, None, "192.0.2.7", False, "PROJ/a")
+    assert admission_refusal(open_hub, None, "192.0.2.7", True, "PROJ/a") is None
+    assert admission_refusal(table, mine.digest, "192.0.2.7", False, "PROJ/a") is None
+    # with the shared --token, nothing without a token (a TLS client
+    # certificate alone is a peer hub's way in, never an agent's)
+    assert not table.tokenless
+    assert admission_refusal(table, None, "127.0.0.1", True, "PROJ/zed") == \
+        "Authentication token required."
     # after a change
     assert session_refusal(table, mine.digest, "PROJ/alice") is None
     assert session_refusal(table, token_digest("revoked"), "PROJ/alice") == "Token revoked."
@@ -130,6 +133,38 @@ def test_decisions():
     narrowed = build_table([make_principal("alice", ["PROJ/alice-new"])],
                            [("alice", mine.digest, "laptop")])
     assert "may not speak" in session_refusal(narrowed, mine.digest, "PROJ/alice")
+
+
+def test_principals_without_a_shared_token_bind_their_seats_only():
+    """Issue 22 item 6: on a hub without --token, a principal's seats need its
+    token; every other seat stays as open as before (loopback, or any address
+    with --open-network), before and after the principal appeared."""
+    kim = make_principal("acme/dev/kim", ["acme/dev/kim/*"])
+    alice = make_principal("alice", ["PROJ/alice"])
+    table = build_table([kim, alice], [("alice", token_digest("t"), "laptop")])
+    assert table.tokenless and not table.open and table.enforcing
+    for seat in ("acme/dev/kim/laptop", "acme/dev/kim/a/b", "PROJ/alice", "PROJ/alice-rx"):
+        assert table.held(seat), seat
+        assert "needs that principal's token" in admission_refusal(
+            table, None, "127.0.0.1", True, seat)
+        assert "now belongs to a principal" in session_refusal(table, None, seat)
+    for seat in ("acme/dev/kimberly", "acme/dev/kim", "PROJ/alice2", "PROJ/bob", "solo"):
+        assert not table.held(seat), seat
+        assert admission_refusal(table, None, "127.0.0.1", False, seat) is None
+        assert admission_refusal(table, None, "192.0.2.7", True, seat) is None
+        assert "loopback" in admission_refusal(table, None, "192.0.2.7", False, seat)
+        assert session_refusal(table, None, seat) is None
+    # a token still speaks for its own seats only
+    alices = table.authenticate("t")
+    assert admission_refusal(table, alices.digest, "192.0.2.7", False, "PROJ/bob") is None
+    assert "may not speak" in speak_refusal(table, alices, "PROJ/bob")
+    # a seat pattern of '*' holds every seat
+    everything = build_table([make_principal("root", ["*"])], [])
+    assert everything.held("anything/at/all")
+    # no grant is checked for an agent without a token (as on an open hub);
+    # a revoked token holds none
+    assert claim_refusal(table, None, "open-host:127.0.0.1", ["PROJ"]) is None
+    assert claim_refusal(table, token_digest("gone"), "alice", ["PROJ"]) is not None
 
 
 def test_principals_file():

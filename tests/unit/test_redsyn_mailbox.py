@@ -473,3 +473,45 @@ def test_the_websocket_bridge_in_the_projection():
         else:
             mb.apply(state, kind, payload, ts)
     assert state.snapshot() == hub.state.snapshot()
+
+
+def test_a_node_speaks_only_for_its_principals_seats():
+    """A principal acme/dev/kim with the one seat acme/dev/kim/laptop: its node
+    announces, takes, acks, subscribes and sends as laptop only, though
+    acme/dev/kim/other is an agent of the same person (issue 30 item 4)."""
+    from hubd.state.principals import make_principal
+
+    kim = mb.Node("acme/dev/kim:laptop", "acme/dev/kim",
+                  make_principal("acme/dev/kim", ["acme/dev/kim/laptop"]))
+    hub = Hub()
+    mine, other = "acme/dev/kim/laptop", "acme/dev/kim/other"
+    refusals = [
+        lambda: mb.decide_announce(hub.state, kim, other, {"listening": True}),
+        lambda: mb.decide_take(hub.state, kim, other, 900, 10, hub.now),
+        lambda: mb.decide_ack(hub.state, kim, other, {"ids": []}),
+        lambda: mb.decide_subscribe(hub.state, kim, "topic:acme/dev/news", {"agent": other}),
+        lambda: hub.post(kim, id="k1", **{"from": "other", "to": "laptop"}),
+    ]
+    for refused in refusals:
+        with pytest.raises(RedsynError) as err:
+            refused()
+        assert err.value.status == 403 and "acme/dev/kim/laptop" in err.value.error
+    assert hub.run(mb.decide_announce(hub.state, kim, mine, {"listening": True}))["listening"]
+    hub.post(kim, id="k2", files={"zip": b64url(b"PK")}, **{"from": "laptop", "to": mine})
+    assert [i["id"] for i in hub.take(kim, mine)] == ["k2"]
+    assert mb.files_of(hub.state, kim, "k2") == b"PK"
+    # the same person's other seats are not this node's: their mail, files and
+    # requests stay out of its reach
+    hub.post(JOEL, id="k3", files={"zip": b64url(b"PK")}, **{"from": "cli", "to": other})
+    for refused in (lambda: mb.files_of(hub.state, kim, "k3"),
+                    lambda: mb.decide_cancel(hub.state, kim, "k3")):
+        with pytest.raises(RedsynError) as err:
+            refused()
+        assert err.value.status == 403
+    wider = mb.Node("acme/dev/kim:desk", "acme/dev/kim",
+                    make_principal("acme/dev/kim", ["acme/dev/kim/*"]))
+    hub.post(wider, id="k4", **{"from": "other", "to": "laptop"})
+    with pytest.raises(RedsynError) as err:
+        mb.decide_cancel(hub.state, kim, "k4")
+    assert err.value.status == 403
+    assert hub.run(mb.decide_cancel(hub.state, wider, "k4"))["cancelled"]

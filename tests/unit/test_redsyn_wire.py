@@ -12,6 +12,7 @@ from hubd.wire.redsyn import e2e, signing, webhook
 from hubd.wire.redsyn.canonical import NotCanonicalizable, canonical_json, number
 from hubd.wire.redsyn.envelope import (MAX_ENVELOPE_BYTES, MAX_FILES_BYTES, Address, RedsynError,
                                   Topic, b64url, parse_address, validate)
+from hubd.wire.redsyn.json_text import decode_body
 
 # RFC 8785 appendix B: IEEE-754 bit patterns and their canonical text.
 RFC8785_NUMBERS = [
@@ -113,12 +114,64 @@ def test_event_goes_to_a_topic_only():
     ({"ts": "now"}, 400), ({"refs": [{"note": "x"}]}, 400), ({"error": "no"}, 400),
     ({"kind": "reply", "reply_to": None}, 400), ({"files": {"zip": "!!!"}}, 400),
     ({"sig": {"alg": "rsa"}}, 400), ({"id": "a b"}, 400), ({"to": "x#new"}, 400),
+    # a field of the wrong JSON type is a 400, never a TypeError (issue 30 item 2)
+    ({"kind": ["request"]}, 400), ({"kind": {"request": 1}}, 400), ({"files": {"zip": 7}}, 400),
+    ({"files": {"zip": None}}, 400),
+    # numbers RFC 8785 has no form for, anywhere: nothing could sign or identify them
+    ({"body": {"type": "application/json", "json": 9007199254740992}}, 400),
+    ({"body": {"type": "application/json", "json": [float("inf")]}}, 400),
+    ({"refs": [{"url": "u", "n": -9007199254740992}]}, 400),
+    ({"ts": 2**64}, 400),
+    ({"body": {"type": "x", "deep": json.loads("[" * 70 + "]" * 70)}}, 400),
 ])
 def test_malformed_envelopes_are_refused_with_their_status(change, status):
     with pytest.raises(RedsynError) as err:
         check(env(**change))
     assert err.value.status == status
     assert err.value.document()["status"] == status and err.value.document()["error"]
+
+
+def test_a_null_sig_is_an_unsigned_envelope():
+    incoming = check(env(sig=None) | {"sig": None})
+    assert "sig" not in incoming.fields
+
+
+def test_the_content_digest_is_of_the_canonical_form():
+    a = check(env(body={"type": "x", "n": 1.0, "a": [1, 2]}))
+    b = check(json.loads('{"v": 1, "id": "m1", "kind": "request", "from": "acme/dev/joel/cli",'
+                         ' "to": "acme/dev/joel/shout", "body": {"a": [1, 2], "n": 1, '
+                         '"type": "x"}}'))
+    assert a.digest == b.digest and len(a.digest) == 64
+
+
+@pytest.mark.parametrize("data,where", [
+    (b'{"description": "\\ud800"}', "description"),
+    (b'{"body": {"type": "text/plain", "text": "a\\udc00b"}}', "body.text"),
+    (b'{"refs": [{"url": "u", "note": "\\udfff"}]}', "refs[0].note"),
+    (b'{"body": {"type": "application/json", "json": {"k": ["\\ud83d"]}}}', "body.json.k[0]"),
+    (b'{"x": {"\\ud800": 1}}', "a key of x"),
+])
+def test_a_lone_surrogate_escape_anywhere_is_400_naming_where(data, where):
+    with pytest.raises(RedsynError) as err:
+        decode_body(data)
+    assert err.value.status == 400 and where in err.value.error
+
+
+@pytest.mark.parametrize("data", [
+    b'{"description": "\xed\xa0\x80"}',  # U+D800 encoded as if it were UTF-8
+    b'{"description": "\xff"}', b'{"description": "\xc0\xaf"}',  # not UTF-8, overlong
+    b'{"n": NaN}', b'{"n": -Infinity}', b'\xef\xbb\xbf{}', b'{"a": ', b'[' * 100_000,
+])
+def test_bytes_that_are_not_strict_utf8_json_are_400(data):
+    with pytest.raises(RedsynError) as err:
+        decode_body(data)
+    assert err.value.status == 400
+
+
+def test_valid_text_passes_the_strict_decoder():
+    assert decode_body(b"") == {}
+    assert decode_body('{"t": "\\ud83d\\ude00 \u00e9 \\\\ud800"}'.encode()) == \
+        {"t": "\U0001f600 \u00e9 \\ud800"}  # a pair, and an escaped backslash
 
 
 def test_size_limits():

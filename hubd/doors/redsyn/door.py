@@ -22,19 +22,22 @@ import uuid
 from collections import defaultdict
 
 import structlog
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 from hubd.actors.router import REFUSALS
 from hubd.core.endpoints import next_endpoint_id
 from hubd.handlers.chat import route_chat
 from hubd.state.events import UnstorableEvent
+from hubd.http.guard import guard
 from hubd.wire.targets import parse_remote
 from hubd.state import redsyn as mb
 from hubd.wire.redsyn import envelope as wire
 from hubd.wire.redsyn.envelope import API_VERSION, KNOWN_VERSIONS, RedsynError
+from hubd.wire.redsyn.json_text import decode_body
 from hubd.wire.redsyn.webhook import signature_header
 
 from .nodes import node_of
+from .webhook_socket import guarded_socket_factory
 
 log = structlog.get_logger("hubd.redsyn")
 
@@ -213,6 +216,9 @@ class RedsynDoor:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         version = request.headers.get(VERSION_HEADER, API_VERSION)
         try:
+            refused = guard(self.hub, request)  # DNS rebinding, browsers: as every path
+            if refused is not None:
+                raise RedsynError(refused.status, refused.text.strip())
             if version not in KNOWN_VERSIONS:
                 raise RedsynError(400, f"unknown {VERSION_HEADER} {version!r}; known: "
                                        f"{', '.join(KNOWN_VERSIONS)}", known=list(KNOWN_VERSIONS))
@@ -244,7 +250,13 @@ class RedsynDoor:
             raise RedsynError(413, f"the request is larger than {wire.MAX_REQUEST_BYTES} bytes")
         chunks, size = [], 0
         while True:
-            chunk = await request.content.read(65536)
+            try:
+                chunk = await request.content.read(65536)
+            except ConnectionError:
+                # The client went away mid-body: nobody reads this answer (aiohttp
+                # drops it), but the request is refused, not a traceback.
+                raise RedsynError(400, "the client closed the connection before its body "
+                                       "arrived") from None
             if not chunk:
                 break
             size += len(chunk)
@@ -253,10 +265,7 @@ class RedsynDoor:
                                        f"{wire.MAX_REQUEST_BYTES} bytes")
             chunks.append(chunk)
         data = b"".join(chunks)
-        try:
-            return json.loads(data) if data else {}, len(data)
-        except (ValueError, RecursionError):
-            raise RedsynError(400, "the request body is not JSON") from None
+        return decode_body(data), len(data)
 
     async def _route(self, request: web.Request, node: mb.Node) -> web.Response:
         path = request.match_info["tail"]
@@ -386,7 +395,10 @@ class RedsynDoor:
         agent, at most WEBHOOK_PARALLEL agents at once."""
         busy: set[str] = set()
         slots = asyncio.Semaphore(WEBHOOK_PARALLEL)
-        async with ClientSession(timeout=ClientTimeout(total=WEBHOOK_TIMEOUT)) as http:
+        connector = TCPConnector(
+            socket_factory=guarded_socket_factory(self.allow_loopback_webhooks))
+        async with ClientSession(timeout=ClientTimeout(total=WEBHOOK_TIMEOUT),
+                                 connector=connector) as http:
             while True:
                 try:
                     await asyncio.wait_for(self._webhook_wake.wait(), 1.0)
@@ -423,13 +435,16 @@ class RedsynDoor:
                                "Redsyn-Signature": signature_header(hook["secret"], t, body),
                                VERSION_HEADER: API_VERSION, "Redsyn-Delivery": item["id"]}
                     try:
-                        async with http.post(hook["url"], data=body, headers=headers) as answer:
+                        # a redirect is an answer, not 2xx: never followed (it
+                        # could point anywhere, the hub's own network included)
+                        async with http.post(hook["url"], data=body, headers=headers,
+                                             allow_redirects=False) as answer:
                             ok = 200 <= answer.status < 300
                             outcome = str(answer.status)
                     except (OSError, asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001
                         # Any failure to get a 2xx is a failed attempt (the seed:
                         # "any other answer, or none"); it is logged and retried.
-                        ok, outcome = False, type(exc).__name__
+                        ok, outcome = False, f"{type(exc).__name__}: {exc}"[:300]
                     attempts = self.hub.metrics.redsyn_webhook_attempts
                     attempts[ok] = attempts.get(ok, 0) + 1
                     if ok:

@@ -32,14 +32,15 @@ def node_id(person: str, name: str) -> str:
 
 def node_of(credential: Credential) -> Node:
     """The node a principal's token is on the REDSYN door (403 when the
-    principal is not a person)."""
+    principal is not a person). It speaks for its principal's seats among
+    its person's agents."""
     person = credential.principal.name
     try:
         parse_person(person)
     except RedsynError:
         raise RedsynError(403, f"principal {person!r} is not a REDSYN person "
                                "(org/team/user)") from None
-    return Node(node_id(person, credential.label), person)
+    return Node(node_id(person, credential.label), person, credential.principal)
 
 
 def login(path: str | Path, person: str, name: str) -> tuple[str, str]:

@@ -12,6 +12,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from .canonical import NotCanonicalizable, canonical_bytes
+
 API_VERSION = "2026-09-25"
 KNOWN_VERSIONS = (API_VERSION,)
 
@@ -178,6 +180,7 @@ class Incoming:
     files_sha256: str
     encrypted: bool
     size: int
+    digest: str  # sha256 of the RFC 8785 form of `fields` and files_sha256
 
 
 def _text(value, what: str, limit: int = MAX_TEXT_FIELD, required: bool = False) -> str:
@@ -245,7 +248,7 @@ def validate(document, sender_person: str, encoded_size: int) -> Incoming:
     if document.get("v") != 1 or isinstance(document.get("v"), bool):
         raise bad("envelope \"v\" must be 1")
     kind = document.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise bad(f"kind must be one of {', '.join(sorted(KINDS))}")
     org, team, user = sender_person.split("/")
     person = Address(org, team, user, "_")
@@ -300,7 +303,8 @@ def validate(document, sender_person: str, encoded_size: int) -> Incoming:
     files_sha256 = ""
     raw_files = document.get("files")
     if raw_files not in (None, {}):
-        if not isinstance(raw_files, dict) or set(raw_files) != {"zip"}:
+        if not isinstance(raw_files, dict) or set(raw_files) != {"zip"} or \
+                not isinstance(raw_files["zip"], str):
             raise bad("files must be {\"zip\": \"<base64 of a zip>\"}")
         if len(raw_files["zip"]) > MAX_FILES_BYTES * 4 // 3 + 4:
             raise RedsynError(413, f"files are larger than {MAX_FILES_BYTES} bytes")
@@ -319,9 +323,18 @@ def validate(document, sender_person: str, encoded_size: int) -> Incoming:
                 not isinstance(sig.get("key"), str) or not isinstance(sig.get("value"), str):
             raise bad("sig must be {\"alg\": \"ed25519\", \"key\": ..., \"value\": ...}")
 
+    # "sig": null is an unsigned envelope, as the seed's signed_by reads it
     fields = {name: document.get(name) for name in (
         "v", "id", "kind", "from", "to", "thread", "reply_to", "ts", "ttl", "body", "refs",
-        "error", "sig") if name in document}
+        "error", "sig") if name in document and not (name == "sig" and sig is None)}
     fields["refs"] = refs
     fields["error"] = error
-    return Incoming(fields, kind, sender, to, files, files_sha256, encrypted, encoded_size)
+    try:
+        digest = hashlib.sha256(canonical_bytes({**fields, "files_sha256": files_sha256}))
+    except NotCanonicalizable as exc:
+        # what is signed and what identifies a message is its RFC 8785 form:
+        # an envelope without one (an integer beyond 2**53, 1e400, nesting
+        # deeper than 64) can be neither
+        raise bad(f"the envelope has no RFC 8785 canonical form: {exc}") from None
+    return Incoming(fields, kind, sender, to, files, files_sha256, encrypted, encoded_size,
+                    digest.hexdigest())

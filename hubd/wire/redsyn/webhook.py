@@ -1,15 +1,15 @@
 """Webhook deliveries (seed 003, "Webhooks"): the signature header, the
-receiver's genuine() check, the retry schedule, and which URLs are admitted.
+receiver's genuine() check, the retry schedule, and the announce's webhook
+(which URLs and addresses: webhook_address.py).
 Pure functions: the delivering actor is in the door."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
-from urllib.parse import urlsplit
 
 from .envelope import RedsynError
+from .webhook_address import url_refusal
 
 FIRST_RETRY_SECONDS = 10.0
 MAX_RETRY_SECONDS = 3600.0
@@ -54,37 +54,16 @@ def retry_delay(failures: int, first: float = FIRST_RETRY_SECONDS) -> float | No
 
 
 def check_webhook(value, allow_loopback: bool) -> dict:
-    """An announce's webhook {url, secret}: https with a public host name, or
-    http://127.0.0.1:PORT/... when the hub admits loopback webhooks (tests)."""
+    """An announce's webhook {url, secret}: https with a public host name
+    (webhook_address.url_refusal), or a loopback URL when the hub admits
+    loopback webhooks (tests)."""
     if not isinstance(value, dict) or not isinstance(value.get("url"), str) \
             or not isinstance(value.get("secret"), str):
         raise RedsynError(400, "webhook must be {\"url\": \"https://...\", \"secret\": \"...\"}")
     secret = value["secret"]
     if not 16 <= len(secret) <= MAX_SECRET:
         raise RedsynError(400, f"webhook secret must be 16 to {MAX_SECRET} characters")
-    url = value["url"]
-    if len(url) > 2048:
-        raise RedsynError(400, "webhook url is too long")
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if allow_loopback and parts.scheme in ("http", "https") and host == "127.0.0.1":
-        return {"url": url, "secret": secret}
-    if parts.scheme != "https":
-        raise RedsynError(400, "a webhook url must be https")
-    if not public_host_name(host):
-        raise RedsynError(400, f"a webhook url needs a public host name, not {host!r}")
-    return {"url": url, "secret": secret}
-
-
-def public_host_name(host: str) -> bool:
-    """A DNS name with a dot that is not an address literal or a local name."""
-    if not host or "." not in host:
-        return False
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-        return False
-    except ValueError:
-        pass
-    lowered = host.lower().rstrip(".")
-    return not (lowered == "localhost" or lowered.endswith((".localhost", ".local",
-                                                           ".internal", ".home.arpa")))
+    refused = url_refusal(value["url"], allow_loopback)
+    if refused is not None:
+        raise RedsynError(400, refused)
+    return {"url": value["url"], "secret": secret}
