@@ -354,6 +354,8 @@ def seat_holders(table: PrincipalTable, seat: str) -> tuple[str, ...]:
     """The principals of the hub's own table whose seat patterns cover `seat`:
     only their tokens speak for it. The shared --token's principal is no
     one's holder (it speaks for every seat no principal holds)."""
+    if not table.held(seat):
+        return ()
     return tuple(name for name, principal in table.principals.items()
                  if principal.speaks_for(seat))
 
