@@ -175,7 +175,10 @@ def test_a_redsyn_write_with_a_lone_surrogate_stops_no_other_write(tmp_path):
         assert joel_client.announce("acme/dev/joel/s", description="plain").status == 200
         metrics = hub.get_text("/metrics")
         assert "hubd_journal_commit_failures_total 0.0" in metrics
-        assert "hubd_unstorable_events_total 1.0" in metrics
+        # the door's wire layer refuses the text before any row is made (its
+        # 400 names the escape); the journal's own refusal is the other tests'
+        assert "hubd_unstorable_events_total 0.0" in metrics
+        assert b"surrogate" in answer.body, answer.body
     finally:
         hub.stop()
     assert SURROGATE.encode("utf-8", "surrogatepass") not in db.read_bytes()
