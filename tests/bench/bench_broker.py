@@ -14,7 +14,7 @@ the run) and measures, interleaved:
                per second of the measured phase
 
 The client runs in this process on the same 2-core box as the hub. Measures;
-never asserts. Run under `flock /work/wt/bench.lock`:
+never asserts. For example:
 
     python -m tests.bench.bench_broker                 # 3 rounds
     python -m tests.bench.bench_broker --rounds 1 --count 500 --rate-seconds 5

@@ -19,7 +19,7 @@ leases) and committed before its answer.
 
     .venv/bin/python -m tests.bench.bench_redsyn                 # 3 rounds
     .venv/bin/python -m tests.bench.bench_redsyn --quick         # 1 round, 5 s
-    flock /work/wt/bench.lock .venv/bin/python -m tests.bench.bench_redsyn --json out.json
+    .venv/bin/python -m tests.bench.bench_redsyn --json out.json
 
 Measures; never asserts. There is no REDSYN reference to run beside it.
 """

@@ -3,7 +3,7 @@ hub, interleaved with valid round trips (issue 30; the engine and what it
 sends: tests/support/hostile_doors.py). Prints a summary; exits 1 when the
 run has findings (a 5xx other than a documented 503, a broker `internal`, an
 unanswered request, a traceback in the hub's log, a round trip that did not
-complete). Run under `flock /work/wt/bench.lock`:
+complete). For example:
 
     python -m tests.bench.hostile_doors --seed 1 --duration 60
     python -m tests.bench.hostile_doors --seed 7 --duration 60 --keep /tmp/run7

@@ -38,8 +38,10 @@ in the hub's log, a valid round trip that did not complete.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -50,7 +52,7 @@ import aiohttp
 from tests.support.broker_client import BrokerClient
 from tests.support.hostile_input import (ANSWERER, ASKER, MALLORY, NARROW, NARROW_SEAT, RAW_HTTP,
                                          broker_line, redsyn_case)
-from tests.support.procs import hubd_process
+from tests.support.procs import REPO, hubd_process
 from tests.support.redsyn_client import login
 
 ROUND_TRIP_SECONDS = 30.0
@@ -322,28 +324,15 @@ class Run:
 
     async def broker_flood(self, sock: str, count: int) -> None:
         """`count` connections that never authenticate, held open for the
-        whole run (each the hub closes is opened again)."""
-        async def hold() -> None:
-            while self.running():
-                try:
-                    reader, writer = await asyncio.open_unix_connection(sock)
-                except OSError:
-                    self.summary.broker_hostile["flood connect refused"] += 1
-                    await asyncio.sleep(0.1)
-                    continue
-                try:
-                    while self.running() and not reader.at_eof():
-                        try:
-                            async with asyncio.timeout(0.5):
-                                await reader.read(4096)
-                        except TimeoutError:
-                            pass
-                except OSError:
-                    pass  # the hub closed it (gVisor reports some closes as EINVAL)
-                finally:
-                    writer.close()
-                self.summary.broker_hostile["flood connection closed"] += 1
-        await asyncio.gather(*(hold() for _ in range(count)))
+        whole run by another process (each the hub closes is opened again)."""
+        flooder = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.support.broker_flood", sock, str(count),
+            str(max(self.deadline - time.monotonic(), 0.0)), cwd=REPO,
+            stdout=asyncio.subprocess.PIPE)
+        out, _ = await flooder.communicate()
+        counts = json.loads(out.decode().strip().splitlines()[-1])
+        self.summary.broker_hostile["flood connection closed"] += counts["closed"]
+        self.summary.broker_hostile["flood connect refused"] += counts["connect_refused"]
 
     async def broker_round_trips(self, sock: str, token: str, pair: int) -> None:
         try:

@@ -62,3 +62,22 @@ def test_refusal_log_says_one_line_per_reason_per_period_with_the_count():
     assert log.refused("other", 5.0) == 1  # each reason on its own clock
     assert log.refused("r", 10.5) == 4  # the three held back, and this one
     assert log.refused("r", 11.0) is None
+
+
+def test_a_flooding_process_displaces_its_own_connections_first():
+    a = Admission(authenticated=8, unauthenticated=4)
+    a.arrive("honest-1", process=10)
+    for n in range(100):  # another process opens connections as fast as it can
+        assert a.arrive(f"flood-{n}", process=66)[1] in (None, f"flood-{n - 3}")
+    assert "honest-1" in a.waiting  # never displaced while the flooder holds more
+    assert a.arrive("honest-2", process=11) == (None, "flood-97")
+    assert a.authenticate("honest-1") is None and a.authenticate("honest-2") is None
+    assert a.counts() == {"authenticated": 2, "unauthenticated": 2}
+
+
+def test_among_equal_holders_the_longest_waiting_connection_goes():
+    a = Admission(authenticated=8, unauthenticated=2)
+    a.arrive("p1", process=1)
+    a.arrive("p2", process=2)
+    assert a.arrive("p3", process=3) == (None, "p1")
+    assert list(a.waiting) == ["p2", "p3"]

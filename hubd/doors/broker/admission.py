@@ -6,10 +6,13 @@ Two separate bounds, so the socket cannot be exhausted either way:
   while they are all taken is refused at once (it could never be served), and
   so is an `auth` that finds them taken;
 - at most UNAUTHENTICATED connections that have not (yet) authenticated:
-  a newcomer past that bound displaces the one that has waited longest.
+  a newcomer past that bound displaces the longest-waiting connection of
+  the process (the peer's pid, SO_PEERCRED) that holds the most of them.
   Connections that never authenticate hold a place only until newer ones
-  need it, not for the 10 s auth timeout, so a client that authenticates as
-  soon as it connects is not locked out by them.
+  need it, not for the 10 s auth timeout, and a process that floods the
+  socket displaces its own connections first: a client that authenticates
+  as soon as it connects is not locked out by them, even while another
+  process opens hundreds a second.
 
 Connections that never authenticate therefore never count against the
 authenticated bound. Every refusal is counted by reason
@@ -20,7 +23,7 @@ Sans-IO: the door closes what this decides.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 AUTHENTICATED = 256
 UNAUTHENTICATED = 64
@@ -48,30 +51,49 @@ class Admission:
         self.authenticated_bound = authenticated
         self.unauthenticated_bound = unauthenticated
         self.authenticated: set = set()
-        self.waiting: OrderedDict = OrderedDict()  # oldest first
+        # waiting connection -> the process it came from, oldest first
+        self.waiting: OrderedDict = OrderedDict()
+        self.per_process: Counter = Counter()
 
-    def arrive(self, conn) -> tuple[str | None, object | None]:
-        """A new connection: (refusal reason or None, a waiting connection it
-        displaces or None)."""
+    def arrive(self, conn, process=None) -> tuple[str | None, object | None]:
+        """A new connection from `process` (its peer's pid; None when unknown):
+        (refusal reason or None, a waiting connection it displaces or None)."""
         if len(self.authenticated) >= self.authenticated_bound:
             return AUTHENTICATED_FULL, None
+        self.waiting[conn] = process
+        self.per_process[process] += 1
         displaced = None
-        if len(self.waiting) >= self.unauthenticated_bound:
-            displaced, _ = self.waiting.popitem(last=False)
-        self.waiting[conn] = None
+        if len(self.waiting) > self.unauthenticated_bound:
+            displaced = self._longest_waiting_of_the_largest_holder()
+            self._forget(displaced)
         return None, displaced
+
+    def _longest_waiting_of_the_largest_holder(self):
+        most = max(self.per_process.values())
+        return next(conn for conn, process in self.waiting.items()
+                    if self.per_process[process] == most)
+
+    def _forget(self, conn) -> None:
+        process = self.waiting.pop(conn)
+        left = self.per_process[process] - 1
+        if left:
+            self.per_process[process] = left
+        else:
+            del self.per_process[process]
 
     def authenticate(self, conn) -> str | None:
         """A waiting connection sent the right token: the refusal reason, or
         None when it now holds an authenticated place."""
-        self.waiting.pop(conn, None)
+        if conn in self.waiting:
+            self._forget(conn)
         if len(self.authenticated) >= self.authenticated_bound:
             return AUTHENTICATED_FULL
         self.authenticated.add(conn)
         return None
 
     def leave(self, conn) -> None:
-        self.waiting.pop(conn, None)
+        if conn in self.waiting:
+            self._forget(conn)
         self.authenticated.discard(conn)
 
     def counts(self) -> dict[str, int]:

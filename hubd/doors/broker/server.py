@@ -20,6 +20,7 @@ import os
 import secrets
 import socket
 import stat
+import struct
 from collections import deque
 from functools import partial
 from pathlib import Path
@@ -181,6 +182,21 @@ class NativeEndpoint:
         self.writer.close()
 
 
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_process(writer: asyncio.StreamWriter) -> int | None:
+    """The pid of the process at the other end of a Unix socket (SO_PEERCRED),
+    or None where the system cannot say."""
+    sock = writer.get_extra_info("socket")
+    try:
+        pid, _, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                      _PEERCRED.size))
+    except (AttributeError, OSError):
+        return None
+    return pid
+
+
 class BrokerDoor:
     def __init__(self, hub, config: BrokerConfig):
         self.hub = hub
@@ -268,7 +284,7 @@ class BrokerDoor:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = BrokerConnection(writer, self)
         refusal, displaced = (admission.CLOSING, None) if self.closing else \
-            self.admission.arrive(conn)
+            self.admission.arrive(conn, peer_process(writer))
         if displaced is not None:
             self._refuse(displaced, admission.UNAUTHENTICATED_DISPLACED)
         if refusal is not None:
