@@ -15,7 +15,7 @@ a forward, a log pull) wakes the link and the sender for that peer at once:
 the remaining reconnect backoff and retry backoff are skipped.
 
 The decisions here are pure functions of times and counts (tested in
-tests/unit/test_liveness.py); federation/link.py and federation/outbox.py
+tests/unit/test_liveness.py); federation/actors/link.py and federation/actors/outbox.py
 apply them. Times are seconds; `now` is the caller's clock.
 """
 

@@ -16,7 +16,7 @@ import time
 
 from federation.config import PeerRoute
 from federation.fold import FOLDED_KINDS, fold
-from federation.link import LinkError, PeerLink
+from federation.actors.link import LinkError, PeerLink
 from federation.merge import MergedLog, MergeError, decode_snapshot
 from federation.pins import PinError, PinSet, parse_pin
 from federation.tls import peer_client_context, verified_client_context

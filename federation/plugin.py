@@ -20,11 +20,11 @@ import structlog
 from hubd.core.message import CLOSE_AUTH
 from hubd.core.plugin import Plugin
 
-from . import authority as authority_state
-from . import claim_forwarding, delivery_forward, logpull, receiver
-from . import remote_leases
-from . import state as forward_state
-from .config import FederationConfig
+from federation import remote_leases
+from federation import state as forward_state
+from federation.config import FederationConfig
+from federation.handlers import authority as authority_state
+from federation.handlers import claims, delivery_forward, logpull, receiver
 
 log = structlog.get_logger("hubd.federation")
 
@@ -33,17 +33,17 @@ class Federation:
     def __init__(self, config: FederationConfig):
         self.config = config
         self.hub = None
-        self.forwarding = None  # federation.forwarding.Forwarding, with message peers
-        self.delivery = None  # federation.delivery_forward.DeliveryForwarder, likewise
-        self.authority = None  # federation.authority.Authority, with a namespace-owner map
+        self.forwarding = None  # federation.handlers.forwarding.Forwarding, with message peers
+        self.delivery = None  # federation.handlers.delivery_forward.DeliveryForwarder, likewise
+        self.authority = None  # federation.handlers.authority.Authority, with a namespace-owner map
         self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
-        self.peer_links = None  # federation.peers.PeerLinks: one link per peer hub
+        self.peer_links = None  # federation.actors.peers.PeerLinks: one link per peer hub
         self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
-        self.log_pulls: set = set()  # log pulls being read (federation/logpull.py bounds them)
+        self.log_pulls: set = set()  # log pulls being read (federation/handlers/logpull.py bounds them)
 
     def plugin(self) -> Plugin:
         verbs: dict = {}
-        for module in (receiver, logpull, claim_forwarding):
+        for module in (receiver, logpull, claims):
             verbs.update(module.verbs)
         appliers: dict[str, list] = {}
         for module in (forward_state, authority_state, remote_leases, delivery_forward):
@@ -56,9 +56,9 @@ class Federation:
             projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS,
                          **remote_leases.PROJECTIONS, **delivery_forward.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
-            claim_gate=claim_forwarding.gate,
+            claim_gate=claims.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
-            replaces_state_sections={"active_claims": claim_forwarding.active_claims_with_remote},
+            replaces_state_sections={"active_claims": claims.active_claims_with_remote},
             remote_hubs=self,
             health_sections={"message_forward": self._health_forwarding,
                              "multihub": self._health_authority},
@@ -79,21 +79,21 @@ class Federation:
         hub.federation = self
         config = self.config
         if config.serving_policy_path is not None:
-            from .policy import load_serving_policy
+            from federation.policy import load_serving_policy
 
             self.serving_policy = load_serving_policy(config.serving_policy_path)
         if config.message_peers or config.watches or config.claim_peers:
-            from .peers import PeerLinks
+            from federation.actors.peers import PeerLinks
 
             self.peer_links = PeerLinks(hub.hub_id, config)
         if config.message_peers:
-            from .forwarding import Forwarding
+            from federation.handlers.forwarding import Forwarding
 
             self.forwarding = Forwarding(hub, config, self.peer_links)
             self.delivery = delivery_forward.DeliveryForwarder(hub, self.forwarding,
                                                                self.peer_links)
         if config.namespace_owners:
-            from .authority import Authority
+            from federation.handlers.authority import Authority
 
             self.authority = Authority(hub, config, self.peer_links)
 
@@ -102,7 +102,7 @@ class Federation:
         config = self.config
         if config.tls_certfile is None:
             return None
-        from .tls import server_context
+        from federation.tls import server_context
 
         policy = self.serving_policy
         self.server_ssl = server_context(config.tls_certfile, config.tls_keyfile,
@@ -135,11 +135,11 @@ class Federation:
         config = old.rebuild()
         policy = None
         if config.serving_policy_path is not None:
-            from .policy import load_serving_policy
+            from federation.policy import load_serving_policy
 
             policy = load_serving_policy(config.serving_policy_path)
         if config.tls_certfile is not None:
-            from .tls import server_context
+            from federation.tls import server_context
 
             server_context(config.tls_certfile, config.tls_keyfile,
                            client_ca_pem=policy.client_ca_pem if policy else None)

@@ -5,7 +5,7 @@
   forward_id), so the chat and its outbox row commit together. The projection
   is only the index (forward_id -> the chat's seq, per peer, oldest first):
   the forward itself, its body and attempts, is held once, by the peer's
-  ForwardOutbox actor (federation/outbox.py), or left in the journal when the
+  ForwardOutbox actor (federation/actors/outbox.py), or left in the journal when the
   actor has no room for it (it reads it back by seq: `pending_from_event`).
 - the forward inbox: forward_ids this hub accepted from peers, with a digest of
   what was accepted and the result it answered, so a retry gets `duplicate`

@@ -213,7 +213,7 @@ def await_writes(router: Router, seq: int, served: list[str], live: list[str],
     names with a completed write plus `served`. With no live name, or too
     many chats already waiting, it is called at once, in this round, with
     `served` alone (never a false positive). Local receipts and forwarded
-    chats' answers (federation/receiver.py) both decide through this."""
+    chats' answers (federation/handlers/receiver.py) both decide through this."""
     if not live:
         decided(router, list(served))
         return

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# -- a forward's life (federation.outbox owns the instances, one per row)
+# -- a forward's life (federation.actors.outbox owns the instances, one per row)
 #
 #   QUEUED ──send──▶ IN_FLIGHT ──answer accepted───▶ ACCEPTED    (settled)
 #     ▲                 │  │ ───answer duplicate──▶ DUPLICATE   (settled)

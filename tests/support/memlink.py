@@ -1,6 +1,6 @@
 """An in-memory link pair for the federation actors' unit tests.
 
-`MemoryLink` is the hub's end: the surface of federation.link.PeerLink the
+`MemoryLink` is the hub's end: the surface of federation.actors.link.PeerLink the
 actors use (up, up_since, batching, send, request, the on_* callbacks,
 health). `FarEnd` is the peer's end, driven by the test: it connects and cuts
 the link, sees every frame that arrived, answers, and decides what happens to
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from federation.clock import ManualClock, wait_for
-from federation.link import CLOSED, TIMEOUT, Answers, LinkError
+from federation.actors.link import CLOSED, TIMEOUT, Answers, LinkError
 
 DELIVER, DROP, HANG = "deliver", "drop", "hang"
 

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-import federation.outbox as outbox_module
+import federation.actors.outbox as outbox_module
 from federation.clock import ManualClock, settle
 from federation.metrics import ForwardMetrics
-from federation.outbox import ANSWER_TIMEOUT, ForwardOutbox, PeerAlive, Settled, StillPending
+from federation.actors.outbox import ANSWER_TIMEOUT, ForwardOutbox, PeerAlive, Settled, StillPending
 from federation.state import PendingForward
 from hubd.state import delivery as dl
 from tests.support.memlink import DROP, HANG, MemoryLink

@@ -31,7 +31,7 @@ from federation.pins import peer_certificate_der
 from hubd.wire import codec
 from hubd.wire.envelope import PROTOCOL_VERSION, strict_int
 
-log = structlog.get_logger("hubd.federation.link")
+log = structlog.get_logger("hubd.federation.actors.link")
 
 CONNECT_TIMEOUT = 5.0  # the whole dial: TCP (liveness.DIAL_TIMEOUT), TLS, upgrade, welcome
 # Reconnect attempts are cheap against a peer that refuses, and a hung peer

@@ -21,9 +21,9 @@ from typing import Callable
 import structlog
 
 from federation.config import FederationConfig, PeerRoute, merged_routes
-from federation.link import PeerLink
+from federation.actors.link import PeerLink
 
-log = structlog.get_logger("hubd.federation.peers")
+log = structlog.get_logger("hubd.federation.actors.peers")
 
 
 @dataclass

@@ -30,7 +30,7 @@ from typing import Callable
 
 import structlog
 
-from federation import delivery_forward
+from federation.handlers import delivery_forward
 from federation.policy import NAMESPACE_NOT_GRANTED
 from federation.state import INBOX_IDS, forward_digest, inbox_of, verdict_result
 from hubd.actors.router import Router
@@ -42,7 +42,7 @@ from hubd.wire import codec
 from hubd.wire.envelope import HUB_ID_RE
 from hubd.wire.targets import is_glob, project_of
 
-log = structlog.get_logger("hubd.federation.receiver")
+log = structlog.get_logger("hubd.federation.handlers.receiver")
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
@@ -118,7 +118,7 @@ def claim_peer_link(router: Router, session: Session, frame: dict) -> bool:
 def peer_alive(router: Router, session: Session) -> None:
     """Anything from a pinned peer's link is a sign of life: this hub's own
     link and sender for that peer stop waiting out their backoff."""
-    forwarding = router.hub.federation.forwarding
+    forwarding = router.hub.federation.handlers.forwarding
     if forwarding is not None and session.peer_hub is not None:
         forwarding.peer_seen(session.peer_hub)
 
@@ -414,7 +414,7 @@ def admit(router: Router, session: Session, origin, forward: dict, size: int) ->
 def admit_delivery(router: Router, session: Session, origin, forward: dict, size: int) -> dict:
     """A forwarded delivery intent, status request or cancel: the same grant,
     origin and seat checks as a chat, then the delivery verbs decide it
-    (federation/delivery_forward.py). Never batched, never deduplicated by
+    (federation/handlers/delivery_forward.py). Never batched, never deduplicated by
     forward_id: a delivery request is idempotent by its own request id."""
     forward_id = forward["forward_id"]
     refused = _serving_refusal(router, forward_id, origin)

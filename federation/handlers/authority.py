@@ -4,12 +4,12 @@ One Authority per hub, with three parts:
 - the ownership map and the PartitionDetector (pure decisions, federation/
   ownership.py and partition.py), consulted on the claim path inside Router
   commands and changed only there;
-- a WatchFollower actor per `--multihub-watch` peer (federation/watch.py): it
+- a WatchFollower actor per `--multihub-watch` peer (federation/actors/watch.py): it
   pulls the peer's event log, merges and folds it, and tells the Router what
   the peer asserts; the Router journals partition and heal transitions and
   equivocation evidence (observed, record_equivocation below);
 - claim routes (`--claim-peer`): a claim-family verb in a namespace a peer owns
-  goes to the ClaimForwarder actor (federation/claim_forwarder.py), which asks
+  goes to the ClaimForwarder actor (federation/actors/claim_forwarder.py), which asks
   the owner and hands the verdict back to the Router.
 
 Journaled rows (partition, heal, equivocation, recovery) are kept by a small
@@ -26,21 +26,21 @@ from functools import partial
 
 import structlog
 
-from federation.claim_forwarder import ClaimForwarder
-from federation.claim_forwarding import relay_verdict
+from federation.actors.claim_forwarder import ClaimForwarder
+from federation.handlers.claims import relay_verdict
 from federation.config import FederationConfig
-from federation.link import PeerLink
+from federation.actors.link import PeerLink
 from federation.merge import Equivocation
-from federation.peers import PeerLinks
+from federation.actors.peers import PeerLinks
 from federation.ownership import NamespaceOwnership
 from federation.partition import MULTIHUB_HEAL, MULTIHUB_PARTITION, PartitionDetector
 from federation.quarantine import (MULTIHUB_EQUIVOCATION, MULTIHUB_EQUIVOCATION_RECOVERY,
                                    active_quarantines, equivocation_payload)
-from federation.watch import Equivocated, SetQuarantine, WatchFollower, WatchStatus
+from federation.actors.watch import Equivocated, SetQuarantine, WatchFollower, WatchStatus
 from hubd.state.events import Event
 from hubd.state.hub import Appliers, HubState
 
-log = structlog.get_logger("hubd.federation.authority")
+log = structlog.get_logger("hubd.federation.handlers.authority")
 
 ROWS = "authority_rows"
 ROW_KINDS = (MULTIHUB_PARTITION, MULTIHUB_HEAL, MULTIHUB_EQUIVOCATION,

@@ -4,7 +4,7 @@ Claimant side (the ownership gate, in front of every claim-family verb:
 claim, release, task_update, checkpoint, handoff, wait_request):
 - namespace owned here and uncontested: the verb proceeds locally;
 - owned by a peer with a `--claim-peer` route: handed to the ClaimForwarder
-  actor (federation/claim_forwarder.py), which sends it to the owner as
+  actor (federation/actors/claim_forwarder.py), which sends it to the owner as
   `multihub_claim_request`; the owner's verdict comes back as a ClaimVerdict
   message, relayed privately to the claimant (a claim_granted built from the
   owner's lease, its epoch and expiry, or a refusal in the owner's words), and
@@ -24,11 +24,11 @@ from __future__ import annotations
 import structlog
 
 from federation import remote_leases as rl
-from federation.claim_forwarder import (LEASE_HELD, REPLIES, ClaimForwarderFull,
+from federation.actors.claim_forwarder import (LEASE_HELD, REPLIES, ClaimForwarderFull,
                                         ClaimVerdict, ForwardClaim, refusal_text)
 from federation.ownership import namespace_of
 from federation.policy import NAMESPACE_NOT_GRANTED
-from federation.receiver import PEER_NOT_AUTHORISED, authorise_peer, seat_problem
+from federation.handlers.receiver import PEER_NOT_AUTHORISED, authorise_peer, seat_problem
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
 from hubd.handlers import claims as claim_handlers
@@ -54,7 +54,7 @@ TASK_FIELDS = {"claim": ("payload",), "release": ("payload",), "task_update": ("
 
 
 def gate(router: Router, session: Session, frame: dict, verb: str) -> bool:
-    authority = router.hub.federation.authority
+    authority = router.hub.federation.handlers.authority
     if authority is None or not authority.configured:
         return False
     resolution = authority.resolve(session.name)
@@ -218,7 +218,7 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
                  detail=problem)
         router.send(session.endpoint, result(False, problem, reason_code=INVALID_CLAIMANT))
         return
-    authority = router.hub.federation.authority
+    authority = router.hub.federation.handlers.authority
     resolution = authority.resolve(claimant) if authority is not None and authority.configured \
         else None
     if resolution is None or resolution.kind != "local" or namespace_of(claimant) != namespace:

@@ -12,7 +12,7 @@ with the peer and the requesting seat (`multihub_delivery_routed`, projection
 `delivery_cancel` for it go to the same peer, after a restart too, and only
 from that seat.
 
-Receiving side (`serve`, called by federation/receiver.py once the peer's
+Receiving side (`serve`, called by federation/handlers/receiver.py once the peer's
 grant for the target's namespace holds): the request is admitted by the
 ordinary delivery verbs (hubd/handlers/delivery.py) as from a requester named
 `seat@ORIGIN`, the name made here from the authenticated link, never read from
@@ -41,7 +41,7 @@ from typing import NamedTuple
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from federation.link import LinkError
+from federation.actors.link import LinkError
 from hubd.handlers import delivery as dh
 from hubd.handlers.delivery import LIVE, refuse
 from hubd.state import delivery_rules as rules
@@ -252,8 +252,8 @@ class DeliveryForwarder:
 
     def __init__(self, hub, forwarding, peers):
         self.hub = hub
-        self.forwarding = forwarding  # federation.forwarding.Forwarding: who the peers are
-        self.peers = peers  # federation.peers.PeerLinks
+        self.forwarding = forwarding  # federation.handlers.forwarding.Forwarding: who the peers are
+        self.peers = peers  # federation.actors.peers.PeerLinks
         self.in_flight = 0
         self.outcomes: dict[tuple[str, str, str], int] = {}  # (peer, kind, outcome) -> count
         self._group: asyncio.TaskGroup | None = None

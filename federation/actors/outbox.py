@@ -43,12 +43,12 @@ import structlog
 
 from federation.clock import SYSTEM, next_retry
 from federation.config import DEFAULT_ROSTER_TIMEOUT
-from federation.delivery_forward import relay_sessions
+from federation.handlers.delivery_forward import relay_sessions
 from federation.state import PendingForward
 from hubd.state import delivery as dl
 from hubd.state.delivery import ACCEPTED, DUPLICATE, forward_step
 
-log = structlog.get_logger("hubd.federation.outbox")
+log = structlog.get_logger("hubd.federation.actors.outbox")
 
 WINDOW = 1024  # forwards in flight
 BATCH = 256  # forwards per frame, to a peer that takes batches

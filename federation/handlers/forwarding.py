@@ -1,7 +1,7 @@
 """Forwarding, the Router's side: a chat to PROJECT/seat@HUB, from the sender's frame to its receipts.
 
 Everything here runs inside Router commands (so it may make events); the
-sending is the peers' ForwardOutbox actors' (federation/outbox.py), one per
+sending is the peers' ForwardOutbox actors' (federation/actors/outbox.py), one per
 message peer, which this object starts and posts to:
 - forward_from: journal the chat with its outbox row (one event), echo it
   locally, and post the row to the peer's outbox once committed;
@@ -12,7 +12,7 @@ message peer, which this object starts and posts to:
   for an outbox that reads the rest of its backlog from the journal.
 
 The sender normally gets one receipt: the settled one, if the peer answers
-within a second (federation/outbox.py FIRST_ANSWER). Otherwise it gets `pending` first and the settled receipt
+within a second (federation/actors/outbox.py FIRST_ANSWER). Otherwise it gets `pending` first and the settled receipt
 later, through the durable notification outbox (at once if it is online, else
 when it next registers).
 """
@@ -29,9 +29,9 @@ from federation import liveness
 from federation import state as fstate
 from federation.config import FederationConfig
 from federation.metrics import ForwardMetrics
-from federation.outbox import (ForwardOutbox, PeerAlive, Resync, Roster, RosterAnswer, Settled,
+from federation.actors.outbox import (ForwardOutbox, PeerAlive, Resync, Roster, RosterAnswer, Settled,
                                StillPending)
-from federation.peers import PeerLinks
+from federation.actors.peers import PeerLinks
 from federation.state import PendingForward, outbox_of, pending_from_event
 from hubd.actors.router import Router
 from hubd.core.commands import Call

@@ -21,14 +21,14 @@ import orjson
 import structlog
 
 from federation import logscope
-from federation.receiver import authorise_peer, peer_alive
+from federation.handlers.receiver import authorise_peer, peer_alive
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
 from hubd.core.message import Message
 from hubd.state.presence import Session
 from hubd.wire.envelope import strict_int
 
-log = structlog.get_logger("hubd.federation.logpull")
+log = structlog.get_logger("hubd.federation.handlers.logpull")
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
