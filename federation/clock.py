@@ -59,6 +59,10 @@ class SystemClock:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
+    def timeout(self, seconds: float):
+        """`async with clock.timeout(s)`: TimeoutError once s seconds passed."""
+        return asyncio.timeout(seconds)
+
 
 SYSTEM = SystemClock()
 
@@ -91,6 +95,11 @@ class ManualClock:
         heapq.heappush(self._sleepers, (self._now + seconds, next(self._order), future))
         await future
 
+    def timeout(self, seconds: float) -> "_ManualTimeout":
+        """As asyncio.timeout, on this clock: the block is cancelled and
+        TimeoutError raised once `seconds` of this clock have passed."""
+        return _ManualTimeout(self, seconds)
+
     @property
     def sleepers(self) -> int:
         return sum(1 for _, _, f in self._sleepers if not f.done())
@@ -107,6 +116,31 @@ class ManualClock:
             await settle()
         self._now = target
         await settle()
+
+
+class _ManualTimeout:
+    def __init__(self, clock: ManualClock, seconds: float):
+        self.clock, self.seconds = clock, seconds
+        self.fired = False
+
+    async def __aenter__(self) -> "_ManualTimeout":
+        self.task = asyncio.current_task()
+        self.due = asyncio.get_running_loop().create_future()
+        clock = self.clock
+        heapq.heappush(clock._sleepers, (clock._now + self.seconds, next(clock._order), self.due))
+        self.due.add_done_callback(self._fire)
+        return self
+
+    def _fire(self, due: asyncio.Future) -> None:
+        if not due.cancelled():
+            self.fired = True
+            self.task.cancel()
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if not self.due.done():
+            self.due.cancel()
+        if self.fired and exc_type is asyncio.CancelledError and self.task.uncancel() == 0:
+            raise TimeoutError(f"no answer within {self.seconds:g}s") from exc
 
 
 async def settle(rounds: int = 20) -> None:

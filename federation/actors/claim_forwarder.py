@@ -25,8 +25,8 @@ from typing import Callable, Mapping
 import structlog
 
 from federation.clock import SYSTEM, wait_for
-from federation.actors.link import TIMEOUT as LINK_TIMEOUT
-from federation.actors.link import LinkError
+from federation.actors.link_socket import TIMEOUT as LINK_TIMEOUT
+from federation.actors.link_socket import LinkError
 from hubd.state.claims import CLAIM_DENIED
 
 log = structlog.get_logger("hubd.federation.claims")

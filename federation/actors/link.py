@@ -1,168 +1,135 @@
-"""PeerLink: one persistent, pinned (m)TLS WebSocket to one peer hub.
+"""PeerLink: the actor that owns one persistent, pinned (m)TLS WebSocket to one peer hub.
 
-The link registers under this hub's id, then carries many requests at once:
-forwards are correlated by forward_id, roster requests in order. Nothing is
-sent before the peer's certificate has matched one of its pins. Connecting and
-the welcome are bounded by timeouts, so a peer that accepts TCP and then hangs
-costs this hub one idle task, never a blocked sender. A lost link is retried
-with jittered backoff; whoever uses the link is told at once when it is up.
+The link registers under this hub's id, then carries many requests at once.
+Nothing is sent before the peer's certificate has matched one of its pins;
+connecting and the welcome are bounded, so a peer that accepts TCP and then
+hangs costs this hub one idle dial, never a blocked sender.
+
+Its inbox is one bounded queue of messages to write: `Send` (a frame nobody
+waits an answer for: the outbox's forwards) and `Ask` (a frame and the future
+its answer goes to). Posting never blocks: a link that is down, or an inbox
+at its bound, refuses at once (an Ask's future fails with the reason). One
+writer loop takes the inbox in order, registers each Ask's future with the
+correlation table just before its frame is written, and writes; a write that
+has not completed within WRITE_STALL_DEADLINE (a peer that stopped reading)
+cuts the link, as the WebSocket door cuts a slow consumer. Answers are read
+and correlated in the link's own reader task (federation/actors/answers.py);
+forward results nobody waits for go to the subscribers. When the connection
+ends, whatever waited (queued or in flight) hears LinkError at once, and the
+subscribers are told the link went down.
 
 Dead links are found by the link itself (federation/liveness.py): it pings
 every PING_INTERVAL, counts anything the peer sends as life, and closes a
-link silent past SILENCE_DEADLINE, then redials. A sign of life from the peer
-elsewhere (wake()) skips the remaining reconnect backoff.
+link silent past SILENCE_DEADLINE, then redials with jittered backoff. A sign
+of life from the peer elsewhere (wake()) skips the remaining backoff. All of
+its timers read the injected clock (federation/clock.py); the socket is
+whatever its dialer opens (federation/actors/link_socket.py, or an in-memory
+pair in the actor tests).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections import deque
-import ssl
 import time
-from typing import Callable
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
 
-import aiohttp
 import structlog
 
 from federation import liveness
+from federation.actors.answers import Answers
+from federation.actors.link_socket import (AUTH, BUSY, CLOSED, PIN_MISMATCH, PING, PONG,
+                                           REFUSED, SILENT, STALLED, TIMEOUT, Connection,
+                                           LinkError, SocketDialer)
+from federation.clock import SYSTEM, wait_for
 from federation.config import PeerRoute
-from federation.pins import peer_certificate_der
 from hubd.wire import codec
 from hubd.wire.envelope import PROTOCOL_VERSION, strict_int
 
-log = structlog.get_logger("hubd.federation.actors.link")
+log = structlog.get_logger("hubd.federation.link")
 
 CONNECT_TIMEOUT = 5.0  # the whole dial: TCP (liveness.DIAL_TIMEOUT), TLS, upgrade, welcome
-# Reconnect attempts are cheap against a peer that refuses, and a hung peer
-# is bounded by the timeouts anyway; a low cap means a returning peer is
-# found within a second, not after the reference's 10-300 s backoff.
-CLOSE_WAIT = 0.5  # for the peer's close frame when this hub ends a link
+INBOX = 4096  # messages waiting to be written (the outbox keeps at most 1,024 in flight)
 LOG_REPEAT = 60.0  # a link failing the same way is logged once a minute
 
-# causes reported in /health and logs
-TLS = "tls"
-PIN_MISMATCH = "pin_mismatch"
-REFUSED = "refused"
-TIMEOUT = "timeout"
-SILENT = "silent"  # up, but nothing heard from the peer within the deadline
-CLOSED = "closed"
-AUTH = "auth_denied"
-PROTOCOL = "protocol"
+
+# -- what others post to the link
 
 
-class LinkError(Exception):
-    def __init__(self, cause: str, detail: str):
-        super().__init__(f"{cause}: {detail}")
-        self.cause = cause
-        self.detail = detail
+class Send(NamedTuple):
+    """Write `frame`; its answer, if any, goes to the subscribers' on_result."""
+
+    frame: dict
 
 
-class Answers:
-    """Where a peer's answers go: a waiting request (matched by the id it
-    echoes, or in order when the answer echoes none) or, for forward
-    results nobody waits for, the subscriber. One home for both link kinds
-    (PeerLink here, the in-memory link of the actor tests)."""
+class Ask(NamedTuple):
+    """Write `frame`; its answer (matched by `key`, or in order by
+    `reply_type`) or the link's failure goes to `reply`."""
 
-    def __init__(self, peer: str, on_result: Callable[[str, dict], None],
-                 on_rejected: Callable[[str, str], None]):
-        self.peer = peer
-        self.on_result, self.on_rejected = on_result, on_rejected
-        self._by_key: dict[str, asyncio.Future] = {}  # answers that echo an id
-        self._in_order: dict[str, deque] = {}  # reply type -> waiters, for answers without one
-        # reply type -> keyed waiters that also take an answer echoing no id
-        self._keyed_in_order: dict[str, deque] = {}
+    frame: dict
+    key: str | None
+    reply_type: str | None
+    reply: asyncio.Future
 
-    def expect(self, key: str | None, reply_type: str | None) -> asyncio.Future:
-        """A waiter for the answer echoing `key`, or with no key the next
-        answer of `reply_type`. With both, an answer of that type that echoes
-        no id at all (the reference hub's multihub_claim_result) is matched in
-        order among such waiters."""
-        future = asyncio.get_running_loop().create_future()
-        if key is None:
-            self._in_order.setdefault(reply_type, deque()).append(future)
-            return future
-        self._by_key[key] = future
-        if reply_type is not None:
-            self._keyed_in_order.setdefault(reply_type, deque()).append(future)
-        return future
 
-    def forget(self, future: asyncio.Future, key: str | None, reply_type: str | None) -> None:
-        if key is not None:
-            self._by_key.pop(key, None)
-        table = self._in_order if key is None else self._keyed_in_order
-        waiting = table.get(reply_type)
-        if waiting and future in waiting:
-            waiting.remove(future)
+_PING, _PONG, _CLOSE = object(), object(), object()  # the link's own writes
 
-    def route(self, frame: dict) -> None:
-        kind = frame.get("type")
-        if kind == "multihub_message_result_batch":
-            results = frame.get("results")
-            if isinstance(results, list):
-                for result in results:
-                    if isinstance(result, dict):
-                        self.on_result(self.peer, result)
-        elif kind == "multihub_message_result":
-            waiter = self._by_key.pop(frame.get("forward_id"), None)
-            if waiter is None:
-                self.on_result(self.peer, frame)
-            elif not waiter.done():
-                waiter.set_result(frame)
-        elif kind in ("multihub_log_snapshot", "multihub_claim_result"):
-            waiter = None
-            keyed = self._keyed_in_order.get(kind)
-            rid = frame.get("request_id")
-            if isinstance(rid, str):
-                # only the request it names (never another keyed one: a late
-                # answer to a request that gave up must not answer the next)
-                waiter = self._by_key.pop(rid, None)
-                if waiter is not None and keyed and waiter in keyed:
-                    keyed.remove(waiter)
-            elif keyed:
-                waiter = keyed.popleft()
-            waiting = self._in_order.get(kind)
-            if waiter is None and waiting:
-                waiter = waiting.popleft()
-            if waiter is not None and not waiter.done():
-                waiter.set_result(frame)
-        elif kind == "error":
-            text = str(frame.get("payload", ""))
-            if "'multihub_message_forward'" in text:
-                # A hub older than wire v5 does not know the verb at all.
-                self.on_rejected(self.peer, text)
-            else:
-                log.warning("peer sent an error", peer=self.peer, error=text)
 
-    def fail_all(self) -> None:
-        """The link went down: every waiting request hears it."""
-        waiters = list(self._by_key.values())
-        for waiting in self._in_order.values():
-            waiters.extend(waiting)
-            waiting.clear()
-        for waiting in self._keyed_in_order.values():
-            waiting.clear()
-        self._by_key.clear()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(LinkError(CLOSED, "link went down"))
+@dataclass
+class _Subscribers:
+    """Who hears the link's events, called in the link's task, in subscription order."""
+
+    up: list = field(default_factory=list)
+    down: list = field(default_factory=list)
+    result: list = field(default_factory=list)
+    rejected: list = field(default_factory=list)
+
+    def on_up(self, peer: str) -> None:
+        for fn in self.up:
+            fn(peer)
+
+    def on_down(self, peer: str, cause: str) -> None:
+        for fn in self.down:
+            fn(peer, cause)
+
+    def on_result(self, peer: str, frame: dict) -> None:
+        for fn in self.result:
+            fn(peer, frame)
+
+    def on_rejected(self, peer: str, text: str) -> None:
+        for fn in self.rejected:
+            fn(peer, text)
 
 
 class PeerLink:
     def __init__(self, route: PeerRoute, hub_id: str, ssl_context, *,
-                 on_up: Callable[[str], None] = lambda peer: None,
-                 on_down: Callable[[str, str], None] = lambda peer, cause: None,
-                 on_result: Callable[[str, dict], None] = lambda peer, frame: None,
-                 on_rejected: Callable[[str, str], None] = lambda peer, text: None):
+                 on_up: Callable[[str], None] | None = None,
+                 on_down: Callable[[str, str], None] | None = None,
+                 on_result: Callable[[str, dict], None] | None = None,
+                 on_rejected: Callable[[str, str], None] | None = None,
+                 clock=SYSTEM, dialer=None, inbox: int = INBOX):
         self.route = route
         self.peer = route.hub_id
         self.hub_id = hub_id
         self._ssl = ssl_context
-        self._on_up, self._on_down = on_up, on_down
-        self.answers = Answers(self.peer, on_result, on_rejected)
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self.clock = clock
+        self._dialer = dialer
+        self._subscribers = _Subscribers()
+        self.answers = Answers(self.peer, self._subscribers.on_result,
+                               self._subscribers.on_rejected)
+        # the inbox: (Send | Ask | one of the link's own writes, data)
+        self._inbox: deque = deque()
+        self.inbox_bound = inbox
+        self._writable = asyncio.Event()
+        self._ping_queued = False
+        self._pong_queued: list | None = None  # [data]: one pong waits, answering the latest
+        self._write_started: float | None = None  # clock time the write in progress began
+        self._conn: Connection | None = None
+        self._cut: tuple[str, str] | None = None  # why the link itself ended the connection
         self.up = False
-        self.up_since: float | None = None
+        self.up_since: float | None = None  # clock (monotonic) time the link came up
         self.last_error: dict | None = None
         self.peer_protocol_version: int | None = None
         self.batching = False  # the peer is a hubd that takes batched forwards
@@ -173,53 +140,73 @@ class PeerLink:
         self.connects = 0
         self.connecting = False
         self.silence_closes = 0  # links closed because the peer fell silent
+        self.stall_closes = 0  # links cut because a write did not complete in time
+        self.refused_busy = 0  # posts refused at the inbox bound
         self.up_at: float | None = None  # wall time the link last came up
         self.last_inbound: float | None = None  # wall time anything last came from the peer
-        self._last_heard = 0.0  # monotonic, on this link
+        self._last_heard = 0.0  # clock time, on this link
         self._wake = asyncio.Event()
         self._logged_at = 0.0
+        self._busy_logged_at = 0.0
         self._stop = False
-        self._silent_for: float | None = None
-        self._pings: set[asyncio.Task] = set()
+        self.subscribe(on_up=on_up, on_down=on_down, on_result=on_result,
+                       on_rejected=on_rejected)
 
-    # -- requests
+    def subscribe(self, *, on_up=None, on_down=None, on_result=None, on_rejected=None) -> None:
+        subscribers = self._subscribers
+        for fn, into in ((on_up, subscribers.up), (on_down, subscribers.down),
+                         (on_result, subscribers.result), (on_rejected, subscribers.rejected)):
+            if fn is not None:
+                into.append(fn)
+        if on_up is not None and self.up:
+            on_up(self.peer)  # subscribed late: the link is already up
 
-    async def send(self, frame: dict) -> bool:
-        """Write one frame; False if the link is not up (the caller retries later)."""
-        ws = self._ws
-        if ws is None or not self.up or ws.closed:
-            return False
-        try:
-            await ws.send_frame(codec.encode(frame), aiohttp.WSMsgType.TEXT)
-        except (ConnectionError, aiohttp.ClientError, RuntimeError):
-            return False
-        return True
+    # -- the inbox (other tasks on this loop; never blocks)
 
-    async def request(self, frame: dict, timeout: float, *, key: str | None = None,
-                      reply_type: str | None = None) -> dict:
-        """Send a request and wait for its answer; LinkError when the peer cannot
-        answer in time. Answers are matched by `key` (a forward_id or
-        request_id the peer echoes) or, for `reply_type`s that carry no id (log
-        snapshots), in order."""
+    def post(self, message: Send | Ask) -> bool:
+        """Queue a message for the writer. False (an Ask's future failed with
+        the reason) when the link is down or the inbox is at its bound."""
         if not self.up:
-            raise LinkError(CLOSED, self.last_error["detail"] if self.last_error else "link down")
-        future = self.answers.expect(key, reply_type)
+            why = LinkError(CLOSED, self._down_detail())
+        elif len(self._inbox) >= self.inbox_bound:
+            self.refused_busy += 1
+            now = time.time()
+            if now - self._busy_logged_at > LOG_REPEAT:
+                self._busy_logged_at = now
+                log.warning("peer link inbox full; refusing until the writer catches up",
+                            peer=self.peer, bound=self.inbox_bound, refused=self.refused_busy)
+            why = LinkError(BUSY, f"{self.inbox_bound} messages to {self.peer} are already "
+                                  "waiting to be written")
+        else:
+            self._inbox.append(message)
+            self._writable.set()
+            return True
+        if type(message) is Ask and not message.reply.done():
+            message.reply.set_exception(why)
+        return False
+
+    def send(self, frame: dict) -> bool:
+        return self.post(Send(frame))
+
+    async def request(self, frame: dict, timeout: float | None, *, key: str | None = None,
+                      reply_type: str | None = None) -> dict:
+        """Post an Ask and wait for its answer; LinkError when the link cannot
+        carry it or the peer does not answer within `timeout` of the clock."""
+        if not self.up:
+            raise LinkError(CLOSED, self._down_detail())
+        reply = asyncio.get_running_loop().create_future()
+        self.post(Ask(frame, key, reply_type, reply))
         try:
-            if not await self.send(frame):
-                raise LinkError(CLOSED, "link went down")
-            return await asyncio.wait_for(future, timeout)
+            if timeout is None:
+                return await reply
+            return await wait_for(self.clock, reply, timeout)
         except TimeoutError as exc:
             raise LinkError(TIMEOUT, f"no answer from {self.peer} within {timeout:g}s") from exc
         finally:
-            self.answers.forget(future, key, reply_type)
+            if not reply.done():
+                reply.cancel()  # the waiter leaves the correlation table
 
-    # -- lifetime
-
-    @property
-    def state(self) -> str:
-        if self.up:
-            return liveness.UP
-        return liveness.CONNECTING if self.connecting else liveness.DOWN
+    # -- signals (never queued behind the inbox)
 
     def wake(self) -> None:
         """The peer showed life elsewhere (its inbound link, a forward, a log
@@ -227,166 +214,258 @@ class PeerLink:
         ping now, so a link that died unnoticed is found sooner."""
         self.last_inbound = time.time()
         self._wake.set()
-        ws = self._ws
-        if self.up and ws is not None and not ws.closed and \
-                time.monotonic() - self._last_heard > liveness.PING_INTERVAL:
-            task = asyncio.get_running_loop().create_task(self._ping(ws))
-            self._pings.add(task)
-            task.add_done_callback(self._pings.discard)
-
-    async def run(self) -> None:
-        backoff = liveness.BACKOFF_START
-        timeout = aiohttp.ClientTimeout(sock_connect=liveness.DIAL_TIMEOUT)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while not self._stop:
-                self._wake.clear()
-                try:
-                    await self._connect_and_serve(session)
-                except LinkError as exc:
-                    self._record_error(exc.cause, exc.detail)
-                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-                    self._record_error(*_classify(exc))
-                finally:
-                    up_for = time.monotonic() - self.up_since if self.up_since else None
-                    self._went_down()
-                backoff = liveness.next_backoff(backoff, up_for)
-                if self._wake.is_set():
-                    continue  # the peer is alive: redial now
-                try:
-                    await asyncio.wait_for(self._wake.wait(),
-                                           liveness.jittered(backoff, random.random()))
-                except TimeoutError:
-                    pass
+        if self.up and self.clock.monotonic() - self._last_heard > liveness.PING_INTERVAL:
+            self._queue_ping()
 
     def reroute(self, route: PeerRoute, ssl_context) -> None:
         """Take new pins/URI/token; a live connection that fails the new pins is closed."""
         self.route = route
         self._ssl = ssl_context
-        ws = self._ws
-        if ws is not None and route.pins is not None:
-            der = peer_certificate_der(ws)
+        conn = self._conn
+        if conn is not None and route.pins is not None:
+            der = conn.certificate_der()
             if der is None or not route.pins.matches(der):
                 log.warning("peer certificate no longer matches its pins; closing the link",
                             peer=self.peer)
-                self._record_error(PIN_MISMATCH, "certificate no longer matches the reloaded pins")
-                asyncio.get_running_loop().create_task(ws.close())
+                self._end(conn, PIN_MISMATCH,
+                          "certificate no longer matches the reloaded pins")
 
     def stop(self) -> None:
         self._stop = True
-        if self._ws is not None:
-            asyncio.get_running_loop().create_task(self._ws.close())
+        self._wake.set()
+        if self._conn is not None:
+            self._end(self._conn, CLOSED, "this hub stopped the link")
 
-    async def _connect_and_serve(self, session: aiohttp.ClientSession) -> None:
+    # -- the actor
+
+    @property
+    def state(self) -> str:
+        if self.up:
+            return liveness.UP
+        return liveness.CONNECTING if self.connecting else liveness.DOWN
+
+    async def run(self) -> None:
+        backoff = liveness.BACKOFF_START
+        async with (self._dialer or SocketDialer()) as dialer:
+            while not self._stop:
+                self._wake.clear()
+                try:
+                    await self._connect_and_serve(dialer)
+                except LinkError as exc:
+                    self._record_error(exc.cause, exc.detail)
+                finally:
+                    up_for = self.clock.monotonic() - self.up_since if self.up_since else None
+                    self._went_down()
+                backoff = liveness.next_backoff(backoff, up_for)
+                if self._wake.is_set() or self._stop:
+                    continue  # the peer is alive: redial now
+                try:
+                    await wait_for(self.clock, self._wake.wait(),
+                                   liveness.jittered(backoff, random.random()))
+                except TimeoutError:
+                    pass
+
+    async def _connect_and_serve(self, dialer) -> None:
         route = self.route
         self.connecting = True
+        self._cut = None
+        conn = None
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT):
-                ssl_context = self._ssl.for_route(route) if route.secure else False
-                # autoping off: pongs are this link's evidence of life (see _read)
-                ws = await session.ws_connect(
-                    route.uri, ssl=ssl_context, max_msg_size=16 * 1024 * 1024, compress=0,
-                    autoping=False, timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_WAIT))
-        finally:
-            self.connecting = False
-        try:
-            if route.pins is not None:
-                der = peer_certificate_der(ws)
-                if der is None or not route.pins.matches(der):
-                    raise LinkError(PIN_MISMATCH, f"{self.peer} presented a certificate that "
-                                                  "matches none of its pins")
-            register = {"sender": self.hub_id, "target": "System", "type": "heartbeat",
-                        "payload": "online", "protocol_version": PROTOCOL_VERSION}
-            if route.token:
-                register["token"] = route.token
-            await ws.send_frame(codec.encode(register), aiohttp.WSMsgType.TEXT)
-            async with asyncio.timeout(CONNECT_TIMEOUT):
-                welcome = await self._await_welcome(ws)
-            self.peer_protocol_version = strict_int(welcome.get("protocol_version"))
-            features = welcome.get("hubd_features")
-            self.features = frozenset(f for f in features if isinstance(f, str)) \
-                if isinstance(features, list) else None
-            self.batching = self.features is not None and "forward_batch" in self.features
-            ts = welcome.get("timestamp")
-            if isinstance(ts, (int, float)) and not isinstance(ts, bool):
-                self.clock_skew = time.time() - ts
-            self._ws = ws
-            self.up = True
-            self.up_since = time.monotonic()
-            self.up_at = time.time()
-            self._heard()
-            self.connects += 1
-            log.info("peer link up", peer=self.peer, uri=route.uri,
-                     peer_protocol_version=self.peer_protocol_version)
-            self._on_up(self.peer)
-            watchdog = asyncio.get_running_loop().create_task(self._watch(ws))
             try:
-                await self._read(ws)
+                async with self.clock.timeout(CONNECT_TIMEOUT):
+                    conn = await dialer.dial(route, self._ssl)
+                    self.connecting = False
+                    welcome = await self._handshake(conn, route)
+            except TimeoutError as exc:
+                raise LinkError(TIMEOUT, "connect or welcome timed out") from exc
             finally:
-                watchdog.cancel()
+                self.connecting = False
+            self._came_up(conn, welcome)
+            await self._serve(conn)
         finally:
-            await ws.close()
+            if conn is not None:
+                await conn.close(1000, b"")
+
+    async def _handshake(self, conn: Connection, route: PeerRoute) -> dict:
+        if route.pins is not None:
+            der = conn.certificate_der()
+            if der is None or not route.pins.matches(der):
+                raise LinkError(PIN_MISMATCH, f"{self.peer} presented a certificate that "
+                                              "matches none of its pins")
+        register = {"sender": self.hub_id, "target": "System", "type": "heartbeat",
+                    "payload": "online", "protocol_version": PROTOCOL_VERSION}
+        if route.token:
+            register["token"] = route.token
+        try:
+            await conn.send_text(codec.encode(register))
+        except ConnectionError as exc:
+            raise LinkError(CLOSED, f"{self.peer} closed the link before its welcome") from exc
+        while True:
+            message = await conn.receive()
+            if message is None:
+                break
+            kind, data = message
+            if kind is not PING and kind is not PONG:
+                frame = codec.decode_frame(data)
+                if not isinstance(frame, dict):
+                    continue
+                kind = frame.get("type")
+                if kind == "welcome":
+                    return frame
+                if kind in ("auth_denied", "name_conflict"):
+                    raise LinkError(AUTH if kind == "auth_denied" else REFUSED,
+                                    f"{self.peer} refused the link: {frame.get('payload')}")
+        raise LinkError(CLOSED, f"{self.peer} closed the link before its welcome "
+                                f"(close code {conn.close_code})")
+
+    def _came_up(self, conn: Connection, welcome: dict) -> None:
+        self.peer_protocol_version = strict_int(welcome.get("protocol_version"))
+        features = welcome.get("hubd_features")
+        self.features = frozenset(f for f in features if isinstance(f, str)) \
+            if isinstance(features, list) else None
+        self.batching = self.features is not None and "forward_batch" in self.features
+        ts = welcome.get("timestamp")
+        if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+            self.clock_skew = time.time() - ts
+        self._conn = conn
+        self.up = True
+        self.up_since = self.clock.monotonic()
+        self.up_at = time.time()
+        self._heard()
+        self.connects += 1
+        log.info("peer link up", peer=self.peer, uri=self.route.uri,
+                 peer_protocol_version=self.peer_protocol_version)
+        self._subscribers.on_up(self.peer)
+
+    async def _serve(self, conn: Connection) -> None:
+        """Read until the connection ends, the writer and the watchdog beside.
+        Either of those failing in a way nobody expected fails the link's task
+        (and so the hub) rather than leaving a link that cannot write."""
+        loop = asyncio.get_running_loop()
+        helpers = [loop.create_task(self._write(conn), name=f"peer-link-writer-{self.peer}"),
+                   loop.create_task(self._watch(conn), name=f"peer-link-watch-{self.peer}")]
+        for helper in helpers:
+            helper.add_done_callback(lambda task, conn=conn: self._helper_ended(task, conn))
+        try:
+            await self._read(conn)
+        finally:
+            for helper in helpers:
+                helper.cancel()
+            done = await asyncio.gather(*helpers, return_exceptions=True)
+            for result in done:
+                if isinstance(result, Exception):
+                    raise result
+
+    def _helper_ended(self, task: asyncio.Task, conn: Connection) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            conn.abort()  # the reader ends; _serve raises the helper's exception
+
+    async def _read(self, conn: Connection) -> None:
+        while True:
+            message = await conn.receive()
+            if message is None:
+                break
+            self._heard()
+            kind, data = message
+            if kind is PING:
+                self._pong_queued_for(data)
+            elif kind is not PONG:
+                # The pinned peer's answers nest (batched results); nothing here
+                # recurses on them, so orjson's own depth bound is enough.
+                frame = codec.decode_frame(data, max_depth=None)
+                if isinstance(frame, dict):
+                    self.answers.route(frame)
+        if self._cut is not None:
+            raise LinkError(*self._cut)
+        raise LinkError(CLOSED, f"{self.peer} closed the link (code {conn.close_code})")
+
+    async def _write(self, conn: Connection) -> None:
+        """The one writer: the inbox in order, each Ask's future registered
+        just before its frame leaves (so in-order answers meet their asks in
+        the order the peer reads them)."""
+        inbox, answers = self._inbox, self.answers
+        while True:
+            if not inbox:
+                self._writable.clear()
+                await self._writable.wait()
+                continue
+            message = inbox.popleft()
+            kind = type(message)
+            if kind is Ask:
+                if message.reply.done():
+                    continue  # its asker gave up while it waited here
+                answers.expect(message.reply, message.key, message.reply_type)
+            self._write_started = self.clock.monotonic()
+            try:
+                if kind is Send or kind is Ask:
+                    await conn.send_text(codec.encode(message.frame))
+                elif message is _PING:
+                    self._ping_queued = False
+                    await conn.ping()
+                elif message is _PONG:
+                    data, self._pong_queued = self._pong_queued[0], None
+                    await conn.pong(data)
+                else:  # _CLOSE: the link ends its connection (reload, stop);
+                    # shielded: the reader ends at once and this task is cancelled,
+                    # the close handshake finishes (bounded by CLOSE_WAIT) all the same
+                    await asyncio.shield(conn.close(1000, b""))
+                    return
+            except ConnectionError:
+                conn.abort()  # the reader sees the end
+                return
+            finally:
+                self._write_started = None
+
+    async def _watch(self, conn: Connection) -> None:
+        """Every PING_INTERVAL: cut a link whose write has not completed within
+        the stall deadline, close one silent past the silence deadline (a
+        black-holed connection sends no error), else ping."""
+        while True:
+            await self.clock.sleep(liveness.PING_INTERVAL)
+            now = self.clock.monotonic()
+            if liveness.write_stalled(now, self._write_started):
+                self.stall_closes += 1
+                self._cut = (STALLED, f"a write to {self.peer} did not complete within "
+                                      f"{liveness.WRITE_STALL_DEADLINE:g}s")
+                conn.abort()  # a graceful close would wait behind the stuck write
+                return
+            if liveness.is_dead(now, self._last_heard):
+                self.silence_closes += 1
+                self._cut = (SILENT, f"nothing heard from {self.peer} for "
+                                     f"{liveness.silent_for(now, self._last_heard):.1f}s "
+                                     "(pings unanswered)")
+                # Bounded by CLOSE_WAIT: the peer cannot answer a close either.
+                await conn.close(1001, b"no sign of life")
+                return
+            self._queue_ping()
+
+    def _queue_ping(self) -> None:
+        if not self._ping_queued:
+            self._ping_queued = True
+            self._inbox.append(_PING)
+            self._writable.set()
+
+    def _pong_queued_for(self, data) -> None:
+        if self._pong_queued is not None:
+            self._pong_queued[0] = data  # one pong answers the latest ping
+            return
+        self._pong_queued = [data]
+        self._inbox.append(_PONG)
+        self._writable.set()
+
+    def _end(self, conn: Connection, cause: str, detail: str) -> None:
+        """Close the connection after the write in progress, ahead of the inbox."""
+        self._record_error(cause, detail)
+        self._cut = (cause, detail)
+        self._inbox.appendleft(_CLOSE)
+        self._writable.set()
 
     def _heard(self) -> None:
-        self._last_heard = time.monotonic()
+        self._last_heard = self.clock.monotonic()
         self.last_inbound = time.time()
 
-    async def _ping(self, ws) -> None:
-        try:
-            await ws.ping()
-        except (ConnectionError, aiohttp.ClientError, RuntimeError):
-            pass  # the read loop sees the link end
-
-    async def _watch(self, ws) -> None:
-        """Ping every PING_INTERVAL; close the link once the peer has been
-        silent past the deadline (a black-holed connection sends no error)."""
-        self._silent_for = None
-        while not ws.closed:
-            await asyncio.sleep(liveness.PING_INTERVAL)
-            now = time.monotonic()
-            if liveness.is_dead(now, self._last_heard):
-                self._silent_for = liveness.silent_for(now, self._last_heard)
-                self.silence_closes += 1
-                # Bounded by CLOSE_WAIT: the peer cannot answer a close either.
-                await ws.close(code=1001, message=b"no sign of life")
-                return
-            await self._ping(ws)
-
-    async def _await_welcome(self, ws) -> dict:
-        async for msg in ws:
-            if msg.type != aiohttp.WSMsgType.TEXT and msg.type != aiohttp.WSMsgType.BINARY:
-                break
-            frame = codec.decode_frame(msg.data)
-            if not isinstance(frame, dict):
-                continue
-            kind = frame.get("type")
-            if kind == "welcome":
-                return frame
-            if kind in ("auth_denied", "name_conflict"):
-                raise LinkError(AUTH if kind == "auth_denied" else REFUSED,
-                                f"{self.peer} refused the link: {frame.get('payload')}")
-        raise LinkError(CLOSED, f"{self.peer} closed the link before its welcome "
-                                f"(close code {ws.close_code})")
-
-    async def _read(self, ws) -> None:
-        async for msg in ws:
-            self._heard()
-            if msg.type is aiohttp.WSMsgType.PING:
-                await ws.pong(msg.data)
-                continue
-            if msg.type is aiohttp.WSMsgType.PONG:
-                continue
-            if msg.type != aiohttp.WSMsgType.TEXT and msg.type != aiohttp.WSMsgType.BINARY:
-                break
-            # The pinned peer's answers nest (batched results); nothing here
-            # recurses on them, so orjson's own depth bound is enough.
-            frame = codec.decode_frame(msg.data, max_depth=None)
-            if not isinstance(frame, dict):
-                continue
-            self.answers.route(frame)
-        if self._silent_for is not None:
-            raise LinkError(SILENT, f"nothing heard from {self.peer} for "
-                                    f"{self._silent_for:.1f}s (pings unanswered)")
-        raise LinkError(CLOSED, f"{self.peer} closed the link (code {ws.close_code})")
+    def _down_detail(self) -> str:
+        return self.last_error["detail"] if self.last_error else "link down"
 
     def _record_error(self, cause: str, detail: str) -> None:
         now = time.time()
@@ -398,18 +477,28 @@ class PeerLink:
         self.last_error = {"cause": cause, "detail": detail, "at": now}
 
     def _went_down(self) -> None:
+        """Whatever waited hears it: queued asks, asks in flight, then the subscribers."""
         was_up = self.up
         self.up = False
-        self._ws = None
+        self._conn = None
         self.up_since = None
-        self.answers.fail_all()
+        error = LinkError(CLOSED, "link went down")
+        inbox, self._inbox = self._inbox, deque()
+        self._ping_queued, self._pong_queued = False, None
+        for message in inbox:
+            if type(message) is Ask and not message.reply.done():
+                message.reply.set_exception(error)
+        self.answers.fail_all(error)
         if was_up:
             cause = self.last_error["cause"] if self.last_error else CLOSED
-            self._on_down(self.peer, cause)
+            self._subscribers.on_down(self.peer, cause)
 
     def health(self) -> dict:
         return {"link": "up" if self.up else "down", "state": self.state,
                 "connects": self.connects, "silence_closes": self.silence_closes,
+                "stall_closes": self.stall_closes,
+                "inbox": len(self._inbox), "inbox_bound": self.inbox_bound,
+                "refused_busy": self.refused_busy,
                 "up_since": self.up_at if self.up else None,
                 "last_inbound": self.last_inbound,
                 "batching": self.batching,
@@ -417,16 +506,3 @@ class PeerLink:
                 "last_error": self.last_error, "peer_protocol_version": self.peer_protocol_version,
                 "clock_skew_seconds": round(self.clock_skew, 3) if self.clock_skew is not None
                 else None}
-
-
-def _classify(exc: BaseException) -> tuple[str, str]:
-    text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        return TIMEOUT, "connect or welcome timed out"
-    if isinstance(exc, (aiohttp.ClientSSLError, ssl.SSLError)):
-        return TLS, text
-    if isinstance(exc, aiohttp.WSServerHandshakeError):
-        return REFUSED, text
-    if isinstance(exc, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
-        return REFUSED, text
-    return CLOSED, text

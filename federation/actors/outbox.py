@@ -48,7 +48,7 @@ from federation.state import PendingForward
 from hubd.state import delivery as dl
 from hubd.state.delivery import ACCEPTED, DUPLICATE, forward_step
 
-log = structlog.get_logger("hubd.federation.actors.outbox")
+log = structlog.get_logger("hubd.federation.outbox")
 
 WINDOW = 1024  # forwards in flight
 BATCH = 256  # forwards per frame, to a peer that takes batches
@@ -256,7 +256,7 @@ class ForwardOutbox:
             await self._refill()
             while True:
                 self._flush_reports()
-                await self._send_ready()
+                self._send_ready()
                 self._flush_reports()
                 await self.mailbox.wait()
                 self._take()
@@ -485,13 +485,16 @@ class ForwardOutbox:
         heapq.heappush(self.delayed, (due, attempt.item.forward_id))
         self._still_pending(attempt.item, why)
 
-    async def _send_ready(self) -> None:
-        """Send while the link is up as far as its events said (a send to a
-        link that went down since returns False, and its LinkDown follows)."""
+    def _send_ready(self) -> None:
+        """Post to the link while it is up as far as its events said (a link
+        that went down since, or whose inbox is full, refuses the post: the
+        forwards go back to the front; a LinkDown follows, or the next event
+        tries again)."""
         link = self.link
         while self._roster_frames and self._up:
-            if not await link.send(self._roster_frames.popleft()):
-                break  # LinkDown answers the waiting requests
+            if not link.send(self._roster_frames[0]):
+                break  # down: LinkDown answers the waiting requests; busy: sent later
+            self._roster_frames.popleft()
         while self.ready and len(self.in_flight) < WINDOW and self._up:
             batch = []
             limit = BATCH if self._batching else 1
@@ -513,13 +516,10 @@ class ForwardOutbox:
                 frame = {"sender": self.origin, "target": "System",
                          "type": "multihub_message_forward_batch", "payload": "",
                          "forwards": [a.item.entry() for a in batch]}
-            if not await link.send(frame):
+            if not link.send(frame):
                 for attempt in reversed(batch):
                     self.in_flight.pop(attempt.item.forward_id, None)
-                    if attempt.state == dl.IN_FLIGHT:
-                        attempt.step(dl.SEND_FAILED)
-                    elif attempt.state != dl.QUEUED:
-                        continue  # settled meanwhile (expired, or the peer was rejected)
+                    attempt.step(dl.SEND_FAILED)
                     attempt.sent_at = None
                     self.ready.appendleft(attempt.item.forward_id)
                 break

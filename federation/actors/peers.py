@@ -4,7 +4,8 @@ A peer can be a message peer (the ForwardOutbox), a claim route (the
 ClaimForwarder) and a watched peer (its WatchFollower) at once; all three
 ride one pinned mTLS WebSocket, registered once. Each user subscribes to the
 link events it needs (up, down, forward results, a peer too old for
-forwarding); the link calls every subscriber in subscription order.
+forwarding); the link calls every subscriber in subscription order, in its
+own task.
 
 One link per peer needs one route per peer: a hub named by several of
 --message-peer, --claim-peer and --multihub-watch must be given the same URI
@@ -15,39 +16,13 @@ one distinct token.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import Callable
 
 import structlog
 
 from federation.config import FederationConfig, PeerRoute, merged_routes
 from federation.actors.link import PeerLink
 
-log = structlog.get_logger("hubd.federation.actors.peers")
-
-
-@dataclass
-class _Subscribers:
-    up: list[Callable[[str], None]] = field(default_factory=list)
-    down: list[Callable[[str, str], None]] = field(default_factory=list)
-    result: list[Callable[[str, dict], None]] = field(default_factory=list)
-    rejected: list[Callable[[str, str], None]] = field(default_factory=list)
-
-    def on_up(self, peer: str) -> None:
-        for fn in self.up:
-            fn(peer)
-
-    def on_down(self, peer: str, cause: str) -> None:
-        for fn in self.down:
-            fn(peer, cause)
-
-    def on_result(self, peer: str, frame: dict) -> None:
-        for fn in self.result:
-            fn(peer, frame)
-
-    def on_rejected(self, peer: str, text: str) -> None:
-        for fn in self.rejected:
-            fn(peer, text)
+log = structlog.get_logger("hubd.federation.peers")
 
 
 class PeerLinks:
@@ -56,32 +31,21 @@ class PeerLinks:
         self.routes: dict[str, PeerRoute] = merged_routes(config)
         self._context = _context(config, self.routes)
         self.links: dict[str, PeerLink] = {}
-        self._subscribers: dict[str, _Subscribers] = {}
         self._group: asyncio.TaskGroup | None = None
 
     def link(self, peer: str) -> PeerLink:
         """The peer's one link (made on first use; it runs once start() ran)."""
         link = self.links.get(peer)
         if link is None:
-            subscribers = self._subscribers[peer] = _Subscribers()
-            link = self.links[peer] = PeerLink(
-                self.routes[peer], self.hub_id, self._context, on_up=subscribers.on_up,
-                on_down=subscribers.on_down, on_result=subscribers.on_result,
-                on_rejected=subscribers.on_rejected)
+            link = self.links[peer] = PeerLink(self.routes[peer], self.hub_id, self._context)
             if self._group is not None:
                 self._run(peer, link)
         return link
 
-    def subscribe(self, peer: str, *, on_up=None, on_down=None, on_result=None,
-                  on_rejected=None) -> PeerLink:
+    def subscribe(self, peer: str, **events) -> PeerLink:
+        """The peer's link, with `events` (on_up, on_down, ...) subscribed to it."""
         link = self.link(peer)
-        subscribers = self._subscribers[peer]
-        for fn, into in ((on_up, subscribers.up), (on_down, subscribers.down),
-                         (on_result, subscribers.result), (on_rejected, subscribers.rejected)):
-            if fn is not None:
-                into.append(fn)
-        if on_up is not None and link.up:
-            on_up(peer)  # subscribed late: the link is already up
+        link.subscribe(**events)
         return link
 
     def start(self, group: asyncio.TaskGroup) -> None:

@@ -26,10 +26,10 @@ import structlog
 
 from federation.clock import SYSTEM, wait_for
 from federation.fold import FOLDED_KINDS, asserting_hubs, fold
-from federation.actors.link import LinkError
+from federation.actors.link_socket import LinkError
 from federation.merge import Equivocation, MergedLog, MergeError, decode_snapshot
 
-log = structlog.get_logger("hubd.federation.actors.watch")
+log = structlog.get_logger("hubd.federation.watch")
 
 PAGE = 1000  # events per pull request
 # Every poll re-reads this many already-accepted events: a peer that rewrote

@@ -40,7 +40,7 @@ from federation.actors.watch import Equivocated, SetQuarantine, WatchFollower, W
 from hubd.state.events import Event
 from hubd.state.hub import Appliers, HubState
 
-log = structlog.get_logger("hubd.federation.handlers.authority")
+log = structlog.get_logger("hubd.federation.authority")
 
 ROWS = "authority_rows"
 ROW_KINDS = (MULTIHUB_PARTITION, MULTIHUB_HEAL, MULTIHUB_EQUIVOCATION,

@@ -54,7 +54,7 @@ TASK_FIELDS = {"claim": ("payload",), "release": ("payload",), "task_update": ("
 
 
 def gate(router: Router, session: Session, frame: dict, verb: str) -> bool:
-    authority = router.hub.federation.handlers.authority
+    authority = router.hub.federation.authority
     if authority is None or not authority.configured:
         return False
     resolution = authority.resolve(session.name)
@@ -218,7 +218,7 @@ def claim_request(router: Router, session: Session, frame: dict, size: int) -> N
                  detail=problem)
         router.send(session.endpoint, result(False, problem, reason_code=INVALID_CLAIMANT))
         return
-    authority = router.hub.federation.handlers.authority
+    authority = router.hub.federation.authority
     resolution = authority.resolve(claimant) if authority is not None and authority.configured \
         else None
     if resolution is None or resolution.kind != "local" or namespace_of(claimant) != namespace:

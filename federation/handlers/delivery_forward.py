@@ -41,7 +41,7 @@ from typing import NamedTuple
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from federation.actors.link import LinkError
+from federation.actors.link_socket import LinkError
 from hubd.handlers import delivery as dh
 from hubd.handlers.delivery import LIVE, refuse
 from hubd.state import delivery_rules as rules

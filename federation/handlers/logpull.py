@@ -28,7 +28,7 @@ from hubd.core.message import Message
 from hubd.state.presence import Session
 from hubd.wire.envelope import strict_int
 
-log = structlog.get_logger("hubd.federation.handlers.logpull")
+log = structlog.get_logger("hubd.federation.logpull")
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()

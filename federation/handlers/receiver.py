@@ -42,7 +42,7 @@ from hubd.wire import codec
 from hubd.wire.envelope import HUB_ID_RE
 from hubd.wire.targets import is_glob, project_of
 
-log = structlog.get_logger("hubd.federation.handlers.receiver")
+log = structlog.get_logger("hubd.federation.receiver")
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
@@ -118,7 +118,7 @@ def claim_peer_link(router: Router, session: Session, frame: dict) -> bool:
 def peer_alive(router: Router, session: Session) -> None:
     """Anything from a pinned peer's link is a sign of life: this hub's own
     link and sender for that peer stop waiting out their backoff."""
-    forwarding = router.hub.federation.handlers.forwarding
+    forwarding = router.hub.federation.forwarding
     if forwarding is not None and session.peer_hub is not None:
         forwarding.peer_seen(session.peer_hub)
 

@@ -53,8 +53,7 @@ class Harness:
         self.task = None
 
     def _attach(self, **events):
-        for name, fn in events.items():
-            setattr(self.link, name, fn)
+        self.link.subscribe(**events)
 
     def _report(self, reports):
         for report in reports:
