@@ -1,9 +1,16 @@
-"""Time for the federation actors, injected, and the retry schedule as a pure function.
+"""Time for the federation actors, injected, and the retry schedule as pure functions.
 
 The actors read time and wait only through a Clock. A hub uses SystemClock;
 the actor tests use ManualClock, whose time moves only when the test says so,
 so a ten-second answer timeout or a five-minute back-off is tested by
 advancing the clock, never by sleeping.
+
+A forward that gets no answer, or a "not now", waits 1, 2, 4 ... 300 s
+(jittered) before its next attempt (next_retry). Each peer's schedule, as far
+as its attempt count and kind go, is journaled (PeerRetry, the
+`forward_retry` event: docs/federation.md, "Retries across a restart"), so a
+restarted hub holds a refusing peer's backlog until the retry that was due
+rather than sending it all at once.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import heapq
 import itertools
 import random
 import time
+from dataclasses import dataclass
 from typing import Awaitable, TypeVar
 
 T = TypeVar("T")
@@ -42,6 +50,38 @@ def next_retry(attempts: int, now: float, link_up_for: float | None,
     if link_up_for is not None and link_up_for > STABLE_LINK and attempts > RESET_AFTER_ATTEMPTS:
         attempts = 0
     return now + retry_delay(attempts, jitter), attempts + 1
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRetry:
+    """A peer's retry schedule as journaled: the attempt count its backoff
+    reached, when the next attempt is due (wall time), and whether the peer
+    said "not now" (refused) or did not answer."""
+
+    attempts: int
+    retry_at: float
+    refused: bool
+
+
+def retry_to_journal(journaled: PeerRetry | None, attempts: int, retry_at: float,
+                     refused: bool) -> PeerRetry | None:
+    """A forward of the peer backed off to attempt count `attempts`, due at
+    `retry_at`: the schedule to journal, or None when the journaled one
+    already says as much (same count, same kind). Only a change of count or
+    kind is journaled, so a peer refusing a stream of forwards at one level
+    costs one row, not one per forward."""
+    if journaled is not None and journaled.attempts == attempts and \
+            journaled.refused == refused:
+        return None
+    return PeerRetry(attempts, retry_at, refused)
+
+
+def restored_wait(journaled: PeerRetry | None, now: float) -> float:
+    """Seconds a restarted hub holds the peer's backlog back: until the
+    journaled retry is due, 0 if it is past (or nothing was journaled)."""
+    if journaled is None:
+        return 0.0
+    return max(0.0, journaled.retry_at - now)
 
 
 class SystemClock:

@@ -13,20 +13,61 @@ runtime as `hub.federation` (this object), put there when the hub is built.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import structlog
 
 from hubd.core.message import CLOSE_AUTH
 from hubd.core.plugin import Plugin
 
-from federation import remote_leases
+from federation import delivery_forward_rules, remote_leases
 from federation import state as forward_state
+from federation.actors.claim_forwarder import ClaimVerdict
+from federation.actors.delivery_sender import DeliveryAnswered
+from federation.actors.watch import Equivocated, Observed
 from federation.config import FederationConfig
 from federation.handlers import authority as authority_state
-from federation.handlers import claims, delivery_forward, logpull, receiver
+from federation.handlers import claims, delivery_forward, forwarding, logpull, receiver
 
 log = structlog.get_logger("hubd.federation")
+
+
+@dataclass(frozen=True, slots=True)
+class PeerPolicyReloaded:
+    """SIGHUP replaced the serving policy: live peer links are checked against it."""
+
+    policy: object  # federation.policy.ServingPolicy, or None: no peer is served
+
+
+def recheck_peer_sessions(router, reloaded: PeerPolicyReloaded) -> None:
+    """After a reload: a peer hub whose grant or pin no longer holds is cut off."""
+    policy = reloaded.policy
+    for session in list(router.presence.sessions.values()):
+        if session.peer_hub is None:
+            continue
+        decision = policy.authorise(session.peer_hub, session.peer_cert, None,
+                                    router.now) if policy is not None else None
+        if decision is None or not decision.allowed:
+            log.warning("peer link closed after reload", peer=session.peer_hub,
+                        reason=decision.detail if decision else "no serving policy")
+            router.endpoints.close(session.endpoint, CLOSE_AUTH, "peer no longer authorised")
+
+
+def answered_delivery(router, answered: DeliveryAnswered) -> None:
+    router.hub.federation.delivery.answered(router, answered)
+
+
+# What federation's actors tell the Router, each a frozen message handled by
+# type (hubd/core/plugin.py `commands`): no closure crosses to the Router.
+COMMANDS = {
+    forwarding.ReadOutboxReports: forwarding.read_outbox_reports,
+    forwarding.LoadBacklog: forwarding.load_backlog,
+    ClaimVerdict: claims.relay_verdict,
+    Observed: authority_state.on_observed,
+    Equivocated: authority_state.on_equivocated,
+    DeliveryAnswered: answered_delivery,
+    PeerPolicyReloaded: recheck_peer_sessions,
+}
 
 
 class Federation:
@@ -46,7 +87,7 @@ class Federation:
         for module in (receiver, logpull, claims):
             verbs.update(module.verbs)
         appliers: dict[str, list] = {}
-        for module in (forward_state, authority_state, remote_leases, delivery_forward):
+        for module in (forward_state, authority_state, remote_leases, delivery_forward_rules):
             for kind, fns in module.appliers.items():
                 appliers.setdefault(kind, []).extend(fns)
         return Plugin(
@@ -54,12 +95,13 @@ class Federation:
             verbs=verbs,
             appliers=appliers,
             projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS,
-                         **remote_leases.PROJECTIONS, **delivery_forward.PROJECTIONS},
+                         **remote_leases.PROJECTIONS, **delivery_forward_rules.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
             claim_gate=claims.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
             replaces_state_sections={"active_claims": claims.active_claims_with_remote},
             remote_hubs=self,
+            commands=COMMANDS,
             health_sections={"message_forward": self._health_forwarding,
                              "multihub": self._health_authority},
             bind=self.bind,
@@ -156,26 +198,14 @@ class Federation:
             if policy is not None:
                 self.server_ssl.load_verify_locations(cadata=policy.client_ca_pem)
         if hub.router is not None:
-            hub.router.post_control(self._recheck_peer_sessions)
+            hub.router.post_control(PeerPolicyReloaded(policy))
         if self.peer_links is not None:
             self.peer_links.reconfigure(config)
         if self.forwarding is not None:
             self.forwarding.reconfigure(config)
+            self.delivery.reconfigure()
         return {"peers": sorted(config.message_peers),
                 "serving_policy": str(config.serving_policy_path or "")}
-
-    def _recheck_peer_sessions(self, router) -> None:
-        """After a reload: a peer hub whose grant or pin no longer holds is cut off."""
-        policy = self.serving_policy
-        for session in list(router.presence.sessions.values()):
-            if session.peer_hub is None:
-                continue
-            decision = policy.authorise(session.peer_hub, session.peer_cert, None,
-                                        router.now) if policy is not None else None
-            if decision is None or not decision.allowed:
-                log.warning("peer link closed after reload", peer=session.peer_hub,
-                            reason=decision.detail if decision else "no serving policy")
-                router.endpoints.close(session.endpoint, CLOSE_AUTH, "peer no longer authorised")
 
     # -- targets on peer hubs (the core's RemoteHubs)
 
@@ -220,7 +250,7 @@ class Federation:
         """A status request or cancel for an operation routed to a peer: asked
         there (True), or not routed (False: the local verb answers)."""
         if self.delivery is None:
-            route = delivery_forward.routes_of(router.state).by_key.get(key)
+            route = delivery_forward_rules.routes_of(router.state).by_key.get(key)
             if route is None:
                 return False
             from hubd.handlers.delivery import refuse

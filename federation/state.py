@@ -14,6 +14,11 @@
 Settlement (`forward_settled`) removes a row and, when the sender asked for a
 receipt after it was told "pending", queues the final receipt in the durable
 sender-notification outbox.
+
+- the retry schedules: per peer, the attempt count and due time its outbox's
+  backoff last reached (`forward_retry`, federation/clock.py PeerRetry), read
+  by the outbox when it starts, so a restart keeps holding a refusing peer's
+  backlog (docs/federation.md, "Retries across a restart").
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from federation.clock import PeerRetry
 from hubd.state import delivery, receipt_rules
 from hubd.state.events import Event
 from hubd.state.hub import Appliers, HubState
@@ -30,8 +36,10 @@ from hubd.state.hub import Appliers, HubState
 from hubd.wire.codec import encode
 
 FORWARD_SETTLED = "forward_settled"
+FORWARD_RETRY = "forward_retry"
 OUTBOX = "forward_outbox"
 INBOX = "forward_inbox"
+RETRIES = "forward_retries"
 
 # Accepted forward ids remembered for deduplication. The origin retries a
 # forward until it is answered (an answer lost in a cut link is retried within
@@ -140,9 +148,39 @@ class ForwardInbox:
             self.accepted.popitem(last=False)
 
 
+@dataclass
+class RetrySchedules:
+    """Each peer's journaled retry schedule (a peer with none is not backing off)."""
+
+    by_peer: dict = field(default_factory=dict)  # peer -> PeerRetry
+
+
 # the projections this module keeps in HubState.extensions, by name
-PROJECTIONS = {OUTBOX: ForwardOutbox, INBOX: ForwardInbox}
+PROJECTIONS = {OUTBOX: ForwardOutbox, INBOX: ForwardInbox, RETRIES: RetrySchedules}
 appliers = Appliers()
+
+
+def retries_of(state: HubState) -> RetrySchedules:
+    return state.extensions[RETRIES]
+
+
+def retry_payload(peer: str, retry: PeerRetry | None) -> dict:
+    """A forward_retry event: the peer's new schedule, or attempts 0 when it
+    answered again and nothing waits any more."""
+    if retry is None:
+        return {"peer": peer, "attempts": 0, "retry_at": None, "refused": False}
+    return {"peer": peer, "attempts": retry.attempts, "retry_at": retry.retry_at,
+            "refused": retry.refused}
+
+
+@appliers.applies(FORWARD_RETRY)
+def _apply_retry(state: HubState, event: Event) -> None:
+    p = event.payload
+    schedules = retries_of(state).by_peer
+    if p["attempts"] > 0:
+        schedules[p["peer"]] = PeerRetry(p["attempts"], p["retry_at"], p["refused"])
+    else:
+        schedules.pop(p["peer"], None)
 
 
 def outbox_of(state: HubState) -> ForwardOutbox:

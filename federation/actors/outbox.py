@@ -41,9 +41,9 @@ from typing import Awaitable, Callable, NamedTuple
 
 import structlog
 
-from federation.clock import SYSTEM, next_retry
+from federation.clock import SYSTEM, PeerRetry, next_retry, restored_wait, retry_to_journal
 from federation.config import DEFAULT_ROSTER_TIMEOUT
-from federation.handlers.delivery_forward import relay_sessions
+from federation.delivery_forward_rules import relay_sessions
 from federation.state import PendingForward
 from hubd.state import delivery as dl
 from hubd.state.delivery import ACCEPTED, DUPLICATE, forward_step
@@ -74,6 +74,13 @@ class Settled(NamedTuple):
 class StillPending(NamedTuple):
     item: PendingForward
     why: str
+
+
+class RetrySchedule(NamedTuple):
+    """The peer's retry schedule changed (None: it answers again): journal it."""
+
+    peer: str
+    retry: PeerRetry | None
 
 
 class RosterAnswer(NamedTuple):
@@ -198,10 +205,18 @@ class WaitingRoster:
     due: float
 
 
-# load(peer, after_seq, limit): the next unsettled forwards after after_seq, in
-# seq order, and whether that was every one (those not committed yet excepted:
-# the Router posts them once they are)
-Load = Callable[[str, int, int], Awaitable[tuple[list[PendingForward], bool]]]
+class Backlog(NamedTuple):
+    """What a load read: the next unsettled forwards after a seq, in seq
+    order; whether that was every one (those not committed yet excepted: the
+    Router posts them once they are); and the peer's journaled retry schedule."""
+
+    rows: list[PendingForward]
+    complete: bool
+    retry: PeerRetry | None
+
+
+# load(peer, after_seq, limit) -> Backlog
+Load = Callable[[str, int, int], Awaitable[Backlog]]
 
 
 class ForwardOutbox:
@@ -232,6 +247,11 @@ class ForwardOutbox:
         self._up_since: float | None = None
         self._link_error: dict | None = None
         self._journal_short = False  # the last load met an uncommitted row: wait a tick
+        self.retry: PeerRetry | None = None  # the peer's retry schedule as journaled
+        self._restored = False  # the first load read the journaled schedule
+        self._restored_until: float | None = None  # the backlog read before this waits
+        self._restored_step = dl.RESTORED_REFUSED
+        self._been_up = False  # a link-up after this is the peer coming back
         self._reports: list = []
         post = self.mailbox.post
         self.link = link  # written to (send) and woken; its state comes in its events
@@ -290,7 +310,9 @@ class ForwardOutbox:
                 self._sweep()
             elif kind is LinkUp:
                 self._up, self._batching, self._up_since = True, event.batching, event.since
-                self._release_delayed(dl.LINK_UP)
+                if self._been_up:  # the peer was away: what waited goes now
+                    self._release_delayed(dl.LINK_UP)
+                self._been_up = True
             elif kind is LinkDown:
                 self._up, self._up_since, self._link_error = False, None, event.error
                 self._link_down(event.cause)
@@ -326,15 +348,46 @@ class ForwardOutbox:
         self.items[item.forward_id] = Attempt(item)
         self.ready.append(item.forward_id)
 
+    def _hold_restored(self, item: PendingForward) -> None:
+        """A row of the backlog a restarted hub read while the peer's
+        journaled retry is not due: it waits for it, as the schedule says."""
+        attempt = self.items[item.forward_id] = Attempt(item, attempts=self.retry.attempts)
+        attempt.step(self._restored_step)
+        heapq.heappush(self.delayed, (self._restored_until, item.forward_id))
+
     async def _refill(self) -> None:
-        rows, complete = await self.load(self.peer, self.cursor, RESIDENT - len(self.items))
+        rows, complete, retry = await self.load(self.peer, self.cursor,
+                                                RESIDENT - len(self.items))
+        if not self._restored:
+            self._restore(retry)
+        restoring = self._restored_until is not None and \
+            self.clock.monotonic() < self._restored_until
         for item in rows:
             if item.forward_id not in self.items:
-                self._hold(item)
+                if restoring:
+                    self._hold_restored(item)
+                else:
+                    self._hold(item)
             self.cursor = max(self.cursor, item.seq)
         self.caught_up = complete
         # stopped short of RESIDENT by a row not committed yet: try again next tick
         self._journal_short = not complete and len(self.items) < RESIDENT
+
+    def _restore(self, retry: PeerRetry | None) -> None:
+        """At start: the peer's journaled retry schedule. If its next retry is
+        not due yet, the backlog read from the journal waits for it (a "not
+        now" in HELD, no answer in WAITING, so a sign of life sends the
+        latter), and its attempt count goes on from the journaled one."""
+        self._restored = True
+        self.retry = retry
+        wait = restored_wait(retry, self.clock.wall())
+        if wait > 0:
+            self._restored_until = self.clock.monotonic() + wait
+            self._restored_step = dl.RESTORED_REFUSED if retry.refused else \
+                dl.RESTORED_NO_ANSWER
+            log.info("restored the peer's retry schedule: its backlog waits for the retry due",
+                     peer=self.peer, attempts=retry.attempts, seconds=round(wait, 3),
+                     refused=retry.refused)
 
     # -- link events
 
@@ -395,6 +448,9 @@ class ForwardOutbox:
         state = attempt.step(event)
         if state in (ACCEPTED, DUPLICATE):
             self.last_success = self.clock.wall()
+            if self.retry is not None:
+                self.retry = None  # the peer answers again: nothing to hold back after a restart
+                self._reports.append(RetrySchedule(self.peer, None))
             if started is not None:
                 self.metrics.forward_latency(self.peer, self.clock.monotonic() - started)
             self._finish(attempt, "", detail, result)
@@ -483,6 +539,11 @@ class ForwardOutbox:
         up_for = now - self._up_since if self._up_since is not None else None
         due, attempt.attempts = next_retry(attempt.attempts, now, up_for, self.clock.jitter())
         heapq.heappush(self.delayed, (due, attempt.item.forward_id))
+        changed = retry_to_journal(self.retry, attempt.attempts, self.clock.wall() + due - now,
+                                   refused=attempt.state == dl.HELD)
+        if changed is not None:
+            self.retry = changed
+            self._reports.append(RetrySchedule(self.peer, changed))
         self._still_pending(attempt.item, why)
 
     def _send_ready(self) -> None:

@@ -1,9 +1,10 @@
 """Forwarded delivery intents (wire v5): a delivery_request to PROJECT/seat@HUB.
 
-Origin side (`DeliveryForwarder`, inside Router commands plus one task per
-request): the request is checked as a local one would be, then sent over the
-peer's link as `multihub_message_forward` of kind `delivery_request`, and the
-sender hears the peer's answer: the peer's `delivery_status` relayed with
+Origin side (`DeliveryForwarder`, inside Router commands): the request is
+checked as a local one would be, then handed to the peer's DeliverySender
+actor (federation/actors/delivery_sender.py), which sends it over the peer's
+link as `multihub_message_forward` of kind `delivery_request`; its answer
+comes back as a DeliveryAnswered command, and the sender hears the peer's answer: the peer's `delivery_status` relayed with
 `remote_hub`, or `delivery_refused` with the peer's own code, or one of the
 origin's (unknown_hub, peer_unreachable, peer_rejected, peer_invalid_answer,
 invalid_target, invalid_shape). The operation key the peer chose is journaled
@@ -26,234 +27,48 @@ Sender notifications (stage changes) are not pushed back across the link: the
 reference does not either (observed, docs/delivery.md "Across hubs"); the
 origin sender reads the stages with delivery_status_request.
 
-Decisions are the pure functions at the top (tests/unit/test_delivery_forward_rules.py).
+The model and the pure decisions are federation/delivery_forward_rules.py
+(tests/unit/test_delivery_forward_rules.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
-from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from federation.actors.link_socket import LinkError
+from federation.actors.delivery_sender import DeliveryAnswered, DeliveryAsk, DeliverySender
+from federation.delivery_forward_rules import (CANCEL, JOURNAL_RECOVERY_REQUIRED, MAX_IN_FLIGHT,
+                                               MAX_ROUTES, PEER_INVALID_ANSWER,
+                                               PEER_UNREACHABLE, REQUEST, ROUTED, STATUS,
+                                               UNKNOWN_HUB, Answer, Route, read_answer,
+                                               read_target, route_problem, routes_of)
 from hubd.handlers import delivery as dh
 from hubd.handlers.delivery import LIVE, refuse
 from hubd.state import delivery_rules as rules
 from hubd.state.delivery_intents import delivery_of
-from hubd.state.events import Event
-from hubd.state.hub import Appliers, HubState
 from hubd.state.presence import Session
 from hubd.wire.envelope import frame_type
-from hubd.wire.targets import RemoteTargetError, parse_remote
 
 log = structlog.get_logger("hubd.federation.delivery")
-
-# the kinds of multihub_message_forward this module serves
-REQUEST, STATUS, CANCEL = "delivery_request", "delivery_status", "delivery_cancel"
-KINDS = frozenset({REQUEST, STATUS, CANCEL})
-
-# refusal codes the origin gives of its own (the seed's list)
-UNKNOWN_HUB = rules.UNKNOWN_HUB
-PEER_UNREACHABLE = "peer_unreachable"
-PEER_REJECTED = "peer_rejected"
-PEER_INVALID_ANSWER = "peer_invalid_answer"
-INVALID_TARGET = "invalid_target"
-JOURNAL_RECOVERY_REQUIRED = "journal_recovery_required"
-
-FEATURE = "delivery_forward"  # what a hubd peer's welcome lists when it serves these kinds
-FORWARDING_VERSION = 5  # a peer that is not hubd must say at least this
-
-ANSWER_TIMEOUT = 10.0  # the seed's bound on one forward's answer
-MAX_IN_FLIGHT = 256  # forwards waiting for a peer's answer, all peers together
-MAX_ROUTES = 100_000  # routed operation keys remembered; the oldest goes first
-MAX_DETAIL_BYTES = 512
-
-ROUTED = "multihub_delivery_routed"
-EXTENSION = "delivery_routes"
-
-_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
-# the facts of a delivery_status, with their types: all the origin relays
-STATUS_FIELDS = {
-    "operation_key": str, "request_id": str, "task_id": str, "selected_mode": str,
-    "quality": str, "stage": str, "cancel_requested": bool, "receiver_reachable": bool,
-    "active_session": bool, "boundary_delivered": bool, "explicitly_acknowledged": bool,
-    "task_completed": bool, "latest_event_seq": int}
-STAGES = frozenset({rules.QUEUED, rules.BOUNDARY_DELIVERED, rules.ACKNOWLEDGED}) | rules.TERMINAL
-
-
-# -- the projection: which operation keys went to which peer, for which seat
-
-
-class Route(NamedTuple):
-    peer: str
-    sender: str  # the requesting seat on this hub
-    request_id: str
-
-
-@dataclass
-class DeliveryRoutes:
-    by_key: OrderedDict = field(default_factory=OrderedDict)  # operation key -> Route
-    by_request: dict = field(default_factory=dict)  # (sender, request_id) -> operation key
-    evicted: int = 0
-
-    def add(self, key: str, route: Route) -> None:
-        self.by_key.pop(key, None)
-        self.by_key[key] = route
-        self.by_request[(route.sender, route.request_id)] = key
-        while len(self.by_key) > MAX_ROUTES:
-            old_key, old = self.by_key.popitem(last=False)
-            if self.by_request.get((old.sender, old.request_id)) == old_key:
-                del self.by_request[(old.sender, old.request_id)]
-            self.evicted += 1
-
-
-PROJECTIONS = {EXTENSION: DeliveryRoutes}
-appliers = Appliers()
-
-
-def routes_of(state: HubState) -> DeliveryRoutes:
-    return state.extensions[EXTENSION]
-
-
-@appliers.applies(ROUTED)
-def _apply_routed(state: HubState, event: Event) -> None:
-    p = event.payload
-    routes_of(state).add(p["operation_key"], Route(p["peer"], p["sender"], p["request_id"]))
-
-
-# -- pure decisions
-
-
-def peer_serves_delivery(protocol_version: int | None, features: frozenset | None) -> bool:
-    """May delivery intents be forwarded to this peer, by what its welcome said?
-
-    A hubd peer lists its extensions (`hubd_features`); it serves forwarded
-    intents when it lists FEATURE, whatever integer its welcome carries (hubd
-    advertises the highest version whose verbs it implements in full, which
-    may stay below 5 while it forwards). Any other peer must say wire v5 or
-    later, as the seed asks."""
-    if features is not None:
-        return FEATURE in features
-    return protocol_version is not None and protocol_version >= FORWARDING_VERSION
-
-
-def read_target(raw) -> tuple[str, str] | rules.Refusal:
-    """`PROJECT/seat@HUB` -> (seat, hub), or the refusal for its shape."""
-    if not isinstance(raw, str) or "@" not in raw:
-        return rules.Refusal(INVALID_TARGET, "a cross-hub target names PROJECT/seat@HUB")
-    remote = parse_remote(raw)
-    if isinstance(remote, RemoteTargetError):
-        return rules.Refusal(INVALID_TARGET, remote.text)
-    return remote.seat, remote.hub
-
-
-def bounded_detail(detail) -> str:
-    if not isinstance(detail, str):
-        return ""
-    return detail.encode("utf-8", "replace")[:MAX_DETAIL_BYTES].decode("utf-8", "ignore")
-
-
-def read_status(result, expected_key: str | None, request_id: str | None) -> dict | str:
-    """The delivery_status facts in a peer's accepted answer, or what is wrong
-    with them. `expected_key`: the routed key (a follow-up); `request_id`: the
-    request it answers (a new request)."""
-    if not isinstance(result, dict) or not isinstance(result.get("status"), dict):
-        return "the answer carries no delivery status"
-    status = result["status"]
-    fields = {}
-    for name, kind in STATUS_FIELDS.items():
-        value = status.get(name)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            return f"the delivery status field {name} is missing or malformed"
-        fields[name] = value
-    if not rules.is_digest(fields["operation_key"]):
-        return "the operation key is not 64 lower-case hex digits"
-    if fields["stage"] not in STAGES:
-        return "the delivery stage is unknown"
-    if expected_key is not None and fields["operation_key"] != expected_key:
-        return "the status names another operation"
-    if request_id is not None and fields["request_id"] != request_id:
-        return "the status names another request"
-    return fields
-
-
-def route_problem(routes: DeliveryRoutes, local_keys, key: str, route: Route) -> str | None:
-    """Why the operation key a peer chose for a new request cannot be routed:
-    a key this hub already routes elsewhere (or for another request) or holds
-    as a local operation would let the peer redirect another delivery's
-    follow-ups. The same route again is a retry of the same request."""
-    if key in local_keys:
-        return "the operation key is already a local operation on this hub"
-    known = routes.by_key.get(key)
-    if known is not None and known != route:
-        return "the operation key is already routed on this hub"
-    return None
-
-
-def relay_sessions(result: dict, peer: str) -> dict:
-    """The delivery sessions in a peer's roster answer, named seat@PEER as a
-    who_snapshot lists them; entries that are not a seat with a digest and
-    known capabilities are left out."""
-    sessions = result.get("delivery_sessions")
-    if not isinstance(sessions, dict):
-        return {}
-    out = {}
-    for seat, entry in sessions.items():
-        if not isinstance(seat, str) or "@" in seat or not isinstance(entry, dict):
-            continue
-        incarnation, caps = entry.get("incarnation"), entry.get("capabilities")
-        if not rules.is_digest(incarnation) or not isinstance(caps, dict) or not all(
-                mode in rules.MODES and quality in ("native", "emulated")
-                for mode, quality in caps.items()):
-            continue
-        out[f"{seat}@{peer}"] = {"incarnation": incarnation, "capabilities": dict(caps),
-                                 "hub_id": peer}
-    return out
-
-
-class Answer(NamedTuple):
-    status: dict | None  # the relayed facts, when accepted
-    code: str  # a refusal code, when refused
-    text: str
-
-
-def read_answer(frame, forward_id: str, expected_key: str | None,
-                request_id: str | None) -> Answer:
-    """A peer's multihub_message_result for one delivery forward."""
-    if not isinstance(frame, dict) or frame.get("type") != "multihub_message_result" or \
-            frame.get("forward_id") != forward_id:
-        return Answer(None, PEER_INVALID_ANSWER, "the peer's answer is not a forward result")
-    disposition = frame.get("disposition")
-    if disposition == "refused":
-        code = frame.get("reason_code")
-        if not isinstance(code, str) or not _CODE.match(code):
-            return Answer(None, PEER_INVALID_ANSWER, "the peer refused with a malformed code")
-        return Answer(None, code, bounded_detail(frame.get("detail")) or "refused by the peer")
-    if disposition not in ("accepted", "duplicate"):
-        return Answer(None, PEER_INVALID_ANSWER, "the peer's answer has no known disposition")
-    status = read_status(frame.get("result"), expected_key, request_id)
-    if isinstance(status, str):
-        return Answer(None, PEER_INVALID_ANSWER, status)
-    return Answer(status, "", "")
 
 
 # -- the origin side
 
 
 class DeliveryForwarder:
-    """Delivery forwards in flight to message peers (at most MAX_IN_FLIGHT),
-    and the figures about them."""
+    """The Router's side of delivery forwards: what goes to which peer's
+    DeliverySender, how many wait for peers (at most MAX_IN_FLIGHT, all peers
+    together), the answers turned into journaled routes and replies, and the
+    figures about them. Its counts change only in Router commands."""
 
     def __init__(self, hub, forwarding, peers):
         self.hub = hub
         self.forwarding = forwarding  # federation.handlers.forwarding.Forwarding: who the peers are
         self.peers = peers  # federation.actors.peers.PeerLinks
+        self.senders: dict[str, DeliverySender] = {}
         self.in_flight = 0
         self.outcomes: dict[tuple[str, str, str], int] = {}  # (peer, kind, outcome) -> count
         self._group: asyncio.TaskGroup | None = None
@@ -261,6 +76,19 @@ class DeliveryForwarder:
 
     def start(self, group: asyncio.TaskGroup) -> None:
         self._group = group
+        for peer in self.forwarding.config.message_peers:
+            self._add_sender(peer)
+
+    def reconfigure(self) -> None:
+        """After SIGHUP: a sender for each new message peer."""
+        for peer in self.forwarding.config.message_peers:
+            if peer not in self.senders:
+                self._add_sender(peer)
+
+    def _add_sender(self, peer: str) -> None:
+        sender = DeliverySender(peer, self.peers.link(peer), self.hub.router.post_control)
+        self.senders[peer] = sender
+        self._group.create_task(sender.run(), name=f"delivery-sender-{peer}")
 
     def _count(self, peer: str, kind: str, outcome: str) -> None:
         key = (peer, kind, outcome)
@@ -323,54 +151,37 @@ class DeliveryForwarder:
 
     def _send(self, router, session: Session, peer: str, kind: str, seat: str, body: dict,
               request_id: str | None, routed_key: str | None) -> None:
-        rid = request_id or ""
-        link = self.peers.link(peer)
-        why = None
-        if not link.up:
-            why = rules.Refusal(PEER_UNREACHABLE, f"the link to hub '{peer}' is down", rid)
-        elif not peer_serves_delivery(link.peer_protocol_version, link.features):
-            why = rules.Refusal(PEER_REJECTED, f"hub '{peer}' does not serve forwarded "
-                                               "delivery intents (wire v5)", rid)
-        elif self.in_flight >= MAX_IN_FLIGHT or self._group is None:
-            log.warning("delivery forward refused: too many waiting for peers",
-                        peer=peer, in_flight=self.in_flight)
-            why = rules.Refusal(PEER_UNREACHABLE, f"{MAX_IN_FLIGHT} delivery forwards are "
-                                                  "already waiting for peers; retry", rid)
-        if why is not None:
-            self._count(peer, kind, why.reason_code)
-            refuse(router, session, why)
-            return
         forward_id = secrets.token_hex(16)
         frame = {"sender": self.hub.hub_id, "target": peer, "type": "multihub_message_forward",
                  "payload": "", "timestamp": router.now, "forward_id": forward_id,
                  "kind": kind, "sender_seat": session.name, "target_seat": seat, "body": body}
+        ask = DeliveryAsk(forward_id, kind, frame, session.endpoint, session.name, request_id,
+                          routed_key)
+        sender = self.senders.get(peer)
+        if self.in_flight >= MAX_IN_FLIGHT or sender is None or not sender.submit(ask):
+            log.warning("delivery forward refused: too many waiting for peers",
+                        peer=peer, in_flight=self.in_flight)
+            self._count(peer, kind, PEER_UNREACHABLE)
+            refuse(router, session, rules.Refusal(
+                PEER_UNREACHABLE, f"{MAX_IN_FLIGHT} delivery forwards are already waiting "
+                                  "for peers; retry", request_id or ""))
+            return
         self.in_flight += 1
-        asking = _Asking(session, peer, kind, forward_id, request_id, routed_key)
-        self._group.create_task(self._ask(link, frame, asking),
-                                name=f"delivery-forward-{peer}")
 
-    async def _ask(self, link, frame: dict, asking: "_Asking") -> None:
-        try:
-            answer = await link.request(frame, ANSWER_TIMEOUT, key=asking.forward_id)
-        except LinkError as exc:
-            answer = exc
-        finally:
-            self.in_flight -= 1
-        self.hub.router.post_control(lambda router: self._answered(router, asking, answer))
-
-    def _answered(self, router, asking: "_Asking", answer) -> None:
-        """The peer's answer (or the link's failure), in a Router command."""
-        session = asking.session
-        rid = asking.request_id or ""
-        if isinstance(answer, LinkError):
-            result = Answer(None, PEER_UNREACHABLE, f"hub '{asking.peer}' did not answer: "
-                                                    f"{answer.detail}")
+    def answered(self, router, answered: DeliveryAnswered) -> None:
+        """A Router command: the peer's answer (or the sender's refusal)
+        journals the route of a new request and answers the requester."""
+        self.in_flight -= 1
+        ask, peer = answered.ask, answered.peer
+        rid = ask.request_id or ""
+        if answered.answer is None:
+            result = Answer(None, answered.code, answered.text)
         else:
-            result = read_answer(answer, asking.forward_id, asking.routed_key,
-                                 asking.request_id)
-        if result.status is not None and asking.kind == REQUEST:
+            result = read_answer(answered.answer, ask.forward_id, ask.routed_key,
+                                 ask.request_id)
+        if result.status is not None and ask.kind == REQUEST:
             key = result.status["operation_key"]
-            route = Route(asking.peer, session.name, asking.request_id)
+            route = Route(peer, ask.sender, ask.request_id)
             problem = route_problem(routes_of(router.state), delivery_of(router.state).ops,
                                     key, route)
             if problem is not None:
@@ -380,37 +191,28 @@ class DeliveryForwarder:
                     result = Answer(None, JOURNAL_RECOVERY_REQUIRED,
                                     "this hub cannot journal the route right now; retry")
                 else:
-                    router.event(ROUTED, {"operation_key": key, "peer": asking.peer,
-                                          "sender": session.name,
-                                          "request_id": asking.request_id})
+                    router.event(ROUTED, {"operation_key": key, "peer": peer,
+                                          "sender": ask.sender, "request_id": ask.request_id})
                     # the status is released only after the route commits;
                     # if it cannot be, the sender hears why instead
-                    router.send_on_failure(session.endpoint, "delivery_refused", lambda: (
-                        router.frame("delivery_refused", session.name,
+                    router.send_on_failure(ask.reply_to, "delivery_refused", lambda: (
+                        router.frame("delivery_refused", ask.sender,
                                      "this hub could not journal the route; retry",
                                      request_id=rid, reason_code=JOURNAL_RECOVERY_REQUIRED,
                                      protocol_version=rules.WIRE_VERSION)))
         outcome = "accepted" if result.status is not None else result.code
-        self._count(asking.peer, asking.kind, outcome)
+        self._count(peer, ask.kind, outcome)
         if result.code in (PEER_INVALID_ANSWER, PEER_UNREACHABLE):
-            log.warning("delivery forward failed", peer=asking.peer, kind=asking.kind,
+            log.warning("delivery forward failed", peer=peer, kind=ask.kind,
                         reason=result.code, detail=result.text)
-        if router.presence.sessions.get(session.endpoint) is not session:
+        session = router.presence.sessions.get(ask.reply_to)
+        if session is None or session.name != ask.sender:
             return  # the sender left; the route (if any) is journaled for its next status
         if result.status is not None:
             router.reply(session, "delivery_status", "Delivery state.", **result.status,
-                         protocol_version=rules.WIRE_VERSION, remote_hub=asking.peer)
+                         protocol_version=rules.WIRE_VERSION, remote_hub=peer)
         else:
             refuse(router, session, rules.Refusal(result.code, result.text, rid))
-
-
-class _Asking(NamedTuple):
-    session: Session
-    peer: str
-    kind: str
-    forward_id: str
-    request_id: str | None  # a new request's id
-    routed_key: str | None  # a follow-up's operation key
 
 
 class _Figures:

@@ -30,6 +30,7 @@ from typing import Callable
 
 import structlog
 
+from federation import delivery_forward_rules
 from federation.handlers import delivery_forward
 from federation.policy import NAMESPACE_NOT_GRANTED
 from federation.state import INBOX_IDS, forward_digest, inbox_of, verdict_result
@@ -176,7 +177,7 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
     if frame.get("kind") == "who" and policy is not None and isinstance(origin, str):
         _roster(router, session, forward_id, origin, policy)
         return
-    if frame.get("kind") in delivery_forward.KINDS:
+    if frame.get("kind") in delivery_forward_rules.KINDS:
         entry = admit_delivery(router, session, origin, frame, size)
         router.send(session.endpoint, _result_frame(router, session, entry))
         if entry["disposition"] == "accepted":
@@ -428,7 +429,7 @@ def admit_delivery(router: Router, session: Session, origin, forward: dict, size
         return _entry(forward_id, "refused", INVALID_SHAPE,
                       f"body must be a JSON object of at most {MAX_BODY_BYTES} bytes")
     namespace = None
-    if kind == delivery_forward.REQUEST:
+    if kind == delivery_forward_rules.REQUEST:
         problem = seat_problem(forward.get("target_seat"), "target_seat")
         if problem is not None:
             return _entry(forward_id, "refused", INVALID_TARGET, problem)

@@ -24,7 +24,10 @@ from dataclasses import dataclass
 #     │   (front of queue) │
 #     │                    ├──no answer in time──▶ WAITING ─due / link up / peer alive─▶ QUEUED
 #     │                    └──transient refusal──▶ HELD ────due / link up──────────────▶ QUEUED
-#     └─ send failed (link went down between pick and write)
+#     └─ send failed (the link refused the post: down, or its inbox full)
+#
+#   QUEUED ──restored no answer──▶ WAITING;  QUEUED ──restored refusal──▶ HELD
+#   (a restarted hub's backlog for a peer whose journaled retry is not due yet)
 #
 #   any unsettled state ──ttl──▶ EXPIRED; ──peer older than wire v5──▶ REFUSED
 #
@@ -39,6 +42,12 @@ from dataclasses import dataclass
 # forward the peer itself refused for now (its quota, its journal: HELD)
 # keeps its backoff, so two-way traffic cannot turn a "not now" into a retry
 # storm. HELD takes PEER_ALIVE and stays HELD.
+#
+# After a restart, the backlog the outbox reads from the journal for a peer
+# whose journaled retry schedule (federation/clock.py PeerRetry) is not due
+# yet starts in the state that schedule names: WAITING after no answer, HELD
+# after a "not now", due when the schedule says. The outbox's first link-up
+# after the restart does not release them (this hub was away, not the peer).
 
 QUEUED = "queued"
 IN_FLIGHT = "in_flight"
@@ -65,12 +74,16 @@ ANSWER_TIMEOUT = "answer_timeout"
 RETRY_DUE = "retry_due"
 TTL = "ttl"
 PEER_REJECTED = "peer_rejected"
+RESTORED_NO_ANSWER = "restored_no_answer"
+RESTORED_REFUSED = "restored_refused"
 
 _UNSETTLED = (QUEUED, IN_FLIGHT, WAITING, HELD)
 BACKING_OFF = frozenset({WAITING, HELD})  # in the delayed heap, waiting for a retry
 
 FORWARD_TRANSITIONS: dict[tuple[str, str], str] = {
     (QUEUED, SEND): IN_FLIGHT,
+    (QUEUED, RESTORED_NO_ANSWER): WAITING,
+    (QUEUED, RESTORED_REFUSED): HELD,
     (IN_FLIGHT, SEND_FAILED): QUEUED,
     (IN_FLIGHT, LINK_DOWN): QUEUED,
     (IN_FLIGHT, ANSWER_ACCEPTED): ACCEPTED,

@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry
 import federation.actors.outbox as outbox_module
 from federation.clock import ManualClock, settle
 from federation.metrics import ForwardMetrics
-from federation.actors.outbox import ANSWER_TIMEOUT, ForwardOutbox, PeerAlive, Settled, StillPending
+from federation.actors.outbox import (ANSWER_TIMEOUT, Backlog, ForwardOutbox, PeerAlive,
+                                      RetrySchedule, Settled, StillPending)
 from federation.state import PendingForward
 from hubd.state import delivery as dl
 from tests.support.memlink import DROP, HANG, MemoryLink
@@ -46,6 +47,8 @@ class Harness:
         self.journal: dict[int, PendingForward] = {}
         self.uncommitted: set[int] = set()
         self.loads = []  # (after_seq, limit) of every load the outbox made
+        self.retry = None  # the peer's journaled retry schedule (federation/clock.py PeerRetry)
+        self.retries = []  # every schedule the outbox reported, in order
         self.link = MemoryLink("west", "east", self.clock, batching=batching)
         self.outbox = ForwardOutbox(
             "east", "west", self.link, self._attach, ForwardMetrics(CollectorRegistry(), None),
@@ -62,6 +65,9 @@ class Harness:
                 self.journal.pop(report.item.seq, None)
             elif isinstance(report, StillPending):
                 self.notices.append((report.item.forward_id, report.why))
+            elif isinstance(report, RetrySchedule):
+                self.retries.append(report.retry)
+                self.retry = report.retry  # journaled, as the Router does
             else:
                 self.rosters.append(report)
 
@@ -73,7 +79,7 @@ class Harness:
             if seq in self.uncommitted:
                 break
             rows.append(self.journal[seq])
-        return rows, len(seqs) < limit
+        return Backlog(rows, len(seqs) < limit, self.retry)
 
     async def start(self):
         self.task = asyncio.ensure_future(self.outbox.run())
