@@ -9,7 +9,8 @@ would, answers pings, sees every frame that arrived, answers, and decides
 what happens to the frames the hub writes: deliver them, drop them (the
 write succeeds, nothing arrives), hang them (the write never completes until
 the link is cut or the link's own stall cut-off aborts it), or stop reading
-altogether (`silent`: no pong either). Nothing sleeps; time moves only when
+altogether (`silent`: no pong either), never welcome the link, or raise a
+defect from the link's next write. Nothing sleeps; time moves only when
 the test advances its ManualClock.
 """
 
@@ -19,7 +20,7 @@ import asyncio
 import time
 from collections import deque
 
-from federation.actors.link import PeerLink
+from federation.actors.link import INBOX, PeerLink
 from federation.actors.link_socket import PING, PONG, TEXT
 from federation.clock import ManualClock
 from federation.config import PeerRoute
@@ -30,14 +31,14 @@ DELIVER, DROP, HANG = "deliver", "drop", "hang"
 
 def MemoryLink(peer: str, hub_id: str, clock: ManualClock, *, batching: bool = False,
                features: list[str] | None = None, protocol_version: int = 5,
-               **events) -> PeerLink:
+               inbox: int = INBOX, **events) -> PeerLink:
     """A PeerLink to `peer` over an in-memory pair, running (a task on the
     current loop); `events` are subscribed (on_up, on_down, ...)."""
     if batching and features is None:
         features = ["forward_batch"]
     far = FarEnd(peer, features, protocol_version)
     link = PeerLink(PeerRoute(peer, f"memory://{peer}/", None, None), hub_id, None,
-                    clock=clock, dialer=far, **events)
+                    clock=clock, dialer=far, inbox=inbox, **events)
     far.link = link
     link.far = far
     far.task = asyncio.get_running_loop().create_task(link.run(), name=f"memlink-{peer}")
@@ -65,6 +66,8 @@ class MemoryConnection:
         if frame.get("type") == "heartbeat" and not far.welcomed:
             far.welcome(self, frame)
             return
+        if far.defect is not None:
+            raise far.defect  # a bug below the link, not a connection that ended
         if far.mode == HANG:
             hung = asyncio.get_running_loop().create_future()
             self._hung.append(hung)
@@ -134,11 +137,14 @@ class FarEnd:
         self.task: asyncio.Task | None = None
         self.mode = DELIVER
         self.silent = False  # reads nothing: no pong, as a black-holed peer
+        self.welcomes = True  # False: takes the link's registration and never answers it
+        self.defect: Exception | None = None  # raised by the link's next write of a frame
         self.received: list[dict] = []
         self.dropped: list[dict] = []
         self.pings = 0
         self.conn: MemoryConnection | None = None
         self.welcomed = False
+        self.registered: dict | None = None
         self._accepting = False
         self._dialing: asyncio.Future | None = None
 
@@ -160,6 +166,9 @@ class FarEnd:
 
     def welcome(self, conn: MemoryConnection, register: dict) -> None:
         self.welcomed = True
+        self.registered = register
+        if not self.welcomes:
+            return
         welcome = {"type": "welcome", "sender": "System", "target": register["sender"],
                    "protocol_version": self.protocol_version, "timestamp": time.time()}
         if self.features is not None:
