@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from federation.clock import PeerRetry
-from hubd.state import delivery, receipt_rules
+from hubd.state import receipt_rules, receipt_table
 from hubd.state.events import Event
 from hubd.state.hub import Appliers, HubState
 
@@ -250,7 +250,7 @@ def verdict_result(seq: int, msg_id, matched: list[str], stale: list[str],
     delivered = verdict == receipt_rules.DELIVERED
     return {"seq": seq, "msg_id": msg_id, "delivered": delivered,
             "recipients": list(written), "matched_recipients": list(matched),
-            "stale_recipients": list(stale), "reason": delivery.RECEIPTS[verdict].reason,
+            "stale_recipients": list(stale), "reason": receipt_table.RECEIPTS[verdict].reason,
             "dead_lettered": not delivered}
 
 
@@ -260,7 +260,7 @@ def _unconfirmed_result(seq: int, msg_id, matched) -> dict:
     mailbox, but no completed write can be claimed for it."""
     return {"seq": seq, "msg_id": msg_id, "delivered": False, "recipients": [],
             "matched_recipients": list(matched), "stale_recipients": [],
-            "reason": delivery.DELIVERY_UNCONFIRMED if matched else delivery.NO_ONLINE_RECIPIENT,
+            "reason": receipt_table.DELIVERY_UNCONFIRMED if matched else receipt_table.NO_ONLINE_RECIPIENT,
             "dead_lettered": True}
 
 

@@ -27,7 +27,7 @@ answers "not now", not for a peer that was away. The attempt counter of a
 forward resets only after its link has been up for a while, so a flapping link
 cannot turn into a tight retry loop. A sign of life from the peer sends the
 forwards that got no answer again at once, but not those the peer refused for
-now (hubd/state/delivery.py: WAITING vs HELD).
+now (hubd/state/forward_table.py: WAITING vs HELD).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from federation.clock import SYSTEM, PeerRetry, next_retry, restored_wait, retry
 from federation.config import DEFAULT_ROSTER_TIMEOUT
 from federation.delivery_forward_rules import relay_sessions
 from federation.state import PendingForward
-from hubd.state import delivery as dl
-from hubd.state.delivery import ACCEPTED, DUPLICATE, forward_step
+from hubd.state import forward_table as dl
+from hubd.state.forward_table import ACCEPTED, DUPLICATE, forward_step
 
 log = structlog.get_logger("hubd.federation.outbox")
 
@@ -65,7 +65,7 @@ ROSTERS = 32  # roster requests waiting for this peer's answer
 
 class Settled(NamedTuple):
     item: PendingForward
-    state: str  # one of hubd.state.delivery.SETTLED
+    state: str  # one of hubd.state.forward_table.SETTLED
     reason: str
     detail: str
     result: dict
@@ -191,7 +191,7 @@ class Attempt:
     item: PendingForward
     attempts: int = 0
     sent_at: float | None = None  # monotonic time of the attempt in flight
-    state: str = dl.QUEUED  # hubd.state.delivery's forward states
+    state: str = dl.QUEUED  # hubd.state.forward_table's states
 
     def step(self, event: str) -> str:
         self.state = forward_step(self.state, event)

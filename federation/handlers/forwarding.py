@@ -38,8 +38,8 @@ from federation.state import (PendingForward, outbox_of, pending_from_event, ret
 from hubd.actors.router import Router
 from hubd.handlers.chat import route_chat
 from hubd.handlers.mailbox import deliver_notifications
-from hubd.state import delivery
-from hubd.state.delivery import ACCEPTED, DUPLICATE
+from hubd.state import forward_table, receipt_table
+from hubd.state.forward_table import ACCEPTED, DUPLICATE
 from hubd.state.presence import Session
 from hubd.wire.targets import RemoteSeat
 
@@ -265,7 +265,7 @@ class Forwarding:
                     entry["receipt"] = receipt  # durable: queued for the sender
                 receipts.append((sender, receipt, "receipt" in entry))
             settled.append(entry)
-            if state in (delivery.REFUSED, delivery.EXPIRED):
+            if state in (forward_table.REFUSED, forward_table.EXPIRED):
                 log.warning("forward settled without delivery", peer=item.peer,
                             forward_id=item.forward_id, state=state, reason=reason,
                             detail=detail)
@@ -306,13 +306,13 @@ class Forwarding:
 
     def receipt(self, router: Router, item: PendingForward, state: str, reason: str,
                 detail: str, result: dict, deferred: bool) -> dict:
-        kind = delivery.FORWARD_PENDING if state == "pending" else delivery.SETTLED_RECEIPT[state]
-        chat_ref = delivery.ChatRef(item.sender, item.seq, item.msg_id, item.target,
+        kind = receipt_table.FORWARD_PENDING if state == "pending" else receipt_table.SETTLED_RECEIPT[state]
+        chat_ref = receipt_table.ChatRef(item.sender, item.seq, item.msg_id, item.target,
                                     item.client_msg_id)
-        facts = delivery.ForwardFacts(item.peer, item.forward_id, item.target_seat, reason,
+        facts = receipt_table.ForwardFacts(item.peer, item.forward_id, item.target_seat, reason,
                                       detail, result, told_pending=deferred)
         # the recipient's wake capability is the peer's to know: {} as the reference
-        text, fields = delivery.receipt(kind, chat_ref, forward=facts, wake={})
+        text, fields = receipt_table.receipt(kind, chat_ref, forward=facts, wake={})
         return router.frame("delivery_receipt", item.sender, text, **fields)
 
     def remote_who(self, router: Router, session: Session, frame: dict, hub_id: str) -> None:

@@ -13,7 +13,7 @@ from federation.metrics import ForwardMetrics
 from federation.actors.outbox import (ANSWER_TIMEOUT, Backlog, ForwardOutbox, PeerAlive,
                                       RetrySchedule, Settled, StillPending)
 from federation.state import PendingForward
-from hubd.state import delivery as dl
+from hubd.state import forward_table as dl
 from tests.support.memlink import DROP, HANG, MemoryLink
 
 
