@@ -121,7 +121,7 @@ class Federation:
         hub.federation = self
         config = self.config
         if config.serving_policy_path is not None:
-            from federation.policy import load_serving_policy
+            from federation.policy_loading import load_serving_policy
 
             self.serving_policy = load_serving_policy(config.serving_policy_path)
         if config.message_peers or config.watches or config.claim_peers:
@@ -177,7 +177,7 @@ class Federation:
         config = old.rebuild()
         policy = None
         if config.serving_policy_path is not None:
-            from federation.policy import load_serving_policy
+            from federation.policy_loading import load_serving_policy
 
             policy = load_serving_policy(config.serving_policy_path)
         if config.tls_certfile is not None:

@@ -28,7 +28,7 @@ import structlog
 from federation.actors.claim_forwarder import ClaimForwarder, ClaimVerdict
 from federation.config import FederationConfig
 from federation.actors.link import PeerLink
-from federation.merge import Equivocation
+from federation.log_model import Equivocation
 from federation.actors.peers import PeerLinks
 from federation.ownership import NamespaceOwnership
 from federation.partition import MULTIHUB_HEAL, MULTIHUB_PARTITION, PartitionDetector

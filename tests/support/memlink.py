@@ -21,7 +21,7 @@ import time
 from collections import deque
 
 from federation.actors.link import INBOX, PeerLink
-from federation.actors.link_socket import PING, PONG, TEXT
+from federation.actors.link_socket import PONG, TEXT
 from federation.clock import ManualClock
 from federation.config import PeerRoute
 from hubd.wire import codec
