@@ -1,15 +1,18 @@
 """ForwardOutbox: one actor per peer hub, sending the forwards journaled for it until each settles.
 
-Its one inbox is a Mailbox that never blocks whoever posts to it:
+Its one inbox is a Mailbox that never blocks whoever posts to it
+(federation/actors/outbox_messages.py):
 - rows, from the Router once a chat and its outbox row are committed;
 - the link's events (up, down, an answer, a pre-v5 peer refusing the verb),
   a sign of life from the peer outside this link, a roster (who) request,
   and the ticks of its own timer.
 What it learns goes back to the Router as messages (`report`): settlements,
-"still pending" notices, roster answers. It reads no one's state and no one
-reads its own but /health and /metrics (figures only): what it knows of its
-link (up, batching, since when, the last error) is what the link's events
-said; it only writes to the link (`send`) and pokes it (`wake`).
+"still pending" notices, the peer's retry schedule to journal, roster
+answers. It reads no one's state and no one reads its own but /health and
+/metrics (figures only): what it knows of its link (up, batching, since when,
+the last error) is what the link's events said; it only posts frames on the
+link's inbox (`send`, refused at once when the link is down or full) and
+pokes it (`wake`).
 
 Memory is bounded whatever the backlog. The journal is the durable outbox;
 the actor holds at most RESIDENT forwards (body, attempts, timers). Past
@@ -28,6 +31,14 @@ forward resets only after its link has been up for a while, so a flapping link
 cannot turn into a tight retry loop. A sign of life from the peer sends the
 forwards that got no answer again at once, but not those the peer refused for
 now (hubd/state/forward_table.py: WAITING vs HELD).
+
+The peer's retry schedule (its attempt count and next due time, and whether
+it refused or did not answer) is journaled whenever its count or kind
+changes, and cleared when the peer accepts again. When the outbox starts it
+reads it with its first load: if that retry is not due yet, the backlog it
+reads from the journal waits for it (in HELD or WAITING, with the journaled
+count), and this hub's first link-up does not release it, since it was this
+hub that was away, not the peer (docs/federation.md, "Retries across a restart").
 """
 
 from __future__ import annotations
@@ -37,10 +48,13 @@ import heapq
 import secrets
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Awaitable, Callable, NamedTuple
+from typing import Callable
 
 import structlog
 
+from federation.actors.outbox_messages import (TICK, Answer, LinkDown, LinkUp, Load, Mailbox,
+                                               PeerAlive, Rejected, Resync, RetrySchedule, Roster,
+                                               RosterAnswer, Settled, StillPending, Tick)
 from federation.clock import SYSTEM, PeerRetry, next_retry, restored_wait, retry_to_journal
 from federation.config import DEFAULT_ROSTER_TIMEOUT
 from federation.delivery_forward_rules import relay_sessions
@@ -61,130 +75,6 @@ FIRST_ANSWER = 1.0  # seconds a sender's receipt waits for the peer before "pend
 ROSTERS = 32  # roster requests waiting for this peer's answer
 
 
-# -- what the actor tells the Router
-
-class Settled(NamedTuple):
-    item: PendingForward
-    state: str  # one of hubd.state.forward_table.SETTLED
-    reason: str
-    detail: str
-    result: dict
-
-
-class StillPending(NamedTuple):
-    item: PendingForward
-    why: str
-
-
-class RetrySchedule(NamedTuple):
-    """The peer's retry schedule changed (None: it answers again): journal it."""
-
-    peer: str
-    retry: PeerRetry | None
-
-
-class RosterAnswer(NamedTuple):
-    reply_to: int  # the asker's endpoint
-    name: str
-    type: str  # who_snapshot or error
-    text: str
-    fields: dict
-
-
-# -- what others tell the actor
-
-class LinkUp(NamedTuple):
-    batching: bool  # the peer takes batched forwards (from its welcome)
-    since: float  # monotonic time the link came up
-
-
-class LinkDown(NamedTuple):
-    cause: str
-    error: dict | None  # the link's last error: {cause, detail, at}
-
-
-class Answer(NamedTuple):
-    frame: dict
-
-
-class Rejected(NamedTuple):
-    text: str
-
-
-class PeerAlive(NamedTuple):
-    pass
-
-
-class Roster(NamedTuple):
-    reply_to: int
-    name: str
-
-
-class Resync(NamedTuple):
-    """The Router rebuilt its state: read the unsettled rows again from the start."""
-
-
-class Tick(NamedTuple):
-    pass
-
-
-TICK = Tick()
-
-
-class Mailbox:
-    """The actor's inbox, bounded, never blocking a poster (the Router, the link).
-
-    Rows past `max_rows` are not kept: only the lowest seq dropped, and the
-    actor reads them from the journal. Answers past `max_events` are dropped
-    and counted: their forwards time out and go again, and the peer answers
-    `duplicate`. A tick or a sign of life already waiting is not queued again
-    (the Router reports one per forward it gets from the peer); link
-    transitions and resyncs are always kept (a few per reconnect); roster
-    requests past the bound are refused."""
-
-    def __init__(self, max_rows: int, max_events: int):
-        self.max_rows, self.max_events = max_rows, max_events
-        self.rows: list[PendingForward] = []
-        self.rows_dropped_from: int | None = None
-        self.events: deque = deque()
-        self.dropped = {"row": 0, "answer": 0, "roster": 0}
-        self._waiting_once: set = set()  # the coalesced kinds queued since the last take
-        self._ready = asyncio.Event()
-
-    def post_rows(self, items: list[PendingForward]) -> None:
-        room = 0 if self.rows_dropped_from is not None else self.max_rows - len(self.rows)
-        if len(items) > room:
-            self.dropped["row"] += len(items) - room
-            if self.rows_dropped_from is None:
-                self.rows_dropped_from = items[room].seq
-            items = items[:room]
-        self.rows.extend(items)
-        self._ready.set()
-
-    def post(self, event) -> bool:
-        """False if the event was dropped at the bound (answers, roster requests)."""
-        kind = type(event)
-        if kind is Tick or kind is PeerAlive:
-            if kind in self._waiting_once:
-                return True
-            self._waiting_once.add(kind)
-        elif kind in (Answer, Roster) and len(self.events) >= self.max_events:
-            self.dropped["answer" if kind is Answer else "roster"] += 1
-            return False
-        self.events.append(event)
-        self._ready.set()
-        return True
-
-    async def wait(self) -> None:
-        await self._ready.wait()
-
-    def take(self) -> tuple[list, int | None, deque]:
-        rows, dropped_from, events = self.rows, self.rows_dropped_from, self.events
-        self.rows, self.rows_dropped_from, self.events = [], None, deque()
-        self._waiting_once.clear()
-        self._ready.clear()
-        return rows, dropped_from, events
-
 
 @dataclass(slots=True)
 class Attempt:
@@ -203,20 +93,6 @@ class WaitingRoster:
     reply_to: int
     name: str
     due: float
-
-
-class Backlog(NamedTuple):
-    """What a load read: the next unsettled forwards after a seq, in seq
-    order; whether that was every one (those not committed yet excepted: the
-    Router posts them once they are); and the peer's journaled retry schedule."""
-
-    rows: list[PendingForward]
-    complete: bool
-    retry: PeerRetry | None
-
-
-# load(peer, after_seq, limit) -> Backlog
-Load = Callable[[str, int, int], Awaitable[Backlog]]
 
 
 class ForwardOutbox:

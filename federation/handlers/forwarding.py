@@ -30,8 +30,9 @@ from federation import liveness
 from federation import state as fstate
 from federation.config import FederationConfig
 from federation.metrics import ForwardMetrics
-from federation.actors.outbox import (Backlog, ForwardOutbox, PeerAlive, Resync, RetrySchedule,
-                                      Roster, RosterAnswer, Settled, StillPending)
+from federation.actors.outbox import ForwardOutbox
+from federation.actors.outbox_messages import (Backlog, PeerAlive, Resync, RetrySchedule, Roster,
+                                               RosterAnswer, Settled, StillPending)
 from federation.actors.peers import PeerLinks
 from federation.state import (PendingForward, outbox_of, pending_from_event, retries_of,
                               retry_payload)

@@ -10,8 +10,9 @@ from prometheus_client import CollectorRegistry
 import federation.actors.outbox as outbox_module
 from federation.clock import ManualClock, PeerRetry, settle
 from federation.metrics import ForwardMetrics
-from federation.actors.outbox import (ANSWER_TIMEOUT, Backlog, ForwardOutbox, PeerAlive,
-                                      RetrySchedule, Settled, StillPending)
+from federation.actors.outbox import ANSWER_TIMEOUT, ForwardOutbox
+from federation.actors.outbox_messages import (Backlog, PeerAlive, RetrySchedule, Settled,
+                                               StillPending)
 from federation.state import PendingForward
 from hubd.state import forward_table as dl
 from tests.support.memlink import DROP, HANG, MemoryLink
