@@ -87,8 +87,9 @@ class _Tick(NamedTuple):
 
 
 class DeliverySender:
-    def __init__(self, peer: str, link, tell: Callable[[DeliveryAnswered], None], *,
-                 clock=SYSTEM, timeout: float = ANSWER_TIMEOUT, bound: int = MAX_IN_FLIGHT):
+    def __init__(self, peer: str, link, subscribe: Callable[..., None],
+                 tell: Callable[[DeliveryAnswered], None], *, clock=SYSTEM,
+                 timeout: float = ANSWER_TIMEOUT, bound: int = MAX_IN_FLIGHT):
         self.peer = peer
         self.link = link
         self.tell = tell
@@ -104,9 +105,9 @@ class DeliverySender:
         self._features: frozenset | None = None
         self._tick_queued = False
         # the link calls these in its own task; what it says of itself travels in the event
-        link.subscribe(on_up=lambda peer: self._post(_LinkUp(link.peer_protocol_version,
-                                                              link.features)),
-                       on_down=lambda peer, cause: self._post(_LinkDown()))
+        subscribe(on_up=lambda peer: self._post(_LinkUp(link.peer_protocol_version,
+                                                         link.features)),
+                  on_down=lambda peer, cause: self._post(_LinkDown()))
 
     # -- messages in (other tasks on this loop; never block)
 

@@ -13,7 +13,7 @@ writer loop takes the inbox in order, registers each Ask's future with the
 correlation table just before its frame is written, and writes; a write that
 has not completed within WRITE_STALL_DEADLINE (a peer that stopped reading)
 cuts the link, as the WebSocket door cuts a slow consumer. Answers are read
-and correlated in the link's own reader task (federation/actors/answers.py);
+and correlated in the link's own reader task (Answers, below);
 forward results nobody waits for go to the subscribers. When the connection
 ends, whatever waited (queued or in flight) hears LinkError at once, and the
 subscribers are told the link went down.
@@ -33,15 +33,14 @@ import asyncio
 import random
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, NamedTuple
 
 import structlog
 
 from federation import liveness
-from federation.actors.answers import Answers
-from federation.actors.link_socket import (AUTH, BUSY, CLOSED, PIN_MISMATCH, PING, PONG,
-                                           REFUSED, SILENT, STALLED, TIMEOUT, Connection,
+from federation.actors.link_socket import (AUTH, BINARY, BUSY, CLOSED, PIN_MISMATCH, PING, PONG,
+                                           REFUSED, SILENT, STALLED, TEXT, TIMEOUT, Connection,
                                            LinkError, SocketDialer)
 from federation.clock import SYSTEM, wait_for
 from federation.config import PeerRoute
@@ -77,38 +76,113 @@ class Ask(NamedTuple):
 _PING, _PONG, _CLOSE = object(), object(), object()  # the link's own writes
 
 
-@dataclass
-class _Subscribers:
-    """Who hears the link's events, called in the link's task, in subscription order."""
+class Answers:
+    """Where a peer's answers go: the link's correlation table, consulted
+    only in its reader task. A request waits on the future of its Ask,
+    matched by the id the answer echoes (a forward_id or request_id) or in
+    order when the answer echoes none (log snapshots; the reference hub's
+    claim results). A waiter leaves the table however its future ends
+    (answered, failed when the link went down, cancelled by an asker that gave
+    up), so one that gave up is skipped, never handed an answer meant for the
+    next. Forward results nobody waits for (the outbox's) go to on_result."""
 
-    up: list = field(default_factory=list)
-    down: list = field(default_factory=list)
-    result: list = field(default_factory=list)
-    rejected: list = field(default_factory=list)
+    def __init__(self, peer: str, on_result: Callable[[str, dict], None],
+                 on_rejected: Callable[[str, str], None]):
+        self.peer = peer
+        self.on_result, self.on_rejected = on_result, on_rejected
+        self._by_key: dict[str, asyncio.Future] = {}  # answers that echo an id
+        self._in_order: dict[str, deque] = {}  # reply type -> waiters, for answers without one
+        # reply type -> keyed waiters that also take an answer echoing no id
+        self._keyed_in_order: dict[str, deque] = {}
 
-    def on_up(self, peer: str) -> None:
-        for fn in self.up:
-            fn(peer)
+    def __len__(self) -> int:
+        return len(self._by_key) + sum(len(w) for w in self._in_order.values())
 
-    def on_down(self, peer: str, cause: str) -> None:
-        for fn in self.down:
-            fn(peer, cause)
+    def expect(self, reply: asyncio.Future, key: str | None, reply_type: str | None) -> None:
+        """`reply` waits for the answer echoing `key`, or with no key the
+        next answer of `reply_type`. With both, an answer of that type that
+        echoes no id at all (the reference hub's multihub_claim_result) is
+        matched in order among such waiters."""
+        if key is None:
+            self._in_order.setdefault(reply_type, deque()).append(reply)
+        else:
+            self._by_key[key] = reply
+            if reply_type is not None:
+                self._keyed_in_order.setdefault(reply_type, deque()).append(reply)
+        reply.add_done_callback(partial(self._forget, key, reply_type))
 
-    def on_result(self, peer: str, frame: dict) -> None:
-        for fn in self.result:
-            fn(peer, frame)
+    def _forget(self, key: str | None, reply_type: str | None, reply: asyncio.Future) -> None:
+        if key is not None and self._by_key.get(key) is reply:
+            del self._by_key[key]
+        table = self._in_order if key is None else self._keyed_in_order
+        waiting = table.get(reply_type)
+        if waiting and reply in waiting:
+            waiting.remove(reply)
 
-    def on_rejected(self, peer: str, text: str) -> None:
-        for fn in self.rejected:
-            fn(peer, text)
+    def route(self, frame: dict) -> None:
+        kind = frame.get("type")
+        if kind == "multihub_message_result_batch":
+            results = frame.get("results")
+            if isinstance(results, list):
+                for result in results:
+                    if isinstance(result, dict):
+                        self.on_result(self.peer, result)
+        elif kind == "multihub_message_result":
+            waiter = self._by_key.get(frame.get("forward_id"))
+            if waiter is None:
+                self.on_result(self.peer, frame)
+            else:
+                _answer(waiter, frame)
+        elif kind in ("multihub_log_snapshot", "multihub_claim_result"):
+            rid = frame.get("request_id")
+            if isinstance(rid, str):
+                # only the request it names (never another keyed one: a late
+                # answer to a request that gave up must not answer the next)
+                waiter = self._by_key.get(rid)
+            else:
+                waiter = _first_live(self._keyed_in_order.get(kind))
+            if waiter is None:
+                waiter = _first_live(self._in_order.get(kind))
+            if waiter is not None:
+                _answer(waiter, frame)
+        elif kind == "error":
+            text = str(frame.get("payload", ""))
+            if "'multihub_message_forward'" in text:
+                # A hub older than wire v5 does not know the verb at all.
+                self.on_rejected(self.peer, text)
+            else:
+                log.warning("peer sent an error", peer=self.peer, error=text)
+
+    def fail_all(self, error: Exception) -> None:
+        """The link went down: every waiting request hears it."""
+        waiters = list(self._by_key.values())
+        for waiting in self._in_order.values():
+            waiters.extend(waiting)
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(error)
+
+
+def _first_live(waiting: deque | None) -> asyncio.Future | None:
+    while waiting:
+        waiter = waiting[0]
+        if not waiter.done():
+            return waiter
+        waiting.popleft()  # gave up; its done callback may not have run yet
+    return None
+
+
+def _answer(waiter: asyncio.Future, frame: dict) -> None:
+    if not waiter.done():
+        waiter.set_result(frame)
 
 
 class PeerLink:
     def __init__(self, route: PeerRoute, hub_id: str, ssl_context, *,
-                 on_up: Callable[[str], None] | None = None,
-                 on_down: Callable[[str, str], None] | None = None,
-                 on_result: Callable[[str, dict], None] | None = None,
-                 on_rejected: Callable[[str, str], None] | None = None,
+                 on_up: Callable[[str], None] = lambda peer: None,
+                 on_down: Callable[[str, str], None] = lambda peer, cause: None,
+                 on_result: Callable[[str, dict], None] = lambda peer, frame: None,
+                 on_rejected: Callable[[str, str], None] = lambda peer, text: None,
                  clock=SYSTEM, dialer=None, inbox: int = INBOX):
         self.route = route
         self.peer = route.hub_id
@@ -116,9 +190,8 @@ class PeerLink:
         self._ssl = ssl_context
         self.clock = clock
         self._dialer = dialer
-        self._subscribers = _Subscribers()
-        self.answers = Answers(self.peer, self._subscribers.on_result,
-                               self._subscribers.on_rejected)
+        self._on_up, self._on_down = on_up, on_down
+        self.answers = Answers(self.peer, on_result, on_rejected)
         # the inbox: (Send | Ask | one of the link's own writes, data)
         self._inbox: deque = deque()
         self.inbox_bound = inbox
@@ -149,17 +222,6 @@ class PeerLink:
         self._logged_at = 0.0
         self._busy_logged_at = 0.0
         self._stop = False
-        self.subscribe(on_up=on_up, on_down=on_down, on_result=on_result,
-                       on_rejected=on_rejected)
-
-    def subscribe(self, *, on_up=None, on_down=None, on_result=None, on_rejected=None) -> None:
-        subscribers = self._subscribers
-        for fn, into in ((on_up, subscribers.up), (on_down, subscribers.down),
-                         (on_result, subscribers.result), (on_rejected, subscribers.rejected)):
-            if fn is not None:
-                into.append(fn)
-        if on_up is not None and self.up:
-            on_up(self.peer)  # subscribed late: the link is already up
 
     # -- the inbox (other tasks on this loop; never blocks)
 
@@ -302,13 +364,13 @@ class PeerLink:
             raise LinkError(CLOSED, f"{self.peer} closed the link before its welcome") from exc
         while True:
             message = await conn.receive()
-            if message is None:
+            kind = message.type
+            if kind is PING or kind is PONG:
+                continue
+            if kind is not TEXT and kind is not BINARY:
                 break
-            kind, data = message
-            if kind is not PING and kind is not PONG:
-                frame = codec.decode_frame(data)
-                if not isinstance(frame, dict):
-                    continue
+            frame = codec.decode_frame(message.data)
+            if isinstance(frame, dict):
                 kind = frame.get("type")
                 if kind == "welcome":
                     return frame
@@ -335,7 +397,7 @@ class PeerLink:
         self.connects += 1
         log.info("peer link up", peer=self.peer, uri=self.route.uri,
                  peer_protocol_version=self.peer_protocol_version)
-        self._subscribers.on_up(self.peer)
+        self._on_up(self.peer)
 
     async def _serve(self, conn: Connection) -> None:
         """Read until the connection ends, the writer and the watchdog beside.
@@ -361,20 +423,22 @@ class PeerLink:
             conn.abort()  # the reader ends; _serve raises the helper's exception
 
     async def _read(self, conn: Connection) -> None:
+        receive, route = conn.receive, self.answers.route
         while True:
-            message = await conn.receive()
-            if message is None:
-                break
+            message = await receive()
+            kind = message.type
+            if kind is not TEXT and kind is not BINARY and kind is not PING and \
+                    kind is not PONG:
+                break  # closing, closed, an error: the connection ended
             self._heard()
-            kind, data = message
             if kind is PING:
-                self._pong_queued_for(data)
+                self._pong_queued_for(message.data)
             elif kind is not PONG:
                 # The pinned peer's answers nest (batched results); nothing here
                 # recurses on them, so orjson's own depth bound is enough.
-                frame = codec.decode_frame(data, max_depth=None)
+                frame = codec.decode_frame(message.data, max_depth=None)
                 if isinstance(frame, dict):
-                    self.answers.route(frame)
+                    route(frame)
         if self._cut is not None:
             raise LinkError(*self._cut)
         raise LinkError(CLOSED, f"{self.peer} closed the link (code {conn.close_code})")
@@ -491,7 +555,7 @@ class PeerLink:
         self.answers.fail_all(error)
         if was_up:
             cause = self.last_error["cause"] if self.last_error else CLOSED
-            self._subscribers.on_down(self.peer, cause)
+            self._on_down(self.peer, cause)
 
     def health(self) -> dict:
         return {"link": "up" if self.up else "down", "state": self.state,

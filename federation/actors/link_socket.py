@@ -21,8 +21,10 @@ from federation.pins import peer_certificate_der
 CLOSE_WAIT = 0.5  # for the peer's close frame when this hub ends a link
 MAX_FRAME = 16 * 1024 * 1024
 
-# what Connection.receive returns
-TEXT, PING, PONG = "text", "ping", "pong"
+# the kinds of message Connection.receive returns (its `.type`); any other
+# kind (close, closing, closed, error) means the connection ended
+TEXT, BINARY = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
+PING, PONG = aiohttp.WSMsgType.PING, aiohttp.WSMsgType.PONG
 
 # causes reported in /health and logs
 TLS = "tls"
@@ -56,8 +58,9 @@ class Connection(Protocol):
 
     async def pong(self, data: bytes) -> None: ...
 
-    async def receive(self) -> tuple[str, bytes | str | None] | None:
-        """The next message as (TEXT | PING | PONG, data), None once closed."""
+    async def receive(self):
+        """The next message: `.type` (TEXT, BINARY, PING, PONG, or another
+        kind once the connection ended) and `.data`, as aiohttp's WSMessage."""
 
     async def close(self, code: int, message: bytes) -> None:
         """A graceful close, bounded by CLOSE_WAIT."""
@@ -71,6 +74,9 @@ class Connection(Protocol):
 class SocketConnection:
     def __init__(self, ws: aiohttp.ClientWebSocketResponse):
         self.ws = ws
+        # aiohttp's own: the link's reader calls it once per message, with no
+        # frame of this module in between
+        self.receive = ws.receive
 
     @property
     def close_code(self) -> int | None:
@@ -93,17 +99,6 @@ class SocketConnection:
             await self.ws.pong(data)
         except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
             raise ConnectionError(str(exc)) from exc
-
-    async def receive(self):
-        msg = await self.ws.receive()
-        kind = msg.type
-        if kind is aiohttp.WSMsgType.TEXT or kind is aiohttp.WSMsgType.BINARY:
-            return TEXT, msg.data
-        if kind is aiohttp.WSMsgType.PING:
-            return PING, msg.data
-        if kind is aiohttp.WSMsgType.PONG:
-            return PONG, None
-        return None  # close, closing, closed, error
 
     async def close(self, code: int = 1000, message: bytes = b"") -> None:
         try:

@@ -1,7 +1,7 @@
 """ForwardOutbox: one actor per peer hub, sending the forwards journaled for it until each settles.
 
-Its one inbox is a Mailbox that never blocks whoever posts to it
-(federation/actors/outbox_messages.py):
+Its one inbox is a Mailbox that never blocks whoever posts to it (its
+messages: federation/actors/outbox_messages.py):
 - rows, from the Router once a chat and its outbox row are committed;
 - the link's events (up, down, an answer, a pre-v5 peer refusing the verb),
   a sign of life from the peer outside this link, a roster (who) request,
@@ -52,8 +52,8 @@ from typing import Callable
 
 import structlog
 
-from federation.actors.outbox_messages import (TICK, Answer, LinkDown, LinkUp, Load, Mailbox,
-                                               PeerAlive, Rejected, Resync, RetrySchedule, Roster,
+from federation.actors.outbox_messages import (TICK, Answer, LinkDown, LinkUp, Load, PeerAlive,
+                                               Rejected, Resync, RetrySchedule, Roster,
                                                RosterAnswer, Settled, StillPending, Tick)
 from federation.clock import SYSTEM, PeerRetry, next_retry, restored_wait, retry_to_journal
 from federation.config import DEFAULT_ROSTER_TIMEOUT
@@ -74,6 +74,61 @@ SWEEP = 0.5
 FIRST_ANSWER = 1.0  # seconds a sender's receipt waits for the peer before "pending"
 ROSTERS = 32  # roster requests waiting for this peer's answer
 
+
+
+class Mailbox:
+    """The actor's inbox, bounded, never blocking a poster (the Router, the link).
+
+    Rows past `max_rows` are not kept: only the lowest seq dropped, and the
+    actor reads them from the journal. Answers past `max_events` are dropped
+    and counted: their forwards time out and go again, and the peer answers
+    `duplicate`. A tick or a sign of life already waiting is not queued again
+    (the Router reports one per forward it gets from the peer); link
+    transitions and resyncs are always kept (a few per reconnect); roster
+    requests past the bound are refused."""
+
+    def __init__(self, max_rows: int, max_events: int):
+        self.max_rows, self.max_events = max_rows, max_events
+        self.rows: list[PendingForward] = []
+        self.rows_dropped_from: int | None = None
+        self.events: deque = deque()
+        self.dropped = {"row": 0, "answer": 0, "roster": 0}
+        self._waiting_once: set = set()  # the coalesced kinds queued since the last take
+        self._ready = asyncio.Event()
+
+    def post_rows(self, items: list[PendingForward]) -> None:
+        room = 0 if self.rows_dropped_from is not None else self.max_rows - len(self.rows)
+        if len(items) > room:
+            self.dropped["row"] += len(items) - room
+            if self.rows_dropped_from is None:
+                self.rows_dropped_from = items[room].seq
+            items = items[:room]
+        self.rows.extend(items)
+        self._ready.set()
+
+    def post(self, event) -> bool:
+        """False if the event was dropped at the bound (answers, roster requests)."""
+        kind = type(event)
+        if kind is Tick or kind is PeerAlive:
+            if kind in self._waiting_once:
+                return True
+            self._waiting_once.add(kind)
+        elif kind in (Answer, Roster) and len(self.events) >= self.max_events:
+            self.dropped["answer" if kind is Answer else "roster"] += 1
+            return False
+        self.events.append(event)
+        self._ready.set()
+        return True
+
+    async def wait(self) -> None:
+        await self._ready.wait()
+
+    def take(self) -> tuple[list, int | None, deque]:
+        rows, dropped_from, events = self.rows, self.rows_dropped_from, self.events
+        self.rows, self.rows_dropped_from, self.events = [], None, deque()
+        self._waiting_once.clear()
+        self._ready.clear()
+        return rows, dropped_from, events
 
 
 @dataclass(slots=True)

@@ -16,6 +16,8 @@ one distinct token.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
+from typing import Callable
 
 import structlog
 
@@ -25,19 +27,58 @@ from federation.actors.link import PeerLink
 log = structlog.get_logger("hubd.federation.peers")
 
 
+@dataclass
+class Subscribers:
+    """Who hears one link's events (up, down, forward results nobody asked
+    for, a peer too old for forwarding): the link calls these in its own
+    task, and each calls every subscriber in subscription order."""
+
+    up: list[Callable[[str], None]] = field(default_factory=list)
+    down: list[Callable[[str, str], None]] = field(default_factory=list)
+    result: list[Callable[[str, dict], None]] = field(default_factory=list)
+    rejected: list[Callable[[str, str], None]] = field(default_factory=list)
+
+    def add(self, *, on_up=None, on_down=None, on_result=None, on_rejected=None) -> None:
+        for fn, into in ((on_up, self.up), (on_down, self.down), (on_result, self.result),
+                         (on_rejected, self.rejected)):
+            if fn is not None:
+                into.append(fn)
+
+    def on_up(self, peer: str) -> None:
+        for fn in self.up:
+            fn(peer)
+
+    def on_down(self, peer: str, cause: str) -> None:
+        for fn in self.down:
+            fn(peer, cause)
+
+    def on_result(self, peer: str, frame: dict) -> None:
+        for fn in self.result:
+            fn(peer, frame)
+
+    def on_rejected(self, peer: str, text: str) -> None:
+        for fn in self.rejected:
+            fn(peer, text)
+
+
 class PeerLinks:
     def __init__(self, hub_id: str, config: FederationConfig):
         self.hub_id = hub_id
         self.routes: dict[str, PeerRoute] = merged_routes(config)
         self._context = _context(config, self.routes)
         self.links: dict[str, PeerLink] = {}
+        self._subscribers: dict[str, Subscribers] = {}
         self._group: asyncio.TaskGroup | None = None
 
     def link(self, peer: str) -> PeerLink:
         """The peer's one link (made on first use; it runs once start() ran)."""
         link = self.links.get(peer)
         if link is None:
-            link = self.links[peer] = PeerLink(self.routes[peer], self.hub_id, self._context)
+            subscribers = self._subscribers[peer] = Subscribers()
+            link = self.links[peer] = PeerLink(
+                self.routes[peer], self.hub_id, self._context, on_up=subscribers.on_up,
+                on_down=subscribers.on_down, on_result=subscribers.on_result,
+                on_rejected=subscribers.on_rejected)
             if self._group is not None:
                 self._run(peer, link)
         return link
@@ -45,7 +86,10 @@ class PeerLinks:
     def subscribe(self, peer: str, **events) -> PeerLink:
         """The peer's link, with `events` (on_up, on_down, ...) subscribed to it."""
         link = self.link(peer)
-        link.subscribe(**events)
+        self._subscribers[peer].add(**events)
+        on_up = events.get("on_up")
+        if on_up is not None and link.up:
+            on_up(peer)  # subscribed late: the link is already up
         return link
 
     def start(self, group: asyncio.TaskGroup) -> None:

@@ -86,7 +86,9 @@ class DeliveryForwarder:
                 self._add_sender(peer)
 
     def _add_sender(self, peer: str) -> None:
-        sender = DeliverySender(peer, self.peers.link(peer), self.hub.router.post_control)
+        sender = DeliverySender(peer, self.peers.link(peer),
+                                lambda **events: self.peers.subscribe(peer, **events),
+                                self.hub.router.post_control)
         self.senders[peer] = sender
         self._group.create_task(sender.run(), name=f"delivery-sender-{peer}")
 

@@ -12,8 +12,8 @@ What counts:
   CARRIERS: the sender's Connection, the Router, the JournalWriter, the
   peer's ForwardOutbox actor, the PeerLink's reader). Timers that run on
   their own are left out: the outbox's ticker is its own task and its sweep
-  (on Tick) runs under ForwardOutbox._sweep; the link's pings are the
-  _watch/_ping tasks; the hub's once-a-second sweep reaches the Router as a
+  (on Tick) runs under ForwardOutbox._sweep; the link's pings are written
+  by its writer task (_write), timed by its _watch task; the hub's once-a-second sweep reaches the Router as a
   Call (Router._call).
 - A step of the way is a hop: a fresh call whose caller frame is in another
   hub module. A coroutine resuming after an await is the same call going on,
@@ -38,7 +38,7 @@ sender has its receipt. Expected:
   (PeerLink.send);
 - result: link.py (_read) > peers.py > outbox.py > forwarding.py. As built
   the link does not call the outbox itself: federation/actors/peers.py's
-  _Subscribers.on_result fans a result out to the link's subscribers (the
+  Subscribers.on_result fans a result out to the link's subscribers (the
   ForwardOutbox's _answer_arrived). It is a step of its own (it calls on, it
   is not a library), and the way still crosses no module twice. Then the
   actor settles, reports to Forwarding._reported, which posts to the Router,

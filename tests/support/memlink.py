@@ -19,8 +19,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import NamedTuple
+
+from aiohttp import WSMsgType
 
 from federation.actors.link import INBOX, PeerLink
+from federation.actors.peers import Subscribers
 from federation.actors.link_socket import PONG, TEXT
 from federation.clock import ManualClock
 from federation.config import PeerRoute
@@ -29,16 +33,32 @@ from hubd.wire import codec
 DELIVER, DROP, HANG = "deliver", "drop", "hang"
 
 
+class Message(NamedTuple):
+    """What a connection reads, shaped as aiohttp's WSMessage."""
+
+    type: WSMsgType
+    data: object
+
+
+ENDED = Message(WSMsgType.CLOSED, None)
+
+
 def MemoryLink(peer: str, hub_id: str, clock: ManualClock, *, batching: bool = False,
                features: list[str] | None = None, protocol_version: int = 5,
                inbox: int = INBOX, **events) -> PeerLink:
     """A PeerLink to `peer` over an in-memory pair, running (a task on the
-    current loop); `events` are subscribed (on_up, on_down, ...)."""
+    current loop); `events` (on_up, on_down, ...) are subscribed, as are those
+    given to `link.far.subscribe` later (the fan-out PeerLinks gives a link)."""
     if batching and features is None:
         features = ["forward_batch"]
     far = FarEnd(peer, features, protocol_version)
+    subscribers = Subscribers()
+    subscribers.add(**events)
+    far.subscribe = subscribers.add
     link = PeerLink(PeerRoute(peer, f"memory://{peer}/", None, None), hub_id, None,
-                    clock=clock, dialer=far, inbox=inbox, **events)
+                    on_up=subscribers.on_up, on_down=subscribers.on_down,
+                    on_result=subscribers.on_result, on_rejected=subscribers.on_rejected,
+                    clock=clock, dialer=far, inbox=inbox)
     far.link = link
     link.far = far
     far.task = asyncio.get_running_loop().create_task(link.run(), name=f"memlink-{peer}")
@@ -88,10 +108,10 @@ class MemoryConnection:
         if self.closed:
             raise ConnectionError("closed")
 
-    async def receive(self):
+    async def receive(self) -> "Message":
         while not self._incoming:
             if self.closed:
-                return None
+                return ENDED
             self._readable.clear()
             await self._readable.wait()
         return self._incoming.popleft()
@@ -107,9 +127,9 @@ class MemoryConnection:
 
     # the far end's side
 
-    def feed(self, kind: str, data) -> None:
+    def feed(self, kind, data) -> None:
         if not self.closed:
-            self._incoming.append((kind, data))
+            self._incoming.append(Message(kind, data))
             self._readable.set()
 
     def end(self, code: int) -> None:

@@ -31,7 +31,8 @@ class Harness:
         self.clock = ManualClock()
         self.told = []
         self.link = MemoryLink("west", "east", self.clock, **link_options)
-        self.sender = DeliverySender("west", self.link, self.told.append, clock=self.clock)
+        self.sender = DeliverySender("west", self.link, self.link.far.subscribe, self.told.append,
+                                     clock=self.clock)
         self.task = asyncio.ensure_future(self.sender.run())
 
     async def __aenter__(self):
@@ -144,7 +145,8 @@ def test_the_sender_refuses_past_its_bound():
     async def scenario():
         clock = ManualClock()
         link = MemoryLink("west", "east", clock)
-        sender = DeliverySender("west", link, lambda answered: None, clock=clock, bound=2)
+        sender = DeliverySender("west", link, link.far.subscribe, lambda answered: None,
+                                clock=clock, bound=2)
         assert sender.submit(delivery(1)) and sender.submit(delivery(2))
         assert not sender.submit(delivery(3))
     run(scenario)

@@ -57,7 +57,7 @@ class Harness:
         self.task = None
 
     def _attach(self, **events):
-        self.link.subscribe(**events)
+        self.link.far.subscribe(**events)
 
     def _report(self, reports):
         for report in reports:
