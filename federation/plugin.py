@@ -6,18 +6,19 @@ The plugin brings federation's verbs (receiving forwards, log pulls, claim
 requests from peers), its projections and appliers (forward outbox and
 inbox, authority rows), its hooks into the core (a peer hub's first frame,
 the claim gate, targets on peer hubs), its actors (peer links, the forward
-outbox, watch followers, claim links), its /health sections and its reload.
+outboxes, the delivery senders, the claim forwarder, watch followers), the
+typed commands those post to the Router (COMMANDS), its /health sections
+and its reload.
 The core never imports this package; federation's modules find their
 runtime as `hub.federation` (this object), put there when the hub is built.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import structlog
 
-from hubd.core.message import CLOSE_AUTH
 from hubd.core.plugin import Plugin
 
 from federation import delivery_forward_rules, remote_leases
@@ -32,31 +33,6 @@ from federation.handlers import claims, delivery_forward, forwarding, logpull, r
 log = structlog.get_logger("hubd.federation")
 
 
-@dataclass(frozen=True, slots=True)
-class PeerPolicyReloaded:
-    """SIGHUP replaced the serving policy: live peer links are checked against it."""
-
-    policy: object  # federation.policy.ServingPolicy, or None: no peer is served
-
-
-def recheck_peer_sessions(router, reloaded: PeerPolicyReloaded) -> None:
-    """After a reload: a peer hub whose grant or pin no longer holds is cut off."""
-    policy = reloaded.policy
-    for session in list(router.presence.sessions.values()):
-        if session.peer_hub is None:
-            continue
-        decision = policy.authorise(session.peer_hub, session.peer_cert, None,
-                                    router.now) if policy is not None else None
-        if decision is None or not decision.allowed:
-            log.warning("peer link closed after reload", peer=session.peer_hub,
-                        reason=decision.detail if decision else "no serving policy")
-            router.endpoints.close(session.endpoint, CLOSE_AUTH, "peer no longer authorised")
-
-
-def answered_delivery(router, answered: DeliveryAnswered) -> None:
-    router.hub.federation.delivery.answered(router, answered)
-
-
 # What federation's actors tell the Router, each a frozen message handled by
 # type (hubd/core/plugin.py `commands`): no closure crosses to the Router.
 COMMANDS = {
@@ -65,8 +41,8 @@ COMMANDS = {
     ClaimVerdict: claims.relay_verdict,
     Observed: authority_state.on_observed,
     Equivocated: authority_state.on_equivocated,
-    DeliveryAnswered: answered_delivery,
-    PeerPolicyReloaded: recheck_peer_sessions,
+    DeliveryAnswered: delivery_forward.on_answered,
+    receiver.PeerPolicyReloaded: receiver.recheck_peer_sessions,
 }
 
 
@@ -198,7 +174,7 @@ class Federation:
             if policy is not None:
                 self.server_ssl.load_verify_locations(cadata=policy.client_ca_pem)
         if hub.router is not None:
-            hub.router.post_control(PeerPolicyReloaded(policy))
+            hub.router.post_control(receiver.PeerPolicyReloaded(policy))
         if self.peer_links is not None:
             self.peer_links.reconfigure(config)
         if self.forwarding is not None:

@@ -342,6 +342,8 @@ class PeerLink:
                 raise LinkError(TIMEOUT, "connect or welcome timed out") from exc
             finally:
                 self.connecting = False
+            if self._stop:
+                raise LinkError(CLOSED, "this hub stopped the link")
             self._came_up(conn, welcome)
             await self._serve(conn)
         finally:
@@ -518,8 +520,8 @@ class PeerLink:
         self._writable.set()
 
     def _end(self, conn: Connection, cause: str, detail: str) -> None:
-        """Close the connection after the write in progress, ahead of the inbox."""
-        self._record_error(cause, detail)
+        """Close the connection after the write in progress, ahead of the
+        inbox; the link then goes down with this cause."""
         self._cut = (cause, detail)
         self._inbox.appendleft(_CLOSE)
         self._writable.set()

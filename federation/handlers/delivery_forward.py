@@ -217,6 +217,11 @@ class DeliveryForwarder:
             refuse(router, session, rules.Refusal(result.code, result.text, rid))
 
 
+def on_answered(router, answered: DeliveryAnswered) -> None:
+    """The DeliveryAnswered command (federation/plugin.py registers it)."""
+    router.hub.federation.delivery.answered(router, answered)
+
+
 class _Figures:
     def __init__(self, forwarder: DeliveryForwarder):
         self.forwarder = forwarder

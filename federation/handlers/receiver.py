@@ -26,6 +26,7 @@ answer bound); a batch is answered once every forward in it is decided.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable
 
 import structlog
@@ -35,6 +36,7 @@ from federation.handlers import delivery_forward
 from federation.policy import NAMESPACE_NOT_GRANTED
 from federation.state import INBOX_IDS, forward_digest, inbox_of, verdict_result
 from hubd.actors.router import Router
+from hubd.core.message import CLOSE_AUTH
 from hubd.core.plugin import Verbs
 from hubd.handlers import receipts
 from hubd.handlers.chat import route_chat
@@ -114,6 +116,27 @@ def claim_peer_link(router: Router, session: Session, frame: dict) -> bool:
     log.info("peer link registered", peer=sender, domain=decision.domain_id)
     peer_alive(router, session)
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class PeerPolicyReloaded:
+    """SIGHUP replaced the serving policy: live peer links are checked against it."""
+
+    policy: object  # federation.policy.ServingPolicy, or None: no peer is served
+
+
+def recheck_peer_sessions(router, reloaded: PeerPolicyReloaded) -> None:
+    """After a reload: a peer hub whose grant or pin no longer holds is cut off."""
+    policy = reloaded.policy
+    for session in list(router.presence.sessions.values()):
+        if session.peer_hub is None:
+            continue
+        decision = policy.authorise(session.peer_hub, session.peer_cert, None,
+                                    router.now) if policy is not None else None
+        if decision is None or not decision.allowed:
+            log.warning("peer link closed after reload", peer=session.peer_hub,
+                        reason=decision.detail if decision else "no serving policy")
+            router.endpoints.close(session.endpoint, CLOSE_AUTH, "peer no longer authorised")
 
 
 def peer_alive(router: Router, session: Session) -> None:
