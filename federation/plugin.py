@@ -56,7 +56,7 @@ class Federation:
         self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
         self.peer_links = None  # federation.actors.peers.PeerLinks: one link per peer hub
         self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
-        self.log_pulls: set = set()  # log pulls being read (federation/handlers/logpull.py bounds them)
+        self.log_pulls: set = set()  # log pulls being read (handlers/logpull.py bounds them)
 
     def plugin(self) -> Plugin:
         verbs: dict = {}

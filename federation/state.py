@@ -260,7 +260,8 @@ def _unconfirmed_result(seq: int, msg_id, matched) -> dict:
     mailbox, but no completed write can be claimed for it."""
     return {"seq": seq, "msg_id": msg_id, "delivered": False, "recipients": [],
             "matched_recipients": list(matched), "stale_recipients": [],
-            "reason": receipt_table.DELIVERY_UNCONFIRMED if matched else receipt_table.NO_ONLINE_RECIPIENT,
+            "reason": receipt_table.DELIVERY_UNCONFIRMED if matched
+            else receipt_table.NO_ONLINE_RECIPIENT,
             "dead_lettered": True}
 
 

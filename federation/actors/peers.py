@@ -21,8 +21,8 @@ from typing import Callable
 
 import structlog
 
-from federation.config import FederationConfig, PeerRoute, merged_routes
 from federation.actors.link import PeerLink
+from federation.config import FederationConfig, PeerRoute, merged_routes
 
 log = structlog.get_logger("hubd.federation.peers")
 

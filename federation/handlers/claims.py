@@ -25,7 +25,7 @@ import structlog
 
 from federation import remote_leases as rl
 from federation.actors.claim_forwarder import (LEASE_HELD, REPLIES, ClaimForwarderFull,
-                                        ClaimVerdict, ForwardClaim, refusal_text)
+                                               ClaimVerdict, ForwardClaim, refusal_text)
 from federation.ownership import namespace_of
 from federation.policy import NAMESPACE_NOT_GRANTED
 from federation.handlers.receiver import PEER_NOT_AUTHORISED, authorise_peer, seat_problem

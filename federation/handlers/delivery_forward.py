@@ -4,17 +4,18 @@ Origin side (`DeliveryForwarder`, inside Router commands): the request is
 checked as a local one would be, then handed to the peer's DeliverySender
 actor (federation/actors/delivery_sender.py), which sends it over the peer's
 link as `multihub_message_forward` of kind `delivery_request`; its answer
-comes back as a DeliveryAnswered command, and the sender hears the peer's answer: the peer's `delivery_status` relayed with
-`remote_hub`, or `delivery_refused` with the peer's own code, or one of the
-origin's (unknown_hub, peer_unreachable, peer_rejected, peer_invalid_answer,
+comes back as a DeliveryAnswered command, and the sender hears the peer's
+answer: the peer's `delivery_status` relayed with `remote_hub`, or
+`delivery_refused` with the peer's own code, or one of the origin's
+(unknown_hub, peer_unreachable, peer_rejected, peer_invalid_answer,
 invalid_target, invalid_shape). The operation key the peer chose is journaled
 with the peer and the requesting seat (`multihub_delivery_routed`, projection
 `delivery_routes`, replayed at start), so later `delivery_status_request` and
 `delivery_cancel` for it go to the same peer, after a restart too, and only
 from that seat.
 
-Receiving side (`serve`, called by federation/handlers/receiver.py once the peer's
-grant for the target's namespace holds): the request is admitted by the
+Receiving side (`serve`, called by federation/handlers/receiver.py once the
+peer's grant for the target's namespace holds): the request is admitted by the
 ordinary delivery verbs (hubd/handlers/delivery.py) as from a requester named
 `seat@ORIGIN`, the name made here from the authenticated link, never read from
 the frame. That requester is marked forwarded (`Session.peer_hub`), so it

@@ -1,20 +1,22 @@
 """Forwarding, the Router's side: a chat to PROJECT/seat@HUB, from the sender's frame to its receipts.
 
 Everything here runs inside Router commands (so it may make events); the
-sending is the peers' ForwardOutbox actors' (federation/actors/outbox.py), one per
-message peer, which this object starts and posts to:
+sending is the peers' ForwardOutbox actors' (federation/actors/outbox.py), one
+per message peer, which this object starts and posts to:
 - forward_from: journal the chat with its outbox row (one event), echo it
   locally, and post the row to the peer's outbox once committed;
-- reports: what an outbox reports in one round (settlements, "still pending"
-  notices, roster answers) becomes one `forward_settled` event and the
-  receipts the senders asked for;
-- _load: the Router's index of unsettled rows and the journal's copy of them,
-  for an outbox that reads the rest of its backlog from the journal.
+- reports: what the outboxes reported since the Router last read them (the
+  ReadOutboxReports command: settlements, "still pending" notices, changed
+  retry schedules, roster answers) becomes one `forward_settled` event, the
+  `forward_retry` events and the receipts the senders asked for;
+- _load: the Router's index of unsettled rows (asked by a LoadBacklog
+  command) and the journal's copy of them, for an outbox that reads the rest
+  of its backlog from the journal.
 
 The sender normally gets one receipt: the settled one, if the peer answers
-within a second (federation/actors/outbox.py FIRST_ANSWER). Otherwise it gets `pending` first and the settled receipt
-later, through the durable notification outbox (at once if it is online, else
-when it next registers).
+within a second (federation/actors/outbox.py FIRST_ANSWER). Otherwise it gets
+`pending` first and the settled receipt later, through the durable
+notification outbox (at once if it is online, else when it next registers).
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ import structlog
 
 from federation import liveness
 from federation import state as fstate
+from federation.actors.outbox import ForwardOutbox
+from federation.actors.outbox_messages import (Backlog, PeerAlive, Resync, RetrySchedule,
+                                               Roster, RosterAnswer, Settled, StillPending)
+from federation.actors.peers import PeerLinks
 from federation.config import FederationConfig
 from federation.metrics import ForwardMetrics
-from federation.actors.outbox import ForwardOutbox
-from federation.actors.outbox_messages import (Backlog, PeerAlive, Resync, RetrySchedule, Roster,
-                                               RosterAnswer, Settled, StillPending)
-from federation.actors.peers import PeerLinks
 from federation.state import (PendingForward, outbox_of, pending_from_event, retries_of,
                               retry_payload)
 from hubd.actors.router import Router
@@ -307,11 +309,12 @@ class Forwarding:
 
     def receipt(self, router: Router, item: PendingForward, state: str, reason: str,
                 detail: str, result: dict, deferred: bool) -> dict:
-        kind = receipt_table.FORWARD_PENDING if state == "pending" else receipt_table.SETTLED_RECEIPT[state]
+        kind = receipt_table.FORWARD_PENDING if state == "pending" else \
+            receipt_table.SETTLED_RECEIPT[state]
         chat_ref = receipt_table.ChatRef(item.sender, item.seq, item.msg_id, item.target,
-                                    item.client_msg_id)
+                                         item.client_msg_id)
         facts = receipt_table.ForwardFacts(item.peer, item.forward_id, item.target_seat, reason,
-                                      detail, result, told_pending=deferred)
+                                           detail, result, told_pending=deferred)
         # the recipient's wake capability is the peer's to know: {} as the reference
         text, fields = receipt_table.receipt(kind, chat_ref, forward=facts, wake={})
         return router.frame("delivery_receipt", item.sender, text, **fields)

@@ -102,7 +102,7 @@ def ack(router: Router, session: Session, frame: dict, size: int) -> None:
     if pending is None or not parse_target(pending.target).matches(identity, roles):
         return
     chat_ref = receipt_table.ChatRef(pending.sender, seq, pending.msg_id, pending.target,
-                                pending.client_msg_id)
+                                     pending.client_msg_id)
     text, fields = receipt_table.receipt(receipt_table.DEFERRED, chat_ref, [identity])
     receipt = router.frame("delivery_receipt", pending.sender, text, **fields)
     router.event(ev.DELIVERY_RECEIPT_DEFERRED, {"chat_seq": seq, "recipient": identity,

@@ -170,12 +170,13 @@ def request(router: Router, session: Session, frame: dict, seq: int,
             recipients: list[str], directed: bool) -> None:
     """The sender asked for a receipt on the chat just routed as `seq`."""
     presence = router.presence
-    chat_ref = receipt_table.ChatRef(session.name, seq, frame["msg_id"], frame.get("target") or "all",
-                                frame.get("client_msg_id"))
+    chat_ref = receipt_table.ChatRef(session.name, seq, frame["msg_id"],
+                                     frame.get("target") or "all", frame.get("client_msg_id"))
     if not directed:
         # a broadcast's receipt names who was online to get it (the seed's
         # completed-write rule is for directed chat)
-        kind = receipt_table.IMMEDIATE_DELIVERED if recipients else receipt_table.IMMEDIATE_UNDELIVERED
+        kind = receipt_table.IMMEDIATE_DELIVERED if recipients else \
+            receipt_table.IMMEDIATE_UNDELIVERED
         text, fields = receipt_table.receipt(kind, chat_ref, recipients,
                                         wake=wake_of(presence, recipients))
         router.reply(session, "delivery_receipt", text, **fields)
@@ -242,8 +243,9 @@ def await_writes(router: Router, seq: int, served: list[str], live: list[str],
     router.after_release(track)
 
 
-def settle_immediate(router: Router, chat_ref: receipt_table.ChatRef, written: list[str],
-                     matched: list[str], stale: list[str], wake: dict) -> None:
+def settle_immediate(router: Router, chat_ref: receipt_table.ChatRef,
+                     written: list[str], matched: list[str], stale: list[str],
+                     wake: dict) -> None:
     """Journal the immediate verdict with its outbox row (and, for a negative
     one that would overflow the pending window, the oldest pending receipt's
     expiry first, in the same commit), then tell whoever is online."""
@@ -252,8 +254,8 @@ def settle_immediate(router: Router, chat_ref: receipt_table.ChatRef, written: l
     notify = {chat_ref.sender}
     if pending:
         notify.update(expire_oldest(router))
-    text, fields = receipt_table.receipt(verdict, chat_ref, written, wake=wake, matched=matched,
-                                    stale=stale)
+    text, fields = receipt_table.receipt(verdict, chat_ref, written, wake=wake,
+                                         matched=matched, stale=stale)
     receipt = router.frame("delivery_receipt", chat_ref.sender, text, **fields)
     router.event(ev.DELIVERY_RECEIPT_IMMEDIATE, {"chat_seq": chat_ref.seq, "verdict": verdict,
                                                  "pending": pending, "receipt": receipt})
@@ -275,7 +277,7 @@ def expire_oldest(router: Router) -> set[str]:
     for _ in range(rules.evictions(len(receipts.pending), receipts.pending_limit)):
         seq, oldest = next(iter(receipts.pending.items()))
         chat_ref = receipt_table.ChatRef(oldest.sender, seq, oldest.msg_id, oldest.target,
-                                    oldest.client_msg_id)
+                                         oldest.client_msg_id)
         text, fields = receipt_table.receipt(receipt_table.RECEIPT_EXPIRED, chat_ref, [])
         receipt = router.frame("delivery_receipt", oldest.sender, text, **fields)
         router.event(ev.DELIVERY_RECEIPT_EXPIRED, {"chat_seq": seq, "reason": "evicted",
@@ -287,8 +289,8 @@ def expire_oldest(router: Router) -> set[str]:
     return senders
 
 
-def warn_stale(router: Router, sender: Session, chat_ref: receipt_table.ChatRef, fields: dict,
-               wake: dict) -> None:
+def warn_stale(router: Router, sender: Session, chat_ref: receipt_table.ChatRef,
+               fields: dict, wake: dict) -> None:
     """The private recipient_liveness_warning beside a receipt with stale matches."""
     stale = fields["stale_recipients"]
     negative = not fields["delivered"]

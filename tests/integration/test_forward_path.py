@@ -13,8 +13,8 @@ What counts:
   peer's ForwardOutbox actor, the PeerLink's reader). Timers that run on
   their own are left out: the outbox's ticker is its own task and its sweep
   (on Tick) runs under ForwardOutbox._sweep; the link's pings are written
-  by its writer task (_write), timed by its _watch task; the hub's once-a-second sweep reaches the Router as a
-  Call (Router._call).
+  by its writer task (_write), timed by its _watch task; the hub's
+  once-a-second sweep reaches the Router as a Call (Router._call).
 - A step of the way is a hop: a fresh call whose caller frame is in another
   hub module. A coroutine resuming after an await is the same call going on,
   not a step (its 'call' event is noted, as `resume`); so an actor's loop
@@ -77,10 +77,10 @@ CARRIERS = {("hubd/doors/websocket.py", "run"), ("hubd/doors/websocket.py", "_fl
 # outbox's journal reads) come as Calls; the outbox's sweep runs on its Tick
 NOT_THE_CHAT = {("hubd/actors/router.py", "_call"), ("federation/actors/outbox.py", "_sweep")}
 
-EXPECTED_SEND = ("federation/plugin.py", "federation/handlers/forwarding.py", "federation/actors/outbox.py",
-                 "federation/actors/link.py")
-EXPECTED_RESULT = ("federation/actors/link.py", "federation/actors/peers.py", "federation/actors/outbox.py",
-                   "federation/handlers/forwarding.py")
+EXPECTED_SEND = ("federation/plugin.py", "federation/handlers/forwarding.py",
+                 "federation/actors/outbox.py", "federation/actors/link.py")
+EXPECTED_RESULT = ("federation/actors/link.py", "federation/actors/peers.py",
+                   "federation/actors/outbox.py", "federation/handlers/forwarding.py")
 
 # A coroutine's 'call' event comes at its start and at every resumption; in
 # CPython 3.11+ the frame then stands on RESUME with a nonzero argument

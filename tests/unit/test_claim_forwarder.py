@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from federation.actors.claim_forwarder import (LEASE_ENDED, LEASE_HELD, ClaimForwarder,
-                                        ClaimForwarderFull, ForwardClaim)
+                                               ClaimForwarderFull, ForwardClaim)
 from federation.clock import ManualClock, settle
 from tests.support.memlink import DROP, HANG, MemoryLink
 
