@@ -1,9 +1,16 @@
-"""Time for the federation actors, injected, and the retry schedule as a pure function.
+"""Time for the federation actors, injected, and the retry schedule as pure functions.
 
 The actors read time and wait only through a Clock. A hub uses SystemClock;
 the actor tests use ManualClock, whose time moves only when the test says so,
 so a ten-second answer timeout or a five-minute back-off is tested by
 advancing the clock, never by sleeping.
+
+A forward that gets no answer, or a "not now", waits 1, 2, 4 ... 300 s
+(jittered) before its next attempt (next_retry). Each peer's schedule, as far
+as its attempt count and kind go, is journaled (PeerRetry, the
+`forward_retry` event: docs/federation.md, "Retries across a restart"), so a
+restarted hub holds a refusing peer's backlog until the retry that was due
+rather than sending it all at once.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import heapq
 import itertools
 import random
 import time
+from dataclasses import dataclass
 from typing import Awaitable, TypeVar
 
 T = TypeVar("T")
@@ -44,6 +52,38 @@ def next_retry(attempts: int, now: float, link_up_for: float | None,
     return now + retry_delay(attempts, jitter), attempts + 1
 
 
+@dataclass(frozen=True, slots=True)
+class PeerRetry:
+    """A peer's retry schedule as journaled: the attempt count its backoff
+    reached, when the next attempt is due (wall time), and whether the peer
+    said "not now" (refused) or did not answer."""
+
+    attempts: int
+    retry_at: float
+    refused: bool
+
+
+def retry_to_journal(journaled: PeerRetry | None, attempts: int, retry_at: float,
+                     refused: bool) -> PeerRetry | None:
+    """A forward of the peer backed off to attempt count `attempts`, due at
+    `retry_at`: the schedule to journal, or None when the journaled one
+    already says as much (same count, same kind). Only a change of count or
+    kind is journaled, so a peer refusing a stream of forwards at one level
+    costs one row, not one per forward."""
+    if journaled is not None and journaled.attempts == attempts and \
+            journaled.refused == refused:
+        return None
+    return PeerRetry(attempts, retry_at, refused)
+
+
+def restored_wait(journaled: PeerRetry | None, now: float) -> float:
+    """Seconds a restarted hub holds the peer's backlog back: until the
+    journaled retry is due, 0 if it is past (or nothing was journaled)."""
+    if journaled is None:
+        return 0.0
+    return max(0.0, journaled.retry_at - now)
+
+
 class SystemClock:
     """The event loop's monotonic clock and the wall clock."""
 
@@ -58,6 +98,10 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    def timeout(self, seconds: float):
+        """`async with clock.timeout(s)`: TimeoutError once s seconds passed."""
+        return asyncio.timeout(seconds)
 
 
 SYSTEM = SystemClock()
@@ -91,6 +135,11 @@ class ManualClock:
         heapq.heappush(self._sleepers, (self._now + seconds, next(self._order), future))
         await future
 
+    def timeout(self, seconds: float) -> "_ManualTimeout":
+        """As asyncio.timeout, on this clock: the block is cancelled and
+        TimeoutError raised once `seconds` of this clock have passed."""
+        return _ManualTimeout(self, seconds)
+
     @property
     def sleepers(self) -> int:
         return sum(1 for _, _, f in self._sleepers if not f.done())
@@ -107,6 +156,31 @@ class ManualClock:
             await settle()
         self._now = target
         await settle()
+
+
+class _ManualTimeout:
+    def __init__(self, clock: ManualClock, seconds: float):
+        self.clock, self.seconds = clock, seconds
+        self.fired = False
+
+    async def __aenter__(self) -> "_ManualTimeout":
+        self.task = asyncio.current_task()
+        self.due = asyncio.get_running_loop().create_future()
+        clock = self.clock
+        heapq.heappush(clock._sleepers, (clock._now + self.seconds, next(clock._order), self.due))
+        self.due.add_done_callback(self._fire)
+        return self
+
+    def _fire(self, due: asyncio.Future) -> None:
+        if not due.cancelled():
+            self.fired = True
+            self.task.cancel()
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if not self.due.done():
+            self.due.cancel()
+        if self.fired and exc_type is asyncio.CancelledError and self.task.uncancel() == 0:
+            raise TimeoutError(f"no answer within {self.seconds:g}s") from exc
 
 
 async def settle(rounds: int = 20) -> None:

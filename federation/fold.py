@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from hubd.state.board import CAUSAL_KEY, Malformed, causal_parent
-from federation.merge import LogEvent, event_fingerprint
+from federation.log_model import LogEvent, event_fingerprint
 
 LEDGER_TASK = "ledger_task"
 LEDGER_PROGRESS = "ledger_progress"

@@ -15,7 +15,7 @@ a forward, a log pull) wakes the link and the sender for that peer at once:
 the remaining reconnect backoff and retry backoff are skipped.
 
 The decisions here are pure functions of times and counts (tested in
-tests/unit/test_liveness.py); federation/link.py and federation/outbox.py
+tests/unit/test_liveness.py); federation/actors/link.py and federation/actors/outbox.py
 apply them. Times are seconds; `now` is the caller's clock.
 """
 
@@ -30,6 +30,9 @@ BACKOFF_START = 0.1
 BACKOFF_MAX = 0.5
 STABLE_AFTER = 10.0  # a link up this long resets the reconnect backoff
 STALLED_AFTER = 10.0  # pending work, link up, no success for this long: "stalled"
+# a write to the peer that has not completed for this long (a peer that stopped
+# reading) cuts the link, as the WebSocket door cuts a slow consumer
+WRITE_STALL_DEADLINE = 5.0
 
 UP = "up"
 CONNECTING = "connecting"
@@ -43,6 +46,12 @@ def silent_for(now: float, last_heard: float) -> float:
 def is_dead(now: float, last_heard: float, deadline: float = SILENCE_DEADLINE) -> bool:
     """The link heard nothing (no pong, no answer) for longer than its deadline."""
     return silent_for(now, last_heard) > deadline
+
+
+def write_stalled(now: float, write_started: float | None,
+                  deadline: float = WRITE_STALL_DEADLINE) -> bool:
+    """A write has been in progress (not drained into the socket) past its deadline."""
+    return write_started is not None and now - write_started > deadline
 
 
 def next_backoff(backoff: float, up_for: float | None) -> float:

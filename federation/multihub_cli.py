@@ -32,7 +32,8 @@ from typing import Sequence
 
 from federation.fold import fold
 from federation.journal_access import HubRunning, JournalError, read_events
-from federation.merge import MergedLog, MergeError
+from federation.log_model import MergeError
+from federation.merge import MergedLog
 from federation.partition import MULTIHUB_HEAL, MULTIHUB_PARTITION, PartitionDetector
 from federation.ownership import NamespaceOwnership
 from federation.quarantine import (MULTIHUB_EQUIVOCATION, MULTIHUB_EQUIVOCATION_RECOVERY,

@@ -16,8 +16,10 @@ import time
 
 from federation.config import PeerRoute
 from federation.fold import FOLDED_KINDS, fold
-from federation.link import LinkError, PeerLink
-from federation.merge import MergedLog, MergeError, decode_snapshot
+from federation.actors.link import LinkError, PeerLink
+from federation.log_model import MergeError
+from federation.log_snapshot import decode_snapshot
+from federation.merge import MergedLog
 from federation.pins import PinError, PinSet, parse_pin
 from federation.tls import peer_client_context, verified_client_context
 

@@ -6,7 +6,9 @@ The plugin brings federation's verbs (receiving forwards, log pulls, claim
 requests from peers), its projections and appliers (forward outbox and
 inbox, authority rows), its hooks into the core (a peer hub's first frame,
 the claim gate, targets on peer hubs), its actors (peer links, the forward
-outbox, watch followers, claim links), its /health sections and its reload.
+outboxes, the delivery senders, the claim forwarder, watch followers), the
+typed commands those post to the Router (COMMANDS), its /health sections
+and its reload.
 The core never imports this package; federation's modules find their
 runtime as `hub.federation` (this object), put there when the hub is built.
 """
@@ -17,36 +19,51 @@ from dataclasses import replace
 
 import structlog
 
-from hubd.core.message import CLOSE_AUTH
 from hubd.core.plugin import Plugin
 
-from . import authority as authority_state
-from . import claim_forwarding, delivery_forward, logpull, receiver
-from . import remote_leases
-from . import state as forward_state
-from .config import FederationConfig
+from federation import delivery_forward_rules, remote_leases
+from federation import state as forward_state
+from federation.actors.claim_forwarder import ClaimVerdict
+from federation.actors.delivery_sender import DeliveryAnswered
+from federation.actors.watch import Equivocated, Observed
+from federation.config import FederationConfig
+from federation.handlers import authority as authority_state
+from federation.handlers import claims, delivery_forward, forwarding, logpull, receiver
 
 log = structlog.get_logger("hubd.federation")
+
+
+# What federation's actors tell the Router, each a frozen message handled by
+# type (hubd/core/plugin.py `commands`): no closure crosses to the Router.
+COMMANDS = {
+    forwarding.ReadOutboxReports: forwarding.read_outbox_reports,
+    forwarding.LoadBacklog: forwarding.load_backlog,
+    ClaimVerdict: claims.relay_verdict,
+    Observed: authority_state.on_observed,
+    Equivocated: authority_state.on_equivocated,
+    DeliveryAnswered: delivery_forward.on_answered,
+    receiver.PeerPolicyReloaded: receiver.recheck_peer_sessions,
+}
 
 
 class Federation:
     def __init__(self, config: FederationConfig):
         self.config = config
         self.hub = None
-        self.forwarding = None  # federation.forwarding.Forwarding, with message peers
-        self.delivery = None  # federation.delivery_forward.DeliveryForwarder, likewise
-        self.authority = None  # federation.authority.Authority, with a namespace-owner map
+        self.forwarding = None  # federation.handlers.forwarding.Forwarding, with message peers
+        self.delivery = None  # federation.handlers.delivery_forward.DeliveryForwarder, likewise
+        self.authority = None  # federation.handlers.authority.Authority, with a namespace-owner map
         self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
-        self.peer_links = None  # federation.peers.PeerLinks: one link per peer hub
+        self.peer_links = None  # federation.actors.peers.PeerLinks: one link per peer hub
         self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
-        self.log_pulls: set = set()  # log pulls being read (federation/logpull.py bounds them)
+        self.log_pulls: set = set()  # log pulls being read (handlers/logpull.py bounds them)
 
     def plugin(self) -> Plugin:
         verbs: dict = {}
-        for module in (receiver, logpull, claim_forwarding):
+        for module in (receiver, logpull, claims):
             verbs.update(module.verbs)
         appliers: dict[str, list] = {}
-        for module in (forward_state, authority_state, remote_leases, delivery_forward):
+        for module in (forward_state, authority_state, remote_leases, delivery_forward_rules):
             for kind, fns in module.appliers.items():
                 appliers.setdefault(kind, []).extend(fns)
         return Plugin(
@@ -54,12 +71,13 @@ class Federation:
             verbs=verbs,
             appliers=appliers,
             projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS,
-                         **remote_leases.PROJECTIONS, **delivery_forward.PROJECTIONS},
+                         **remote_leases.PROJECTIONS, **delivery_forward_rules.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
-            claim_gate=claim_forwarding.gate,
+            claim_gate=claims.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
-            replaces_state_sections={"active_claims": claim_forwarding.active_claims_with_remote},
+            replaces_state_sections={"active_claims": claims.active_claims_with_remote},
             remote_hubs=self,
+            commands=COMMANDS,
             health_sections={"message_forward": self._health_forwarding,
                              "multihub": self._health_authority},
             bind=self.bind,
@@ -79,21 +97,21 @@ class Federation:
         hub.federation = self
         config = self.config
         if config.serving_policy_path is not None:
-            from .policy import load_serving_policy
+            from federation.policy_loading import load_serving_policy
 
             self.serving_policy = load_serving_policy(config.serving_policy_path)
         if config.message_peers or config.watches or config.claim_peers:
-            from .peers import PeerLinks
+            from federation.actors.peers import PeerLinks
 
             self.peer_links = PeerLinks(hub.hub_id, config)
         if config.message_peers:
-            from .forwarding import Forwarding
+            from federation.handlers.forwarding import Forwarding
 
             self.forwarding = Forwarding(hub, config, self.peer_links)
             self.delivery = delivery_forward.DeliveryForwarder(hub, self.forwarding,
                                                                self.peer_links)
         if config.namespace_owners:
-            from .authority import Authority
+            from federation.handlers.authority import Authority
 
             self.authority = Authority(hub, config, self.peer_links)
 
@@ -102,7 +120,7 @@ class Federation:
         config = self.config
         if config.tls_certfile is None:
             return None
-        from .tls import server_context
+        from federation.tls import server_context
 
         policy = self.serving_policy
         self.server_ssl = server_context(config.tls_certfile, config.tls_keyfile,
@@ -135,11 +153,11 @@ class Federation:
         config = old.rebuild()
         policy = None
         if config.serving_policy_path is not None:
-            from .policy import load_serving_policy
+            from federation.policy_loading import load_serving_policy
 
             policy = load_serving_policy(config.serving_policy_path)
         if config.tls_certfile is not None:
-            from .tls import server_context
+            from federation.tls import server_context
 
             server_context(config.tls_certfile, config.tls_keyfile,
                            client_ca_pem=policy.client_ca_pem if policy else None)
@@ -156,26 +174,14 @@ class Federation:
             if policy is not None:
                 self.server_ssl.load_verify_locations(cadata=policy.client_ca_pem)
         if hub.router is not None:
-            hub.router.post_control(self._recheck_peer_sessions)
+            hub.router.post_control(receiver.PeerPolicyReloaded(policy))
         if self.peer_links is not None:
             self.peer_links.reconfigure(config)
         if self.forwarding is not None:
             self.forwarding.reconfigure(config)
+            self.delivery.reconfigure()
         return {"peers": sorted(config.message_peers),
                 "serving_policy": str(config.serving_policy_path or "")}
-
-    def _recheck_peer_sessions(self, router) -> None:
-        """After a reload: a peer hub whose grant or pin no longer holds is cut off."""
-        policy = self.serving_policy
-        for session in list(router.presence.sessions.values()):
-            if session.peer_hub is None:
-                continue
-            decision = policy.authorise(session.peer_hub, session.peer_cert, None,
-                                        router.now) if policy is not None else None
-            if decision is None or not decision.allowed:
-                log.warning("peer link closed after reload", peer=session.peer_hub,
-                            reason=decision.detail if decision else "no serving policy")
-                router.endpoints.close(session.endpoint, CLOSE_AUTH, "peer no longer authorised")
 
     # -- targets on peer hubs (the core's RemoteHubs)
 
@@ -220,7 +226,7 @@ class Federation:
         """A status request or cancel for an operation routed to a peer: asked
         there (True), or not routed (False: the local verb answers)."""
         if self.delivery is None:
-            route = delivery_forward.routes_of(router.state).by_key.get(key)
+            route = delivery_forward_rules.routes_of(router.state).by_key.get(key)
             if route is None:
                 return False
             from hubd.handlers.delivery import refuse

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from federation.merge import Equivocation
+from federation.log_model import Equivocation
 from federation.partition import _row
 
 MULTIHUB_EQUIVOCATION = "multihub_equivocation"

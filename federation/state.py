@@ -5,7 +5,7 @@
   forward_id), so the chat and its outbox row commit together. The projection
   is only the index (forward_id -> the chat's seq, per peer, oldest first):
   the forward itself, its body and attempts, is held once, by the peer's
-  ForwardOutbox actor (federation/outbox.py), or left in the journal when the
+  ForwardOutbox actor (federation/actors/outbox.py), or left in the journal when the
   actor has no room for it (it reads it back by seq: `pending_from_event`).
 - the forward inbox: forward_ids this hub accepted from peers, with a digest of
   what was accepted and the result it answered, so a retry gets `duplicate`
@@ -14,6 +14,11 @@
 Settlement (`forward_settled`) removes a row and, when the sender asked for a
 receipt after it was told "pending", queues the final receipt in the durable
 sender-notification outbox.
+
+- the retry schedules: per peer, the attempt count and due time its outbox's
+  backoff last reached (`forward_retry`, federation/clock.py PeerRetry), read
+  by the outbox when it starts, so a restart keeps holding a refusing peer's
+  backlog (docs/federation.md, "Retries across a restart").
 """
 
 from __future__ import annotations
@@ -23,15 +28,18 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from hubd.state import delivery, receipt_rules
+from federation.clock import PeerRetry
+from hubd.state import receipt_rules, receipt_table
 from hubd.state.events import Event
 from hubd.state.hub import Appliers, HubState
 
 from hubd.wire.codec import encode
 
 FORWARD_SETTLED = "forward_settled"
+FORWARD_RETRY = "forward_retry"
 OUTBOX = "forward_outbox"
 INBOX = "forward_inbox"
+RETRIES = "forward_retries"
 
 # Accepted forward ids remembered for deduplication. The origin retries a
 # forward until it is answered (an answer lost in a cut link is retried within
@@ -140,9 +148,39 @@ class ForwardInbox:
             self.accepted.popitem(last=False)
 
 
+@dataclass
+class RetrySchedules:
+    """Each peer's journaled retry schedule (a peer with none is not backing off)."""
+
+    by_peer: dict = field(default_factory=dict)  # peer -> PeerRetry
+
+
 # the projections this module keeps in HubState.extensions, by name
-PROJECTIONS = {OUTBOX: ForwardOutbox, INBOX: ForwardInbox}
+PROJECTIONS = {OUTBOX: ForwardOutbox, INBOX: ForwardInbox, RETRIES: RetrySchedules}
 appliers = Appliers()
+
+
+def retries_of(state: HubState) -> RetrySchedules:
+    return state.extensions[RETRIES]
+
+
+def retry_payload(peer: str, retry: PeerRetry | None) -> dict:
+    """A forward_retry event: the peer's new schedule, or attempts 0 when it
+    answered again and nothing waits any more."""
+    if retry is None:
+        return {"peer": peer, "attempts": 0, "retry_at": None, "refused": False}
+    return {"peer": peer, "attempts": retry.attempts, "retry_at": retry.retry_at,
+            "refused": retry.refused}
+
+
+@appliers.applies(FORWARD_RETRY)
+def _apply_retry(state: HubState, event: Event) -> None:
+    p = event.payload
+    schedules = retries_of(state).by_peer
+    if p["attempts"] > 0:
+        schedules[p["peer"]] = PeerRetry(p["attempts"], p["retry_at"], p["refused"])
+    else:
+        schedules.pop(p["peer"], None)
 
 
 def outbox_of(state: HubState) -> ForwardOutbox:
@@ -212,7 +250,7 @@ def verdict_result(seq: int, msg_id, matched: list[str], stale: list[str],
     delivered = verdict == receipt_rules.DELIVERED
     return {"seq": seq, "msg_id": msg_id, "delivered": delivered,
             "recipients": list(written), "matched_recipients": list(matched),
-            "stale_recipients": list(stale), "reason": delivery.RECEIPTS[verdict].reason,
+            "stale_recipients": list(stale), "reason": receipt_table.RECEIPTS[verdict].reason,
             "dead_lettered": not delivered}
 
 
@@ -222,7 +260,8 @@ def _unconfirmed_result(seq: int, msg_id, matched) -> dict:
     mailbox, but no completed write can be claimed for it."""
     return {"seq": seq, "msg_id": msg_id, "delivered": False, "recipients": [],
             "matched_recipients": list(matched), "stale_recipients": [],
-            "reason": delivery.DELIVERY_UNCONFIRMED if matched else delivery.NO_ONLINE_RECIPIENT,
+            "reason": receipt_table.DELIVERY_UNCONFIRMED if matched
+            else receipt_table.NO_ONLINE_RECIPIENT,
             "dead_lettered": True}
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 WELCOME_TEXT = "Welcome to hubd"
 # hubd extensions a peer hub may use on this connection (the reference ignores
 # unknown welcome fields): batched forwards, one result frame per batch; and
-# forwarded delivery intents (federation/delivery_forward.py), which a hubd peer
+# forwarded delivery intents (federation/handlers/delivery_forward.py), which a hubd peer
 # sends only to a hub that lists them, whatever its protocol_version says.
 HUB_FEATURES = ["forward_batch", "delivery_forward"]
 

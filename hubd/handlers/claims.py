@@ -186,7 +186,7 @@ def record_release(router: Router, name: str, lease: dict, frame: dict, bound: d
 # Each verb is decided by a function of (router, who, frame) that makes its
 # events and broadcasts and returns an Answer; the handler sends the Answer to
 # its local claimant, and federation's owner side relays it to a claimant on
-# another hub (federation/claim_forwarding.py), so both are decided alike.
+# another hub (federation/handlers/claims.py), so both are decided alike.
 
 
 @dataclass(slots=True)

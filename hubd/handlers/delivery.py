@@ -268,7 +268,7 @@ def _control_refusal(router: Router, session: Session, target: str, mode: str,
 
 def _remote_hook(router: Router, session: Session, name: str):
     """The federation plugin's hook for delivery across hubs
-    (federation/delivery_forward.py), for a local requester; None without one."""
+    (federation/handlers/delivery_forward.py), for a local requester; None without one."""
     if session.peer_hub is not None:
         return None  # a forwarded requester is served here, never forwarded on
     return getattr(router.installed.remote_hubs, name, None)

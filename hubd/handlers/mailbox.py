@@ -8,7 +8,7 @@ import asyncio
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
 from hubd.core.message import Message
-from hubd.state import delivery
+from hubd.state import receipt_table
 from hubd.state import events as ev
 from hubd.state.presence import Session
 from hubd.wire import codec
@@ -101,13 +101,13 @@ def ack(router: Router, session: Session, frame: dict, size: int) -> None:
     pending = state.receipts.pending.get(seq)
     if pending is None or not parse_target(pending.target).matches(identity, roles):
         return
-    chat_ref = delivery.ChatRef(pending.sender, seq, pending.msg_id, pending.target,
-                                pending.client_msg_id)
-    text, fields = delivery.receipt(delivery.DEFERRED, chat_ref, [identity])
+    chat_ref = receipt_table.ChatRef(pending.sender, seq, pending.msg_id, pending.target,
+                                     pending.client_msg_id)
+    text, fields = receipt_table.receipt(receipt_table.DEFERRED, chat_ref, [identity])
     receipt = router.frame("delivery_receipt", pending.sender, text, **fields)
     router.event(ev.DELIVERY_RECEIPT_DEFERRED, {"chat_seq": seq, "recipient": identity,
                                                 "receipt": receipt})
-    router.metrics.count_receipt(delivery.DEFERRED)
+    router.metrics.count_receipt(receipt_table.DEFERRED)
     sender = router.presence.session_of(pending.sender)
     if sender is not None:
         receipts.deliver_notifications(router, sender)

@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 import structlog
 
 from hubd.actors.router import Router
-from hubd.state import delivery
+from hubd.state import receipt_table
 from hubd.state import events as ev
 from hubd.state import receipt_rules as rules
 from hubd.state.presence import RX_SUFFIX, Presence, Session
@@ -170,13 +170,14 @@ def request(router: Router, session: Session, frame: dict, seq: int,
             recipients: list[str], directed: bool) -> None:
     """The sender asked for a receipt on the chat just routed as `seq`."""
     presence = router.presence
-    chat_ref = delivery.ChatRef(session.name, seq, frame["msg_id"], frame.get("target") or "all",
-                                frame.get("client_msg_id"))
+    chat_ref = receipt_table.ChatRef(session.name, seq, frame["msg_id"],
+                                     frame.get("target") or "all", frame.get("client_msg_id"))
     if not directed:
         # a broadcast's receipt names who was online to get it (the seed's
         # completed-write rule is for directed chat)
-        kind = delivery.IMMEDIATE_DELIVERED if recipients else delivery.IMMEDIATE_UNDELIVERED
-        text, fields = delivery.receipt(kind, chat_ref, recipients,
+        kind = receipt_table.IMMEDIATE_DELIVERED if recipients else \
+            receipt_table.IMMEDIATE_UNDELIVERED
+        text, fields = receipt_table.receipt(kind, chat_ref, recipients,
                                         wake=wake_of(presence, recipients))
         router.reply(session, "delivery_receipt", text, **fields)
         return
@@ -213,7 +214,7 @@ def await_writes(router: Router, seq: int, served: list[str], live: list[str],
     names with a completed write plus `served`. With no live name, or too
     many chats already waiting, it is called at once, in this round, with
     `served` alone (never a false positive). Local receipts and forwarded
-    chats' answers (federation/receiver.py) both decide through this."""
+    chats' answers (federation/handlers/receiver.py) both decide through this."""
     if not live:
         decided(router, list(served))
         return
@@ -242,8 +243,9 @@ def await_writes(router: Router, seq: int, served: list[str], live: list[str],
     router.after_release(track)
 
 
-def settle_immediate(router: Router, chat_ref: delivery.ChatRef, written: list[str],
-                     matched: list[str], stale: list[str], wake: dict) -> None:
+def settle_immediate(router: Router, chat_ref: receipt_table.ChatRef,
+                     written: list[str], matched: list[str], stale: list[str],
+                     wake: dict) -> None:
     """Journal the immediate verdict with its outbox row (and, for a negative
     one that would overflow the pending window, the oldest pending receipt's
     expiry first, in the same commit), then tell whoever is online."""
@@ -252,8 +254,8 @@ def settle_immediate(router: Router, chat_ref: delivery.ChatRef, written: list[s
     notify = {chat_ref.sender}
     if pending:
         notify.update(expire_oldest(router))
-    text, fields = delivery.receipt(verdict, chat_ref, written, wake=wake, matched=matched,
-                                    stale=stale)
+    text, fields = receipt_table.receipt(verdict, chat_ref, written, wake=wake,
+                                         matched=matched, stale=stale)
     receipt = router.frame("delivery_receipt", chat_ref.sender, text, **fields)
     router.event(ev.DELIVERY_RECEIPT_IMMEDIATE, {"chat_seq": chat_ref.seq, "verdict": verdict,
                                                  "pending": pending, "receipt": receipt})
@@ -274,21 +276,21 @@ def expire_oldest(router: Router) -> set[str]:
     senders = set()
     for _ in range(rules.evictions(len(receipts.pending), receipts.pending_limit)):
         seq, oldest = next(iter(receipts.pending.items()))
-        chat_ref = delivery.ChatRef(oldest.sender, seq, oldest.msg_id, oldest.target,
-                                    oldest.client_msg_id)
-        text, fields = delivery.receipt(delivery.RECEIPT_EXPIRED, chat_ref, [])
+        chat_ref = receipt_table.ChatRef(oldest.sender, seq, oldest.msg_id, oldest.target,
+                                         oldest.client_msg_id)
+        text, fields = receipt_table.receipt(receipt_table.RECEIPT_EXPIRED, chat_ref, [])
         receipt = router.frame("delivery_receipt", oldest.sender, text, **fields)
         router.event(ev.DELIVERY_RECEIPT_EXPIRED, {"chat_seq": seq, "reason": "evicted",
                                                    "receipt": receipt})
-        router.metrics.count_receipt(delivery.RECEIPT_EXPIRED)
+        router.metrics.count_receipt(receipt_table.RECEIPT_EXPIRED)
         log.info("pending receipt evicted from the bounded window; settled expired",
                  seq=seq, sender=oldest.sender, limit=receipts.pending_limit)
         senders.add(oldest.sender)
     return senders
 
 
-def warn_stale(router: Router, sender: Session, chat_ref: delivery.ChatRef, fields: dict,
-               wake: dict) -> None:
+def warn_stale(router: Router, sender: Session, chat_ref: receipt_table.ChatRef,
+               fields: dict, wake: dict) -> None:
     """The private recipient_liveness_warning beside a receipt with stale matches."""
     stale = fields["stale_recipients"]
     negative = not fields["delivered"]

@@ -290,7 +290,7 @@ def read_request(frame: dict, now: float) -> Request | Refusal:
     if isinstance(target, Refusal):
         return refuse(target.reason_code, target.text)
     if "@" in target:
-        # federation/delivery_forward.py takes PROJECT/seat@HUB before this
+        # federation/handlers/delivery_forward.py takes PROJECT/seat@HUB before this
         return refuse(UNKNOWN_HUB, "this hub has no message peers")
     incarnation = frame.get("target_incarnation")
     if not is_digest(incarnation):

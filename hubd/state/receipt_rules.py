@@ -60,7 +60,7 @@ def partition(matched: Iterable[str], live: Callable[[str], bool]) -> tuple[list
     return alive, stale
 
 
-# immediate verdicts of a directed chat (the receipt kinds in hubd/state/delivery.py)
+# immediate verdicts of a directed chat (the receipt kinds in hubd/state/receipt_table.py)
 DELIVERED = "immediate_delivered"
 NO_ONLINE_RECIPIENT = "pending"  # its kind name predates the others: dead-lettered
 NO_LIVE_RECIPIENT = "no_live_recipient"

@@ -330,7 +330,7 @@ def test_a_peer_that_never_answers_is_peer_unreachable_and_waiting_is_bounded(tm
     """The fake peer takes every forward and answers none: each request is
     refused peer_unreachable after the 10 s answer bound, and the one past
     the 256 forwards that may wait at once is refused at once."""
-    from federation.delivery_forward import MAX_IN_FLIGHT
+    from federation.delivery_forward_rules import MAX_IN_FLIGHT
     taken = []
 
     async def swallow(ws, frame):

@@ -32,7 +32,7 @@ import time
 import pytest
 
 from federation.journal_access import append_operator_row
-from federation.merge import Equivocation
+from federation.log_model import Equivocation
 from federation.quarantine import MULTIHUB_EQUIVOCATION, equivocation_payload
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import REPO, free_port, hubd_process

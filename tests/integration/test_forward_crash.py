@@ -10,7 +10,7 @@ is SIGKILLed at the two moments that matter, aimed with HUBD_FAULT
 Whatever is resent, each chat is one journal entry (one seq) at west, a
 forward_id west had already accepted is answered `duplicate`, and alice's
 settled receipt arrives once per forward_id. These tests fail if west's
-deduplication by forward_id (federation/receiver.py) is disabled.
+deduplication by forward_id (federation/handlers/receiver.py) is disabled.
 """
 
 from __future__ import annotations

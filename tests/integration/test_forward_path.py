@@ -12,9 +12,9 @@ What counts:
   CARRIERS: the sender's Connection, the Router, the JournalWriter, the
   peer's ForwardOutbox actor, the PeerLink's reader). Timers that run on
   their own are left out: the outbox's ticker is its own task and its sweep
-  (on Tick) runs under ForwardOutbox._sweep; the link's pings are the
-  _watch/_ping tasks; the hub's once-a-second sweep reaches the Router as a
-  Call (Router._call).
+  (on Tick) runs under ForwardOutbox._sweep; the link's pings are written
+  by its writer task (_write), timed by its _watch task; the hub's
+  once-a-second sweep reaches the Router as a Call (Router._call).
 - A step of the way is a hop: a fresh call whose caller frame is in another
   hub module. A coroutine resuming after an await is the same call going on,
   not a step (its 'call' event is noted, as `resume`); so an actor's loop
@@ -29,7 +29,7 @@ What counts:
   are listed as the ends of hops but the assertion is on federation's modules.
 
 The send path is every recorded call up to the first call of PeerLink.send;
-the result path starts at the first hop out of federation/link.py after it
+the result path starts at the first hop out of federation/actors/link.py after it
 (the link handing on the peer's multihub_message_result) and runs until the
 sender has its receipt. Expected:
 - send: plugin.py (Federation.forward_chat) > forwarding.py (forward_chat,
@@ -37,8 +37,8 @@ sender has its receipt. Expected:
   posts the row) > outbox.py (Mailbox.post_rows, then the actor) > link.py
   (PeerLink.send);
 - result: link.py (_read) > peers.py > outbox.py > forwarding.py. As built
-  the link does not call the outbox itself: federation/peers.py's
-  _Subscribers.on_result fans a result out to the link's subscribers (the
+  the link does not call the outbox itself: federation/actors/peers.py's
+  Subscribers.on_result fans a result out to the link's subscribers (the
   ForwardOutbox's _answer_arrived). It is a step of its own (it calls on, it
   is not a library), and the way still crosses no module twice. Then the
   actor settles, reports to Forwarding._reported, which posts to the Router,
@@ -72,15 +72,15 @@ LIBRARIES = ("federation/state.py", "federation/clock.py", "federation/metrics.p
 # the outermost hub function of each task or callback that carries a forwarded chat
 CARRIERS = {("hubd/doors/websocket.py", "run"), ("hubd/doors/websocket.py", "_flush"),
             ("hubd/actors/router.py", "run"), ("hubd/actors/journal_writer.py", "run"),
-            ("federation/outbox.py", "run"), ("federation/link.py", "run")}
+            ("federation/actors/outbox.py", "run"), ("federation/actors/link.py", "run")}
 # work inside a carrier that is not this chat: the Router's timers (and the
 # outbox's journal reads) come as Calls; the outbox's sweep runs on its Tick
-NOT_THE_CHAT = {("hubd/actors/router.py", "_call"), ("federation/outbox.py", "_sweep")}
+NOT_THE_CHAT = {("hubd/actors/router.py", "_call"), ("federation/actors/outbox.py", "_sweep")}
 
-EXPECTED_SEND = ("federation/plugin.py", "federation/forwarding.py", "federation/outbox.py",
-                 "federation/link.py")
-EXPECTED_RESULT = ("federation/link.py", "federation/peers.py", "federation/outbox.py",
-                   "federation/forwarding.py")
+EXPECTED_SEND = ("federation/plugin.py", "federation/handlers/forwarding.py",
+                 "federation/actors/outbox.py", "federation/actors/link.py")
+EXPECTED_RESULT = ("federation/actors/link.py", "federation/actors/peers.py",
+                   "federation/actors/outbox.py", "federation/handlers/forwarding.py")
 
 # A coroutine's 'call' event comes at its start and at every resumption; in
 # CPython 3.11+ the frame then stands on RESUME with a nonzero argument
@@ -148,7 +148,7 @@ def record(calls: list):
         if outermost not in CARRIERS:
             return
         forward_id = None
-        if caller == "federation/link.py" and isinstance(frame.f_locals.get("frame"), dict):
+        if caller == "federation/actors/link.py" and isinstance(frame.f_locals.get("frame"), dict):
             forward_id = frame.f_locals["frame"].get("forward_id")
         calls.append(Call(module, frame.f_code.co_name, caller,
                           back.f_code.co_name if caller else "", is_resume(frame), forward_id))
@@ -191,12 +191,12 @@ def crossings(calls: list[Call]) -> list[str]:
 
 def split(calls: list[Call]) -> tuple[list[Call], list[Call]]:
     send_end = next((i for i, c in enumerate(calls)
-                     if c.module == "federation/link.py" and c.function == "send"
+                     if c.module == "federation/actors/link.py" and c.function == "send"
                      and not c.resume), None)
     assert send_end is not None, "no call of PeerLink.send was recorded:\n" + \
         "\n".join(map(str, calls))
     result_start = next((i for i in range(send_end + 1, len(calls))
-                         if calls[i].hop and calls[i].caller == "federation/link.py"
+                         if calls[i].hop and calls[i].caller == "federation/actors/link.py"
                          and calls[i].module.startswith(FEDERATION)
                          and not is_library(calls[i].module)), None)
     assert result_start is not None, "the link handed on no result after the send:\n" + \

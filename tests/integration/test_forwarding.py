@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from federation.outbox import RESIDENT
+from federation.actors.outbox import RESIDENT
 from federation.tls import peer_client_context
 from hubd.state.mailbox import MAX_REPLAY
 from tests.support.federation import fake_peer_hub, make_pki, site_flags, write_serving_policy

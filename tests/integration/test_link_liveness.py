@@ -10,7 +10,7 @@ import time
 from aiohttp import WSMsgType, web
 
 from federation.config import PeerRoute
-from federation.link import SILENT, PeerLink
+from federation.actors.link import SILENT, PeerLink
 
 
 class FakePeer:

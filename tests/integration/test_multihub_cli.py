@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from federation.merge import event_fingerprint
+from federation.log_model import event_fingerprint
 from hubd.cli import main as hubd_main
 from hubd.journal.store import JournalReader, JournalStore
 from hubd.state.events import Event

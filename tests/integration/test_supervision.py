@@ -9,7 +9,7 @@ import asyncio
 from structlog.testing import capture_logs
 
 from federation.config import build_federation_config
-from federation.outbox import TICK
+from federation.actors.outbox_messages import TICK
 from tests.support.inproc import running_hub
 from tests.support.procs import free_port
 

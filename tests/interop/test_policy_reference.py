@@ -25,7 +25,8 @@ from cryptography.hazmat.primitives import serialization
 
 from federation import pki
 from federation.pins import certificate_pin
-from federation.policy import PolicyError, load_serving_policy
+from federation.policy import PolicyError
+from federation.policy_loading import load_serving_policy
 from tests.support.prereq import missing
 from tests.support.procs import HubProcess, reference_hub_process
 

@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from federation.claim_forwarder import (LEASE_ENDED, LEASE_HELD, ClaimForwarder,
-                                        ClaimForwarderFull, ForwardClaim)
+from federation.actors.claim_forwarder import (LEASE_ENDED, LEASE_HELD, ClaimForwarder,
+                                               ClaimForwarderFull, ForwardClaim)
 from federation.clock import ManualClock, settle
 from tests.support.memlink import DROP, HANG, MemoryLink
 

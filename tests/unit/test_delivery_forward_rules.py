@@ -1,10 +1,10 @@
-"""The pure decisions of forwarded delivery intents (federation/delivery_forward.py)."""
+"""The pure decisions of forwarded delivery intents (federation/delivery_forward_rules.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from federation import delivery_forward as df
+from federation import delivery_forward_rules as df
 from hubd.state import delivery_rules as rules
 
 KEY = "a" * 64

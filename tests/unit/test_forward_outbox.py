@@ -7,12 +7,14 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-import federation.outbox as outbox_module
-from federation.clock import ManualClock, settle
+import federation.actors.outbox as outbox_module
+from federation.clock import ManualClock, PeerRetry, settle
 from federation.metrics import ForwardMetrics
-from federation.outbox import ANSWER_TIMEOUT, ForwardOutbox, PeerAlive, Settled, StillPending
+from federation.actors.outbox import ANSWER_TIMEOUT, ForwardOutbox
+from federation.actors.outbox_messages import (Backlog, PeerAlive, RetrySchedule, Settled,
+                                               StillPending)
 from federation.state import PendingForward
-from hubd.state import delivery as dl
+from hubd.state import forward_table as dl
 from tests.support.memlink import DROP, HANG, MemoryLink
 
 
@@ -46,6 +48,8 @@ class Harness:
         self.journal: dict[int, PendingForward] = {}
         self.uncommitted: set[int] = set()
         self.loads = []  # (after_seq, limit) of every load the outbox made
+        self.retry = None  # the peer's journaled retry schedule (federation/clock.py PeerRetry)
+        self.retries = []  # every schedule the outbox reported, in order
         self.link = MemoryLink("west", "east", self.clock, batching=batching)
         self.outbox = ForwardOutbox(
             "east", "west", self.link, self._attach, ForwardMetrics(CollectorRegistry(), None),
@@ -53,8 +57,7 @@ class Harness:
         self.task = None
 
     def _attach(self, **events):
-        for name, fn in events.items():
-            setattr(self.link, name, fn)
+        self.link.far.subscribe(**events)
 
     def _report(self, reports):
         for report in reports:
@@ -63,6 +66,9 @@ class Harness:
                 self.journal.pop(report.item.seq, None)
             elif isinstance(report, StillPending):
                 self.notices.append((report.item.forward_id, report.why))
+            elif isinstance(report, RetrySchedule):
+                self.retries.append(report.retry)
+                self.retry = report.retry  # journaled, as the Router does
             else:
                 self.rosters.append(report)
 
@@ -74,7 +80,7 @@ class Harness:
             if seq in self.uncommitted:
                 break
             rows.append(self.journal[seq])
-        return rows, len(seqs) < limit
+        return Backlog(rows, len(seqs) < limit, self.retry)
 
     async def start(self):
         self.task = asyncio.ensure_future(self.outbox.run())
@@ -118,6 +124,8 @@ class Harness:
 def run(scenario):
     async def main():
         h = Harness(**getattr(scenario, "options", {}))
+        if hasattr(scenario, "before_start"):
+            scenario.before_start(h)
         await h.start()
         try:
             await scenario(h)
@@ -485,3 +493,100 @@ def test_the_roster_timeout_is_the_seeds_ten_seconds_unless_a_flag_shortens_it()
             seconds
     with pytest.raises(SystemExit):
         config_from_args(parser.parse_args(["--roster-timeout", "0"]), parser)
+
+
+# -- the peer's retry schedule, journaled and restored (docs/federation.md,
+# "Retries across a restart")
+
+
+def test_a_refusing_peers_schedule_is_reported_once_per_level_and_cleared_by_an_answer():
+    async def scenario(h):
+        first, second = forward(1, h.clock), forward(2, h.clock)
+        await h.connect()
+        h.submit(first, second)
+        await settle()
+        h.sent_ids()
+        await h.answer(answer(first.forward_id, "refused", "quota_exceeded"))
+        await h.answer(answer(second.forward_id, "refused", "quota_exceeded"))
+        # both wait 1 s at attempt 1: one schedule, not one per forward
+        assert h.retries == [PeerRetry(1, h.clock.wall() + 1.0, True)]
+        await h.clock.advance(1.1)
+        assert sorted(h.sent_ids()) == sorted([first.forward_id, second.forward_id])
+        await h.answer(answer(first.forward_id, "refused", "quota_exceeded"))
+        assert [(r.attempts, r.refused) for r in h.retries] == [(1, True), (2, True)]
+        await h.answer(answer(second.forward_id))  # the peer takes one: nothing to hold back
+        assert h.retries[-1] is None and len(h.retries) == 3
+    run(scenario)
+
+
+def test_no_answer_is_journaled_as_such():
+    async def scenario(h):
+        item = forward(1, h.clock)
+        await h.connect()
+        h.link.far.mode = DROP
+        h.submit(item)
+        await settle()
+        await h.clock.advance(ANSWER_TIMEOUT + 0.5)
+        [retry] = h.retries
+        assert retry.attempts == 1 and retry.refused is False
+    run(scenario)
+
+
+def restarted(retry_in: float, attempts: int = 4, refused: bool = True):
+    """The scenario's harness starts as a restarted hub: its journal holds a
+    backlog and the peer's retry schedule, due `retry_in` seconds from now."""
+    def options(h):
+        h.retry = PeerRetry(attempts, h.clock.wall() + retry_in, refused)
+        h.backlog = [forward(n, h.clock) for n in range(3)]
+        for item in h.backlog:
+            h.journal[item.seq] = item
+    return options
+
+
+def test_after_a_restart_a_refusing_peers_backlog_waits_for_the_journaled_retry():
+    async def scenario(h):
+        await h.connect()  # this hub's first link-up since the restart
+        assert h.sent_ids() == []
+        assert all(h.state_of(i) == dl.HELD for i in h.backlog)
+        h.outbox.mailbox.post(PeerAlive())  # a "not now" is not cut short by a sign of life
+        await h.clock.advance(29.0)
+        assert h.sent_ids() == []
+        await h.clock.advance(1.5)  # the journaled retry is due
+        assert h.sent_ids() == [i.forward_id for i in h.backlog]
+        await h.answer(answer(h.backlog[0].forward_id, "refused", "quota_exceeded"))
+        # the attempt count goes on from the journaled one, not from the start
+        assert h.retries[-1].attempts == 5
+    scenario.before_start = restarted(30.0)
+    run(scenario)
+
+
+def test_a_restored_wait_for_an_answer_yields_to_a_sign_of_life():
+    async def scenario(h):
+        await h.connect()
+        assert h.sent_ids() == [] and h.state_of(h.backlog[0]) == dl.WAITING
+        h.outbox.mailbox.post(PeerAlive())
+        await settle()
+        assert h.sent_ids() == [i.forward_id for i in h.backlog]
+    scenario.before_start = restarted(30.0, refused=False)
+    run(scenario)
+
+
+def test_a_peer_that_comes_back_after_a_restart_gets_the_restored_backlog_at_once():
+    async def scenario(h):
+        await h.connect()
+        assert h.sent_ids() == []
+        await h.cut()  # the peer goes away and returns: it was away, not refusing
+        await h.connect()
+        assert h.sent_ids() == [i.forward_id for i in h.backlog]
+    scenario.before_start = restarted(30.0)
+    run(scenario)
+
+
+def test_a_journaled_retry_already_due_holds_nothing_back_and_new_chats_are_not_held():
+    async def scenario(h):
+        fresh = forward(10, h.clock)
+        h.submit(fresh)
+        await h.connect()
+        assert h.sent_ids() == [i.forward_id for i in h.backlog] + [fresh.forward_id]
+    scenario.before_start = restarted(-5.0)
+    run(scenario)

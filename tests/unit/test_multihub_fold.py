@@ -9,7 +9,8 @@ import json
 from hypothesis import given, settings, strategies as st
 
 from federation.fold import asserting_hubs, fold, namespace_of, record_fingerprint
-from federation.merge import LogEvent, MergedLog, event_fingerprint
+from federation.log_model import LogEvent, event_fingerprint
+from federation.merge import MergedLog
 from hubd.state import claims as cl
 
 NOW = 1000.0

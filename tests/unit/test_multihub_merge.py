@@ -1,5 +1,7 @@
-"""The content-bound log union (federation/merge.py): fingerprints, batch
-validation, decode of the pull answer, and the convergence properties."""
+"""The content-bound log union (federation/merge.py; its events and
+fingerprints are federation/log_model.py, the pull answer's decoding
+federation/log_snapshot.py): fingerprints, batch validation, decode of the
+pull answer, and the convergence properties."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from federation.fold import FOLDED_KINDS, fold
-from federation.merge import (_canonical_iterative, CursorMismatch, CursorRollback, Equivocation, LogEvent, LogGap,
-                              MergedLog, SnapshotInvalid, Unfingerprintable, canonical_value,
-                              decode_snapshot, event_fingerprint, merge_logs)
+from federation.log_model import (_canonical_iterative, CursorMismatch, CursorRollback,
+                                  Equivocation, LogEvent, LogGap, SnapshotInvalid,
+                                  Unfingerprintable, canonical_value, event_fingerprint)
+from federation.log_snapshot import decode_snapshot
+from federation.merge import MergedLog, merge_logs
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

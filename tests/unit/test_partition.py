@@ -198,7 +198,9 @@ def test_watch_round_trip():
     """The pieces as a standing watch wires them: pull -> decode -> accept ->
     fold -> asserting_hubs(hub=peer) -> observe(peer, ...)."""
     from federation.fold import FOLDED_KINDS, asserting_hubs, fold
-    from federation.merge import Equivocation, MergedLog, decode_snapshot
+    from federation.log_model import Equivocation
+    from federation.log_snapshot import decode_snapshot
+    from federation.merge import MergedLog
 
     now = 1000.0
     north_log = [

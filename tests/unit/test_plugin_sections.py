@@ -35,7 +35,7 @@ def test_replacing_a_section_nobody_declared_is_refused():
 
 
 def test_the_federation_plugin_lists_remote_leases_in_active_claims():
-    from federation.claim_forwarding import active_claims_with_remote
+    from federation.handlers.claims import active_claims_with_remote
     from federation.config import FederationConfig
     from federation.plugin import Federation
     from hubd.handlers import core_plugin

@@ -20,26 +20,28 @@ from cryptography.hazmat.primitives import serialization
 from federation import pki
 from tests.support.prereq import need_module, need_root
 from federation.pins import certificate_pin, spki_pin
+from hubd.owner_only import read_owner_only_file
 from federation.policy import (
     EXPIRED,
     GRANTED,
-    GRANT_FIELDS,
-    GRANT_OPTIONAL_FIELDS,
     MISSING_CERTIFICATE,
     NAMESPACE_NOT_GRANTED,
     PIN_MISMATCH,
-    POLICY_FIELDS,
-    RECORD_FIELDS,
     REVOKED,
-    SCOPE_GRANT_FIELDS,
-    STORE_FIELDS,
     UNKNOWN_PEER,
     PolicyError,
     ServingPolicy,
+)
+from federation.policy_loading import (
+    GRANT_FIELDS,
+    GRANT_OPTIONAL_FIELDS,
+    POLICY_FIELDS,
+    RECORD_FIELDS,
+    SCOPE_GRANT_FIELDS,
+    STORE_FIELDS,
     load_federation_store,
     load_serving_policy,
     parse_federation_store,
-    read_owner_only_file,
 )
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"

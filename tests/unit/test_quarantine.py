@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from federation.merge import Equivocation
+from federation.log_model import Equivocation
 from federation.quarantine import (MULTIHUB_EQUIVOCATION, MULTIHUB_EQUIVOCATION_RECOVERY,
                                    RecoveryRefused, active_quarantines, equivocation_payload,
                                    recovery_decision, recovery_payload)

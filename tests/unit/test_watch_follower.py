@@ -4,7 +4,7 @@ manual clock, no sockets and no sleeping. What it tells is its messages."""
 import asyncio
 
 from federation.clock import ManualClock, settle
-from federation.watch import Equivocated, Observed, SetQuarantine, WatchFollower
+from federation.actors.watch import Equivocated, Observed, SetQuarantine, WatchFollower
 from tests.support.memlink import DROP, MemoryLink
 
 LOG = [

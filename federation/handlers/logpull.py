@@ -21,7 +21,7 @@ import orjson
 import structlog
 
 from federation import logscope
-from federation.receiver import authorise_peer, peer_alive
+from federation.handlers.receiver import authorise_peer, peer_alive
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
 from hubd.core.message import Message

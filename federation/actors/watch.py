@@ -26,8 +26,10 @@ import structlog
 
 from federation.clock import SYSTEM, wait_for
 from federation.fold import FOLDED_KINDS, asserting_hubs, fold
-from federation.link import LinkError
-from federation.merge import Equivocation, MergedLog, MergeError, decode_snapshot
+from federation.actors.link_socket import LinkError
+from federation.log_model import Equivocation, MergeError
+from federation.log_snapshot import decode_snapshot
+from federation.merge import MergedLog
 
 log = structlog.get_logger("hubd.federation.watch")
 

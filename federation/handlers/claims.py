@@ -4,7 +4,7 @@ Claimant side (the ownership gate, in front of every claim-family verb:
 claim, release, task_update, checkpoint, handoff, wait_request):
 - namespace owned here and uncontested: the verb proceeds locally;
 - owned by a peer with a `--claim-peer` route: handed to the ClaimForwarder
-  actor (federation/claim_forwarder.py), which sends it to the owner as
+  actor (federation/actors/claim_forwarder.py), which sends it to the owner as
   `multihub_claim_request`; the owner's verdict comes back as a ClaimVerdict
   message, relayed privately to the claimant (a claim_granted built from the
   owner's lease, its epoch and expiry, or a refusal in the owner's words), and
@@ -24,11 +24,11 @@ from __future__ import annotations
 import structlog
 
 from federation import remote_leases as rl
-from federation.claim_forwarder import (LEASE_HELD, REPLIES, ClaimForwarderFull,
-                                        ClaimVerdict, ForwardClaim, refusal_text)
+from federation.actors.claim_forwarder import (LEASE_HELD, REPLIES, ClaimForwarderFull,
+                                               ClaimVerdict, ForwardClaim, refusal_text)
 from federation.ownership import namespace_of
 from federation.policy import NAMESPACE_NOT_GRANTED
-from federation.receiver import PEER_NOT_AUTHORISED, authorise_peer, seat_problem
+from federation.handlers.receiver import PEER_NOT_AUTHORISED, authorise_peer, seat_problem
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
 from hubd.handlers import claims as claim_handlers

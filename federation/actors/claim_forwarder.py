@@ -1,6 +1,6 @@
 """ClaimForwarder: the actor that carries claim-family verbs to the namespace's owner.
 
-The Router's ownership gate (federation/claim_forwarding.py) turns a claim,
+The Router's ownership gate (federation/handlers/claims.py) turns a claim,
 release, task_update, checkpoint, handoff or wait_request for a namespace a
 peer owns into a ForwardClaim message on this actor's one bounded inbox; a
 full inbox is refused at once, visibly (the claimant is told, the refusal is
@@ -25,8 +25,8 @@ from typing import Callable, Mapping
 import structlog
 
 from federation.clock import SYSTEM, wait_for
-from federation.link import TIMEOUT as LINK_TIMEOUT
-from federation.link import LinkError
+from federation.actors.link_socket import TIMEOUT as LINK_TIMEOUT
+from federation.actors.link_socket import LinkError
 from hubd.state.claims import CLAIM_DENIED
 
 log = structlog.get_logger("hubd.federation.claims")

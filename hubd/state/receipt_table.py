@@ -1,119 +1,16 @@
-"""Delivery state machines as tables: a forward's life and the receipts a sender gets.
+"""The receipts a sender can be told, as a table, and the one receipt builder.
 
-Every transition a forward can make, and every receipt a sender can be told,
-is in this one file (as h11 keeps every HTTP/1.1 transition in one table), so
-"what can happen to my chat" is answered by reading two tables, not by
-following callbacks through the outbox, the link and the Router.
-
-Nothing here does IO or keeps state: the ForwardOutbox asks `forward_step`
-for the next state of a forward and raises on a transition the table does not
-have; the chat, mailbox and forwarding code all build their delivery_receipt
-with `receipt`.
+Every `delivery_receipt` a sender that asked (receipt_requested) can get, for
+a local chat or a forwarded one (its settled states: hubd/state/forward_table.py),
+and its fields: the chat, mailbox and forwarding code all build theirs with
+`receipt`. Nothing here does IO or keeps state.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# -- a forward's life (federation.outbox owns the instances, one per row)
-#
-#   QUEUED ──send──▶ IN_FLIGHT ──answer accepted───▶ ACCEPTED    (settled)
-#     ▲                 │  │ ───answer duplicate──▶ DUPLICATE   (settled)
-#     │                 │  │ ───answer refused────▶ REFUSED     (settled)
-#     │   link down ────┘  │ ───invalid answer────▶ REFUSED     (settled)
-#     │   (front of queue) │
-#     │                    ├──no answer in time──▶ WAITING ─due / link up / peer alive─▶ QUEUED
-#     │                    └──transient refusal──▶ HELD ────due / link up──────────────▶ QUEUED
-#     └─ send failed (link went down between pick and write)
-#
-#   any unsettled state ──ttl──▶ EXPIRED; ──peer older than wire v5──▶ REFUSED
-#
-# A forward in flight when its link drops goes back to the front of the queue:
-# the peer may or may not have it, and a resend is answered `duplicate` if it
-# did. The back-off is for a peer that answered "not now" or not at all; a
-# peer that was away gets everything at once when it returns (link up).
-#
-# WAITING and HELD differ only in what a sign of life from the peer (its
-# inbound link, a forward from it, a log pull) does: a forward that got no
-# answer (WAITING) goes again at once, since the peer is evidently there; a
-# forward the peer itself refused for now (its quota, its journal: HELD)
-# keeps its backoff, so two-way traffic cannot turn a "not now" into a retry
-# storm. HELD takes PEER_ALIVE and stays HELD.
-
-QUEUED = "queued"
-IN_FLIGHT = "in_flight"
-WAITING = "waiting"  # no answer came: retried at once on a sign of life
-HELD = "held"  # the peer said "not now": a sign of life does not cut its backoff short
-ACCEPTED = "accepted"
-DUPLICATE = "duplicate"
-REFUSED = "refused"
-EXPIRED = "expired"
-SETTLED = frozenset({ACCEPTED, DUPLICATE, REFUSED, EXPIRED})
-
-# events
-SEND = "send"
-SEND_FAILED = "send_failed"
-LINK_DOWN = "link_down"
-LINK_UP = "link_up"
-PEER_ALIVE = "peer_alive"  # a sign of life from the peer other than an answer
-ANSWER_ACCEPTED = "answer_accepted"
-ANSWER_DUPLICATE = "answer_duplicate"
-ANSWER_REFUSED = "answer_refused"
-ANSWER_TRANSIENT = "answer_transient"
-ANSWER_INVALID = "answer_invalid"
-ANSWER_TIMEOUT = "answer_timeout"
-RETRY_DUE = "retry_due"
-TTL = "ttl"
-PEER_REJECTED = "peer_rejected"
-
-_UNSETTLED = (QUEUED, IN_FLIGHT, WAITING, HELD)
-BACKING_OFF = frozenset({WAITING, HELD})  # in the delayed heap, waiting for a retry
-
-FORWARD_TRANSITIONS: dict[tuple[str, str], str] = {
-    (QUEUED, SEND): IN_FLIGHT,
-    (IN_FLIGHT, SEND_FAILED): QUEUED,
-    (IN_FLIGHT, LINK_DOWN): QUEUED,
-    (IN_FLIGHT, ANSWER_ACCEPTED): ACCEPTED,
-    (IN_FLIGHT, ANSWER_DUPLICATE): DUPLICATE,
-    (IN_FLIGHT, ANSWER_REFUSED): REFUSED,
-    (IN_FLIGHT, ANSWER_INVALID): REFUSED,
-    (IN_FLIGHT, ANSWER_TRANSIENT): HELD,
-    (IN_FLIGHT, ANSWER_TIMEOUT): WAITING,
-    (WAITING, RETRY_DUE): QUEUED,
-    (WAITING, LINK_UP): QUEUED,
-    (WAITING, PEER_ALIVE): QUEUED,
-    (HELD, RETRY_DUE): QUEUED,
-    (HELD, LINK_UP): QUEUED,
-    (HELD, PEER_ALIVE): HELD,
-    **{(state, TTL): EXPIRED for state in _UNSETTLED},
-    **{(state, PEER_REJECTED): REFUSED for state in _UNSETTLED},
-}
-
-# Refusals a later attempt may overcome (the seed: "succeeds on a later retry").
-TRANSIENT_REFUSALS = frozenset({"chat_refused", "journal_recovery_required", "quota_exceeded"})
-
-
-class InvalidTransition(RuntimeError):
-    """A forward was asked to make a move the table does not have: a bug."""
-
-
-def forward_step(state: str, event: str) -> str:
-    try:
-        return FORWARD_TRANSITIONS[(state, event)]
-    except KeyError:
-        raise InvalidTransition(f"forward in state {state!r} cannot take {event!r}") from None
-
-
-def answer_event(disposition, reason_code: str) -> str:
-    """What a peer's multihub_message_result means for the forward."""
-    if disposition == ACCEPTED:
-        return ANSWER_ACCEPTED
-    if disposition == DUPLICATE:
-        return ANSWER_DUPLICATE
-    if disposition == REFUSED:
-        return ANSWER_TRANSIENT if reason_code in TRANSIENT_REFUSALS else ANSWER_REFUSED
-    return ANSWER_INVALID
-
+from hubd.state.forward_table import ACCEPTED, DUPLICATE, EXPIRED, REFUSED
 
 # -- receipts: what a sender that asked (receipt_requested) is told
 #

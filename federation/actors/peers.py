@@ -4,7 +4,8 @@ A peer can be a message peer (the ForwardOutbox), a claim route (the
 ClaimForwarder) and a watched peer (its WatchFollower) at once; all three
 ride one pinned mTLS WebSocket, registered once. Each user subscribes to the
 link events it needs (up, down, forward results, a peer too old for
-forwarding); the link calls every subscriber in subscription order.
+forwarding); the link calls every subscriber in subscription order, in its
+own task.
 
 One link per peer needs one route per peer: a hub named by several of
 --message-peer, --claim-peer and --multihub-watch must be given the same URI
@@ -20,18 +21,28 @@ from typing import Callable
 
 import structlog
 
+from federation.actors.link import PeerLink
 from federation.config import FederationConfig, PeerRoute, merged_routes
-from federation.link import PeerLink
 
 log = structlog.get_logger("hubd.federation.peers")
 
 
 @dataclass
-class _Subscribers:
+class Subscribers:
+    """Who hears one link's events (up, down, forward results nobody asked
+    for, a peer too old for forwarding): the link calls these in its own
+    task, and each calls every subscriber in subscription order."""
+
     up: list[Callable[[str], None]] = field(default_factory=list)
     down: list[Callable[[str, str], None]] = field(default_factory=list)
     result: list[Callable[[str, dict], None]] = field(default_factory=list)
     rejected: list[Callable[[str, str], None]] = field(default_factory=list)
+
+    def add(self, *, on_up=None, on_down=None, on_result=None, on_rejected=None) -> None:
+        for fn, into in ((on_up, self.up), (on_down, self.down), (on_result, self.result),
+                         (on_rejected, self.rejected)):
+            if fn is not None:
+                into.append(fn)
 
     def on_up(self, peer: str) -> None:
         for fn in self.up:
@@ -56,14 +67,14 @@ class PeerLinks:
         self.routes: dict[str, PeerRoute] = merged_routes(config)
         self._context = _context(config, self.routes)
         self.links: dict[str, PeerLink] = {}
-        self._subscribers: dict[str, _Subscribers] = {}
+        self._subscribers: dict[str, Subscribers] = {}
         self._group: asyncio.TaskGroup | None = None
 
     def link(self, peer: str) -> PeerLink:
         """The peer's one link (made on first use; it runs once start() ran)."""
         link = self.links.get(peer)
         if link is None:
-            subscribers = self._subscribers[peer] = _Subscribers()
+            subscribers = self._subscribers[peer] = Subscribers()
             link = self.links[peer] = PeerLink(
                 self.routes[peer], self.hub_id, self._context, on_up=subscribers.on_up,
                 on_down=subscribers.on_down, on_result=subscribers.on_result,
@@ -72,14 +83,11 @@ class PeerLinks:
                 self._run(peer, link)
         return link
 
-    def subscribe(self, peer: str, *, on_up=None, on_down=None, on_result=None,
-                  on_rejected=None) -> PeerLink:
+    def subscribe(self, peer: str, **events) -> PeerLink:
+        """The peer's link, with `events` (on_up, on_down, ...) subscribed to it."""
         link = self.link(peer)
-        subscribers = self._subscribers[peer]
-        for fn, into in ((on_up, subscribers.up), (on_down, subscribers.down),
-                         (on_result, subscribers.result), (on_rejected, subscribers.rejected)):
-            if fn is not None:
-                into.append(fn)
+        self._subscribers[peer].add(**events)
+        on_up = events.get("on_up")
         if on_up is not None and link.up:
             on_up(peer)  # subscribed late: the link is already up
         return link

@@ -1,15 +1,18 @@
 """ForwardOutbox: one actor per peer hub, sending the forwards journaled for it until each settles.
 
-Its one inbox is a Mailbox that never blocks whoever posts to it:
+Its one inbox is a Mailbox that never blocks whoever posts to it (its
+messages: federation/actors/outbox_messages.py):
 - rows, from the Router once a chat and its outbox row are committed;
 - the link's events (up, down, an answer, a pre-v5 peer refusing the verb),
   a sign of life from the peer outside this link, a roster (who) request,
   and the ticks of its own timer.
 What it learns goes back to the Router as messages (`report`): settlements,
-"still pending" notices, roster answers. It reads no one's state and no one
-reads its own but /health and /metrics (figures only): what it knows of its
-link (up, batching, since when, the last error) is what the link's events
-said; it only writes to the link (`send`) and pokes it (`wake`).
+"still pending" notices, the peer's retry schedule to journal, roster
+answers. It reads no one's state and no one reads its own but /health and
+/metrics (figures only): what it knows of its link (up, batching, since when,
+the last error) is what the link's events said; it only posts frames on the
+link's inbox (`send`, refused at once when the link is down or full) and
+pokes it (`wake`).
 
 Memory is bounded whatever the backlog. The journal is the durable outbox;
 the actor holds at most RESIDENT forwards (body, attempts, timers). Past
@@ -27,7 +30,15 @@ answers "not now", not for a peer that was away. The attempt counter of a
 forward resets only after its link has been up for a while, so a flapping link
 cannot turn into a tight retry loop. A sign of life from the peer sends the
 forwards that got no answer again at once, but not those the peer refused for
-now (hubd/state/delivery.py: WAITING vs HELD).
+now (hubd/state/forward_table.py: WAITING vs HELD).
+
+The peer's retry schedule (its attempt count and next due time, and whether
+it refused or did not answer) is journaled whenever its count or kind
+changes, and cleared when the peer accepts again. When the outbox starts it
+reads it with its first load: if that retry is not due yet, the backlog it
+reads from the journal waits for it (in HELD or WAITING, with the journaled
+count), and this hub's first link-up does not release it, since it was this
+hub that was away, not the peer (docs/federation.md, "Retries across a restart").
 """
 
 from __future__ import annotations
@@ -37,16 +48,19 @@ import heapq
 import secrets
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Awaitable, Callable, NamedTuple
+from typing import Callable
 
 import structlog
 
-from federation.clock import SYSTEM, next_retry
+from federation.actors.outbox_messages import (TICK, Answer, LinkDown, LinkUp, Load, PeerAlive,
+                                               Rejected, Resync, RetrySchedule, Roster,
+                                               RosterAnswer, Settled, StillPending, Tick)
+from federation.clock import SYSTEM, PeerRetry, next_retry, restored_wait, retry_to_journal
 from federation.config import DEFAULT_ROSTER_TIMEOUT
-from federation.delivery_forward import relay_sessions
+from federation.delivery_forward_rules import relay_sessions
 from federation.state import PendingForward
-from hubd.state import delivery as dl
-from hubd.state.delivery import ACCEPTED, DUPLICATE, forward_step
+from hubd.state import forward_table as dl
+from hubd.state.forward_table import ACCEPTED, DUPLICATE, forward_step
 
 log = structlog.get_logger("hubd.federation.outbox")
 
@@ -60,68 +74,6 @@ SWEEP = 0.5
 FIRST_ANSWER = 1.0  # seconds a sender's receipt waits for the peer before "pending"
 ROSTERS = 32  # roster requests waiting for this peer's answer
 
-
-# -- what the actor tells the Router
-
-class Settled(NamedTuple):
-    item: PendingForward
-    state: str  # one of hubd.state.delivery.SETTLED
-    reason: str
-    detail: str
-    result: dict
-
-
-class StillPending(NamedTuple):
-    item: PendingForward
-    why: str
-
-
-class RosterAnswer(NamedTuple):
-    reply_to: int  # the asker's endpoint
-    name: str
-    type: str  # who_snapshot or error
-    text: str
-    fields: dict
-
-
-# -- what others tell the actor
-
-class LinkUp(NamedTuple):
-    batching: bool  # the peer takes batched forwards (from its welcome)
-    since: float  # monotonic time the link came up
-
-
-class LinkDown(NamedTuple):
-    cause: str
-    error: dict | None  # the link's last error: {cause, detail, at}
-
-
-class Answer(NamedTuple):
-    frame: dict
-
-
-class Rejected(NamedTuple):
-    text: str
-
-
-class PeerAlive(NamedTuple):
-    pass
-
-
-class Roster(NamedTuple):
-    reply_to: int
-    name: str
-
-
-class Resync(NamedTuple):
-    """The Router rebuilt its state: read the unsettled rows again from the start."""
-
-
-class Tick(NamedTuple):
-    pass
-
-
-TICK = Tick()
 
 
 class Mailbox:
@@ -184,7 +136,7 @@ class Attempt:
     item: PendingForward
     attempts: int = 0
     sent_at: float | None = None  # monotonic time of the attempt in flight
-    state: str = dl.QUEUED  # hubd.state.delivery's forward states
+    state: str = dl.QUEUED  # hubd.state.forward_table's states
 
     def step(self, event: str) -> str:
         self.state = forward_step(self.state, event)
@@ -196,12 +148,6 @@ class WaitingRoster:
     reply_to: int
     name: str
     due: float
-
-
-# load(peer, after_seq, limit): the next unsettled forwards after after_seq, in
-# seq order, and whether that was every one (those not committed yet excepted:
-# the Router posts them once they are)
-Load = Callable[[str, int, int], Awaitable[tuple[list[PendingForward], bool]]]
 
 
 class ForwardOutbox:
@@ -232,6 +178,11 @@ class ForwardOutbox:
         self._up_since: float | None = None
         self._link_error: dict | None = None
         self._journal_short = False  # the last load met an uncommitted row: wait a tick
+        self.retry: PeerRetry | None = None  # the peer's retry schedule as journaled
+        self._restored = False  # the first load read the journaled schedule
+        self._restored_until: float | None = None  # the backlog read before this waits
+        self._restored_step = dl.RESTORED_REFUSED
+        self._been_up = False  # a link-up after this is the peer coming back
         self._reports: list = []
         post = self.mailbox.post
         self.link = link  # written to (send) and woken; its state comes in its events
@@ -256,7 +207,7 @@ class ForwardOutbox:
             await self._refill()
             while True:
                 self._flush_reports()
-                await self._send_ready()
+                self._send_ready()
                 self._flush_reports()
                 await self.mailbox.wait()
                 self._take()
@@ -290,7 +241,9 @@ class ForwardOutbox:
                 self._sweep()
             elif kind is LinkUp:
                 self._up, self._batching, self._up_since = True, event.batching, event.since
-                self._release_delayed(dl.LINK_UP)
+                if self._been_up:  # the peer was away: what waited goes now
+                    self._release_delayed(dl.LINK_UP)
+                self._been_up = True
             elif kind is LinkDown:
                 self._up, self._up_since, self._link_error = False, None, event.error
                 self._link_down(event.cause)
@@ -326,15 +279,46 @@ class ForwardOutbox:
         self.items[item.forward_id] = Attempt(item)
         self.ready.append(item.forward_id)
 
+    def _hold_restored(self, item: PendingForward) -> None:
+        """A row of the backlog a restarted hub read while the peer's
+        journaled retry is not due: it waits for it, as the schedule says."""
+        attempt = self.items[item.forward_id] = Attempt(item, attempts=self.retry.attempts)
+        attempt.step(self._restored_step)
+        heapq.heappush(self.delayed, (self._restored_until, item.forward_id))
+
     async def _refill(self) -> None:
-        rows, complete = await self.load(self.peer, self.cursor, RESIDENT - len(self.items))
+        rows, complete, retry = await self.load(self.peer, self.cursor,
+                                                RESIDENT - len(self.items))
+        if not self._restored:
+            self._restore(retry)
+        restoring = self._restored_until is not None and \
+            self.clock.monotonic() < self._restored_until
         for item in rows:
             if item.forward_id not in self.items:
-                self._hold(item)
+                if restoring:
+                    self._hold_restored(item)
+                else:
+                    self._hold(item)
             self.cursor = max(self.cursor, item.seq)
         self.caught_up = complete
         # stopped short of RESIDENT by a row not committed yet: try again next tick
         self._journal_short = not complete and len(self.items) < RESIDENT
+
+    def _restore(self, retry: PeerRetry | None) -> None:
+        """At start: the peer's journaled retry schedule. If its next retry is
+        not due yet, the backlog read from the journal waits for it (a "not
+        now" in HELD, no answer in WAITING, so a sign of life sends the
+        latter), and its attempt count goes on from the journaled one."""
+        self._restored = True
+        self.retry = retry
+        wait = restored_wait(retry, self.clock.wall())
+        if wait > 0:
+            self._restored_until = self.clock.monotonic() + wait
+            self._restored_step = dl.RESTORED_REFUSED if retry.refused else \
+                dl.RESTORED_NO_ANSWER
+            log.info("restored the peer's retry schedule: its backlog waits for the retry due",
+                     peer=self.peer, attempts=retry.attempts, seconds=round(wait, 3),
+                     refused=retry.refused)
 
     # -- link events
 
@@ -395,6 +379,9 @@ class ForwardOutbox:
         state = attempt.step(event)
         if state in (ACCEPTED, DUPLICATE):
             self.last_success = self.clock.wall()
+            if self.retry is not None:
+                self.retry = None  # the peer answers again: nothing to hold back after a restart
+                self._reports.append(RetrySchedule(self.peer, None))
             if started is not None:
                 self.metrics.forward_latency(self.peer, self.clock.monotonic() - started)
             self._finish(attempt, "", detail, result)
@@ -483,15 +470,23 @@ class ForwardOutbox:
         up_for = now - self._up_since if self._up_since is not None else None
         due, attempt.attempts = next_retry(attempt.attempts, now, up_for, self.clock.jitter())
         heapq.heappush(self.delayed, (due, attempt.item.forward_id))
+        changed = retry_to_journal(self.retry, attempt.attempts, self.clock.wall() + due - now,
+                                   refused=attempt.state == dl.HELD)
+        if changed is not None:
+            self.retry = changed
+            self._reports.append(RetrySchedule(self.peer, changed))
         self._still_pending(attempt.item, why)
 
-    async def _send_ready(self) -> None:
-        """Send while the link is up as far as its events said (a send to a
-        link that went down since returns False, and its LinkDown follows)."""
+    def _send_ready(self) -> None:
+        """Post to the link while it is up as far as its events said (a link
+        that went down since, or whose inbox is full, refuses the post: the
+        forwards go back to the front; a LinkDown follows, or the next event
+        tries again)."""
         link = self.link
         while self._roster_frames and self._up:
-            if not await link.send(self._roster_frames.popleft()):
-                break  # LinkDown answers the waiting requests
+            if not link.send(self._roster_frames[0]):
+                break  # down: LinkDown answers the waiting requests; busy: sent later
+            self._roster_frames.popleft()
         while self.ready and len(self.in_flight) < WINDOW and self._up:
             batch = []
             limit = BATCH if self._batching else 1
@@ -513,13 +508,10 @@ class ForwardOutbox:
                 frame = {"sender": self.origin, "target": "System",
                          "type": "multihub_message_forward_batch", "payload": "",
                          "forwards": [a.item.entry() for a in batch]}
-            if not await link.send(frame):
+            if not link.send(frame):
                 for attempt in reversed(batch):
                     self.in_flight.pop(attempt.item.forward_id, None)
-                    if attempt.state == dl.IN_FLIGHT:
-                        attempt.step(dl.SEND_FAILED)
-                    elif attempt.state != dl.QUEUED:
-                        continue  # settled meanwhile (expired, or the peer was rejected)
+                    attempt.step(dl.SEND_FAILED)
                     attempt.sent_at = None
                     self.ready.appendleft(attempt.item.forward_id)
                 break

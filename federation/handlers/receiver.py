@@ -26,14 +26,17 @@ answer bound); a batch is answered once every forward in it is decided.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable
 
 import structlog
 
-from federation import delivery_forward
+from federation import delivery_forward_rules
+from federation.handlers import delivery_forward
 from federation.policy import NAMESPACE_NOT_GRANTED
 from federation.state import INBOX_IDS, forward_digest, inbox_of, verdict_result
 from hubd.actors.router import Router
+from hubd.core.message import CLOSE_AUTH
 from hubd.core.plugin import Verbs
 from hubd.handlers import receipts
 from hubd.handlers.chat import route_chat
@@ -115,6 +118,27 @@ def claim_peer_link(router: Router, session: Session, frame: dict) -> bool:
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class PeerPolicyReloaded:
+    """SIGHUP replaced the serving policy: live peer links are checked against it."""
+
+    policy: object  # federation.policy.ServingPolicy, or None: no peer is served
+
+
+def recheck_peer_sessions(router, reloaded: PeerPolicyReloaded) -> None:
+    """After a reload: a peer hub whose grant or pin no longer holds is cut off."""
+    policy = reloaded.policy
+    for session in list(router.presence.sessions.values()):
+        if session.peer_hub is None:
+            continue
+        decision = policy.authorise(session.peer_hub, session.peer_cert, None,
+                                    router.now) if policy is not None else None
+        if decision is None or not decision.allowed:
+            log.warning("peer link closed after reload", peer=session.peer_hub,
+                        reason=decision.detail if decision else "no serving policy")
+            router.endpoints.close(session.endpoint, CLOSE_AUTH, "peer no longer authorised")
+
+
 def peer_alive(router: Router, session: Session) -> None:
     """Anything from a pinned peer's link is a sign of life: this hub's own
     link and sender for that peer stop waiting out their backoff."""
@@ -176,7 +200,7 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
     if frame.get("kind") == "who" and policy is not None and isinstance(origin, str):
         _roster(router, session, forward_id, origin, policy)
         return
-    if frame.get("kind") in delivery_forward.KINDS:
+    if frame.get("kind") in delivery_forward_rules.KINDS:
         entry = admit_delivery(router, session, origin, frame, size)
         router.send(session.endpoint, _result_frame(router, session, entry))
         if entry["disposition"] == "accepted":
@@ -414,7 +438,7 @@ def admit(router: Router, session: Session, origin, forward: dict, size: int) ->
 def admit_delivery(router: Router, session: Session, origin, forward: dict, size: int) -> dict:
     """A forwarded delivery intent, status request or cancel: the same grant,
     origin and seat checks as a chat, then the delivery verbs decide it
-    (federation/delivery_forward.py). Never batched, never deduplicated by
+    (federation/handlers/delivery_forward.py). Never batched, never deduplicated by
     forward_id: a delivery request is idempotent by its own request id."""
     forward_id = forward["forward_id"]
     refused = _serving_refusal(router, forward_id, origin)
@@ -428,7 +452,7 @@ def admit_delivery(router: Router, session: Session, origin, forward: dict, size
         return _entry(forward_id, "refused", INVALID_SHAPE,
                       f"body must be a JSON object of at most {MAX_BODY_BYTES} bytes")
     namespace = None
-    if kind == delivery_forward.REQUEST:
+    if kind == delivery_forward_rules.REQUEST:
         problem = seat_problem(forward.get("target_seat"), "target_seat")
         if problem is not None:
             return _entry(forward_id, "refused", INVALID_TARGET, problem)

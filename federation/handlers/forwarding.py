@@ -1,20 +1,22 @@
 """Forwarding, the Router's side: a chat to PROJECT/seat@HUB, from the sender's frame to its receipts.
 
 Everything here runs inside Router commands (so it may make events); the
-sending is the peers' ForwardOutbox actors' (federation/outbox.py), one per
-message peer, which this object starts and posts to:
+sending is the peers' ForwardOutbox actors' (federation/actors/outbox.py), one
+per message peer, which this object starts and posts to:
 - forward_from: journal the chat with its outbox row (one event), echo it
   locally, and post the row to the peer's outbox once committed;
-- reports: what an outbox reports in one round (settlements, "still pending"
-  notices, roster answers) becomes one `forward_settled` event and the
-  receipts the senders asked for;
-- _load: the Router's index of unsettled rows and the journal's copy of them,
-  for an outbox that reads the rest of its backlog from the journal.
+- reports: what the outboxes reported since the Router last read them (the
+  ReadOutboxReports command: settlements, "still pending" notices, changed
+  retry schedules, roster answers) becomes one `forward_settled` event, the
+  `forward_retry` events and the receipts the senders asked for;
+- _load: the Router's index of unsettled rows (asked by a LoadBacklog
+  command) and the journal's copy of them, for an outbox that reads the rest
+  of its backlog from the journal.
 
 The sender normally gets one receipt: the settled one, if the peer answers
-within a second (federation/outbox.py FIRST_ANSWER). Otherwise it gets `pending` first and the settled receipt
-later, through the durable notification outbox (at once if it is online, else
-when it next registers).
+within a second (federation/actors/outbox.py FIRST_ANSWER). Otherwise it gets
+`pending` first and the settled receipt later, through the durable
+notification outbox (at once if it is online, else when it next registers).
 """
 
 from __future__ import annotations
@@ -22,29 +24,71 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from dataclasses import dataclass
 
 import structlog
 
 from federation import liveness
 from federation import state as fstate
+from federation.actors.outbox import ForwardOutbox
+from federation.actors.outbox_messages import (Backlog, PeerAlive, Resync, RetrySchedule,
+                                               Roster, RosterAnswer, Settled, StillPending)
+from federation.actors.peers import PeerLinks
 from federation.config import FederationConfig
 from federation.metrics import ForwardMetrics
-from federation.outbox import (ForwardOutbox, PeerAlive, Resync, Roster, RosterAnswer, Settled,
-                               StillPending)
-from federation.peers import PeerLinks
-from federation.state import PendingForward, outbox_of, pending_from_event
+from federation.state import (PendingForward, outbox_of, pending_from_event, retries_of,
+                              retry_payload)
 from hubd.actors.router import Router
-from hubd.core.commands import Call
 from hubd.handlers.chat import route_chat
 from hubd.handlers.mailbox import deliver_notifications
-from hubd.state import delivery
-from hubd.state.delivery import ACCEPTED, DUPLICATE
+from hubd.state import forward_table, receipt_table
+from hubd.state.forward_table import ACCEPTED, DUPLICATE
 from hubd.state.presence import Session
 from hubd.wire.targets import RemoteSeat
 
 log = structlog.get_logger("hubd.federation")
 
 MAX_PENDING_PER_PEER = 200_000
+
+
+# -- the commands the outboxes' side posts to the Router (federation/plugin.py
+# registers them with their handlers below)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOutboxReports:
+    """The outboxes reported since the Router last read: read them all in one round."""
+
+
+READ_OUTBOX_REPORTS = ReadOutboxReports()
+
+
+@dataclass(frozen=True, slots=True)
+class LoadBacklog:
+    """An outbox asks for the seqs of up to `limit` unsettled forwards to
+    `peer` after `after_seq`, and the peer's journaled retry schedule."""
+
+    peer: str
+    after_seq: int
+    limit: int
+    reply: asyncio.Future  # gets (seqs, PeerRetry | None)
+
+
+def read_outbox_reports(router: Router, command: ReadOutboxReports) -> None:
+    router.hub.federation.forwarding.read_reports(router)
+
+
+def load_backlog(router: Router, command: LoadBacklog) -> None:
+    reply = command.reply
+    try:
+        found = (outbox_of(router.state).after(command.peer, command.after_seq, command.limit),
+                 retries_of(router.state).by_peer.get(command.peer))
+    except BaseException as exc:
+        if not reply.done():
+            reply.set_exception(exc)  # the outbox hears it; the Router logs it
+        raise
+    if not reply.done():
+        reply.set_result(found)
 
 
 class Forwarding:
@@ -110,31 +154,29 @@ class Forwarding:
         each report on its own made the Router end its rounds early and
         journal one forward_settled per report (more, smaller commits)."""
         if not self._unread_reports:
-            self.hub.router.post_control(self._read_reports)
+            self.hub.router.post_control(READ_OUTBOX_REPORTS)
         self._unread_reports.extend(reports)
 
-    def _read_reports(self, router: Router) -> None:
+    def read_reports(self, router: Router) -> None:
+        """In a Router command: every outbox's reports since the last read."""
         reports, self._unread_reports = self._unread_reports, []
         self.reports(router, reports)
 
-    async def _load(self, peer: str, after_seq: int, limit: int) -> tuple[list, bool]:
+    async def _load(self, peer: str, after_seq: int, limit: int) -> Backlog:
         """The next unsettled rows for `peer`: their seqs from the Router's
         index, their bodies from the journal. Complete when the index had no
         more: a row the journal does not have yet is not committed, and the
         Router posts it to the outbox once it is (after this read)."""
-        if limit <= 0:
-            return [], False
         reply = asyncio.get_running_loop().create_future()
-        self.hub.router.post_control(Call(
-            lambda router: outbox_of(router.state).after(peer, after_seq, limit), reply))
-        seqs = await reply
+        self.hub.router.post_control(LoadBacklog(peer, after_seq, max(limit, 0), reply))
+        seqs, retry = await reply
         events = await self.hub.read_journal("events_at", seqs) if seqs else []
         rows = []
         for seq, event in zip(seqs, events):
             if event.seq != seq:
                 break  # not committed yet
             rows.append(pending_from_event(event))
-        return rows, len(seqs) < limit
+        return Backlog(rows, limit > 0 and len(seqs) < limit, retry)
 
     def stall(self, router: Router, peer: str) -> liveness.Stall:
         link = self.outboxes[peer].link
@@ -187,6 +229,9 @@ class Forwarding:
         settled = [r for r in reports if type(r) is Settled]
         if settled:
             self.settle(router, settled)
+        retries = {r.peer: r.retry for r in reports if type(r) is RetrySchedule}
+        if retries:
+            self.record_retries(router, retries)
         for report in reports:
             kind = type(report)
             if kind is StillPending:
@@ -223,7 +268,7 @@ class Forwarding:
                     entry["receipt"] = receipt  # durable: queued for the sender
                 receipts.append((sender, receipt, "receipt" in entry))
             settled.append(entry)
-            if state in (delivery.REFUSED, delivery.EXPIRED):
+            if state in (forward_table.REFUSED, forward_table.EXPIRED):
                 log.warning("forward settled without delivery", peer=item.peer,
                             forward_id=item.forward_id, state=state, reason=reason,
                             detail=detail)
@@ -241,6 +286,17 @@ class Forwarding:
         for sender in queued_for.values():
             deliver_notifications(router, sender)
 
+    def record_retries(self, router: Router, retries: dict) -> None:
+        """Journal each peer's latest retry schedule (the last change of the
+        round counts). While the journal refuses writes it is not recorded: a
+        restart then sends that peer's backlog at once, as before any was."""
+        if router.mutations_refused():
+            log.warning("forward retry schedule not journaled: the journal refuses writes",
+                        peers=sorted(retries))
+            return
+        for peer, retry in retries.items():
+            router.event(fstate.FORWARD_RETRY, retry_payload(peer, retry))
+
     def pending(self, router: Router, item: PendingForward, why: str) -> None:
         if item.forward_id in self._told_pending or \
                 not outbox_of(router.state).is_pending(item.forward_id):
@@ -253,13 +309,14 @@ class Forwarding:
 
     def receipt(self, router: Router, item: PendingForward, state: str, reason: str,
                 detail: str, result: dict, deferred: bool) -> dict:
-        kind = delivery.FORWARD_PENDING if state == "pending" else delivery.SETTLED_RECEIPT[state]
-        chat_ref = delivery.ChatRef(item.sender, item.seq, item.msg_id, item.target,
-                                    item.client_msg_id)
-        facts = delivery.ForwardFacts(item.peer, item.forward_id, item.target_seat, reason,
-                                      detail, result, told_pending=deferred)
+        kind = receipt_table.FORWARD_PENDING if state == "pending" else \
+            receipt_table.SETTLED_RECEIPT[state]
+        chat_ref = receipt_table.ChatRef(item.sender, item.seq, item.msg_id, item.target,
+                                         item.client_msg_id)
+        facts = receipt_table.ForwardFacts(item.peer, item.forward_id, item.target_seat, reason,
+                                           detail, result, told_pending=deferred)
         # the recipient's wake capability is the peer's to know: {} as the reference
-        text, fields = delivery.receipt(kind, chat_ref, forward=facts, wake={})
+        text, fields = receipt_table.receipt(kind, chat_ref, forward=facts, wake={})
         return router.frame("delivery_receipt", item.sender, text, **fields)
 
     def remote_who(self, router: Router, session: Session, frame: dict, hub_id: str) -> None:
@@ -283,6 +340,9 @@ class Forwarding:
                      "held_in_memory": len(outbox.items)}
             entry.update(outbox.link.health())
             entry["last_success"] = outbox.last_success
+            retry = retries_of(self.hub.router.state).by_peer.get(peer)
+            entry["retry"] = None if retry is None else {
+                "attempts": retry.attempts, "retry_at": retry.retry_at, "refused": retry.refused}
             stall = self.stall(self.hub.router, peer)
             entry["stalled"] = stall.stalled
             entry["stalled_since"] = stall.since if stall.stalled else None
