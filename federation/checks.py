@@ -18,11 +18,11 @@ from .policy import (CLIENT_CA_LABEL, POLICY_LABEL, STORE_LABEL, PolicyError,
                      load_serving_policy)
 
 
-def owner_only_files(config: FederationConfig) -> list[tuple[str, str, bool]]:
+def owner_only_files(config: FederationConfig | None) -> list[tuple[str, str, bool]]:
     """(label, path, must be this user's) of the serving policy and the two
     files it names. The policy is read here only for those two names; its
     trust is decided when it is loaded."""
-    if config.serving_policy_path is None:
+    if config is None or config.serving_policy_path is None:
         return []
     path = os.fspath(config.serving_policy_path)
     files = [(POLICY_LABEL, path, True)]
@@ -39,13 +39,18 @@ def owner_only_files(config: FederationConfig) -> list[tuple[str, str, bool]]:
     return files
 
 
-def file_problems(config: FederationConfig) -> list[str]:
-    """Every federation file that would refuse the hub's start, each named."""
+def file_problems(config: FederationConfig | None, surveyed: set[str] = frozenset()) -> list[str]:
+    """Every federation file that would refuse the hub's start, each named;
+    the serving policy is not loaded when the owner-only survey already
+    refused one of its files (in `surveyed`)."""
     from .tls import server_context
 
+    if config is None:
+        return []
     problems = []
     policy = None
-    if config.serving_policy_path is not None:
+    policy_files = {path for _, path, _ in owner_only_files(config)}
+    if config.serving_policy_path is not None and not policy_files & surveyed:
         try:
             policy = load_serving_policy(config.serving_policy_path)
         except PolicyError as exc:

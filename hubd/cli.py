@@ -413,8 +413,10 @@ def check(layers: Layers, config: HubConfig) -> int:
     from hubd.owner_only import survey
 
     unsafe = survey(owner_only_files(config, layers))
-    problems = ([unsafe] if unsafe else []) + preflight.problems(config) + \
-        file_problems(config.federation)
+    refusal = unsafe.refusal()
+    # a file named there is not read again only to be refused for the same reason
+    problems = ([refusal] if refusal else []) + preflight.problems(config, unsafe.paths) + \
+        file_problems(config.federation, unsafe.paths)
     if problems:
         return _refuse(problems)
     where = f"{layers.path} and the command line" if layers.path else "the command line"
@@ -496,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(config.log_format, config.log_level)
     from hubd.owner_only import survey
 
-    unsafe = survey(owner_only_files(config, layers))
+    unsafe = survey(owner_only_files(config, layers)).refusal()
     if unsafe is not None:
         structlog.get_logger("hubd").error("refusing to start", reason=unsafe)
         return 2

@@ -108,6 +108,10 @@ def file_values(document: dict, parser: argparse.ArgumentParser,
     for key, value in document.items():
         where = f"config file {path}: {key}"
         action = actions.get(key)
+        if isinstance(value, dict):
+            problems.append(f"config file {path}: [{key}] is a table; the keys are hubd's flag "
+                            "names, at the top of the file, in no table")
+            continue
         if action is None:
             problems.append(f"config file {path}: unknown key {key!r}{_suggestion(key, actions)}")
             continue
@@ -175,7 +179,7 @@ def _convert(key: str, action: argparse.Action, value: object, base: Path) -> ob
 def _pin_beside(value: str, base: Path) -> str:
     hub, sep, pin = value.partition("=")
     if sep and pin.startswith("@"):
-        return f"{hub}=@{base / pin[1:]}"
+        return f"{hub}=@{os.path.join(base, pin[1:])}"
     return value
 
 
@@ -223,7 +227,8 @@ def restart_needed(changed: Sequence[str]) -> list[str]:
 
 def render(layers: Layers, header: str) -> str:
     """The effective configuration as a TOML file hubd reads back: every key
-    with a value, its source in a comment, secrets never shown. An on/off
+    with a value, its source in a comment, paths absolute, secrets never
+    shown. An on/off
     flag prints as the key that is on (`warn-stale-recipients = true`), and
     not at all when none is."""
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
@@ -236,6 +241,10 @@ def render(layers: Layers, header: str) -> str:
             value = True
         elif value is None or value == []:
             continue
+        elif key in PATH_KEYS:  # absolute: the rendering reads back the same from anywhere
+            value = os.path.abspath(value)
+        elif key in PIN_KEYS:
+            value = [_pin_beside(pin, Path.cwd()) for pin in value]
         if key in SECRET_KEYS:
             lines.append(f"# {key} = (set, not shown)  # {source}")
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass, field
 
 OTHERS = stat.S_IRWXG | stat.S_IRWXO
 
@@ -27,17 +28,43 @@ def open_to_others(label: str, files: list[tuple[str | os.PathLike, int]]) -> st
             f"run: chmod 600 {' '.join(path for path, _ in wide)}")
 
 
-def survey(files: list[tuple[str, str | os.PathLike, bool]]) -> str | None:
-    """One refusal naming every file of `files` ((label, path, must be this
-    user's) triples) that gives the group or others access, or that must
-    belong to the user hubd runs as and does not, with the commands that fix
-    them all; None when every one that exists is safe. A missing file is
-    left to the check that reads it.
+@dataclass
+class Survey:
+    """What `survey` found: files open to others (label, path, mode) and
+    files that must be this user's and are not (label, path, owner uid)."""
+
+    wide: list[tuple[str, str, int]] = field(default_factory=list)
+    foreign: list[tuple[str, str, int]] = field(default_factory=list)
+
+    @property
+    def paths(self) -> set[str]:
+        return {path for _, path, _ in self.wide + self.foreign}
+
+    def refusal(self) -> str | None:
+        """One message naming every unsafe file and the commands that fix them all."""
+        said = []
+        if self.wide:
+            said.append(f"{_listing([(label, path, f'mode {mode:04o}') for label, path, mode in self.wide])} "
+                        f"{_is(self.wide)} accessible by other users; hubd reads "
+                        f"{'it' if len(self.wide) == 1 else 'them'} only when owner-only; "
+                        f"run: chmod 600 {' '.join(path for _, path, _ in self.wide)}")
+        if self.foreign:
+            said.append(f"{_listing([(label, path, f'owned by uid {uid}') for label, path, uid in self.foreign])} "
+                        f"{_is(self.foreign)} not owned by the user hubd runs as "
+                        f"(uid {os.geteuid()}); run: chown {os.geteuid()} "
+                        f"{' '.join(path for _, path, _ in self.foreign)}")
+        return "; ".join(said) or None
+
+
+def survey(files: list[tuple[str, str | os.PathLike, bool]]) -> Survey:
+    """Every file of `files` ((label, path, must be this user's) triples)
+    that gives the group or others access, or that must belong to the user
+    hubd runs as and does not. A missing file, or one that is no regular
+    file, is left to the check that reads it.
 
     hubd runs it before it starts (and `hubd --check`), so an operator
     learns every unsafe file at once, not one per start."""
-    wide: list[tuple[str, str, int]] = []
-    foreign: list[tuple[str, str, int]] = []
+    found = Survey()
     seen: set[str] = set()
     for label, path, owned in files:
         path = os.fspath(path)
@@ -51,23 +78,14 @@ def survey(files: list[tuple[str, str | os.PathLike, bool]]) -> str | None:
         if not stat.S_ISREG(info.st_mode):
             continue  # a folder or socket where a file should be: its own check explains
         if info.st_mode & OTHERS:
-            wide.append((label, path, stat.S_IMODE(info.st_mode)))
+            found.wide.append((label, path, stat.S_IMODE(info.st_mode)))
         if owned and info.st_uid != os.geteuid():
-            foreign.append((label, path, info.st_uid))
-    if not wide and not foreign:
-        return None
-    said = []
-    if wide:
-        said.append(f"{_listing([(label, path, f'mode {mode:04o}') for label, path, mode in wide])} "
-                    f"{'is' if len(wide) == 1 else 'are'} accessible by other users; hubd reads "
-                    f"{'it' if len(wide) == 1 else 'them'} only when owner-only; "
-                    f"run: chmod 600 {' '.join(path for _, path, _ in wide)}")
-    if foreign:
-        said.append(f"{_listing([(label, path, f'owned by uid {uid}') for label, path, uid in foreign])} "
-                    f"{'is' if len(foreign) == 1 else 'are'} not owned by the user hubd runs as "
-                    f"(uid {os.geteuid()}); run: chown {os.geteuid()} "
-                    f"{' '.join(path for _, path, _ in foreign)}")
-    return "; ".join(said)
+            found.foreign.append((label, path, info.st_uid))
+    return found
+
+
+def _is(items: list) -> str:
+    return "is" if len(items) == 1 else "are"
 
 
 def _listing(items: list[tuple[str, str, str]]) -> str:

@@ -1,10 +1,11 @@
 """Checks before a hub starts, and what `hubd --check` reports.
 
-At every start, hubd/owner_only.py's `survey` looks at every file hubd reads only when it is
-owner-only (the journal and its -wal and -shm, the principals file, the
-broker's token, the serving policy with its store and client CA, a config
-file holding a secret) and names all that are not in one refusal, with the
-commands that fix them: an operator fixes them in one go, not one per start.
+At every start, hubd/owner_only.py's `survey` looks at every file hubd reads
+only when it is owner-only (the journal and its -wal and -shm, the principals
+file, the broker's token, the serving policy with its store and client CA, a
+config file holding a secret) and names all that are not in one refusal,
+with the commands that fix them: an operator fixes them in one go, not one
+per start.
 
 `--check` adds `problems`: every file the hub would refuse at start loaded as
 the hub loads it (the journal's folder, the principals file, federation's
@@ -39,8 +40,9 @@ def owner_only_files(config: HubConfig, layers: Layers | None = None
     return files
 
 
-def problems(config: HubConfig) -> list[str]:
-    """What the core would refuse at start (besides the owner-only survey)."""
+def problems(config: HubConfig, surveyed: set[str] = frozenset()) -> list[str]:
+    """What the core would refuse at start besides the owner-only survey
+    (files in `surveyed` it already refused are not read)."""
     from hubd.actors.identity import read_principals_file
     from hubd.journal.files import JournalFileError, check_without_creating
     from hubd.state.principals import PrincipalError
@@ -50,7 +52,7 @@ def problems(config: HubConfig) -> list[str]:
         check_without_creating(config.db)
     except JournalFileError as exc:
         found.append(str(exc))
-    if config.principals_file is not None:
+    if config.principals_file is not None and os.fspath(config.principals_file) not in surveyed:
         try:
             read_principals_file(config.principals_file, config.token)
         except PrincipalError as exc:
