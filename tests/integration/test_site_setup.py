@@ -1,0 +1,260 @@
+"""`hubd site setup` with real hubs: the README's two-site commands, run as
+written in an empty folder, start both hubs with no hand edit and a chat
+crosses both ways (agents trusting the sites' CA through SSL_CERT_FILE); a
+re-run keeps every file and a new hub joins with --refresh; the files it
+writes have the modes hubd demands, and a start names every unsafe one in
+one refusal."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tests.support import readme
+from tests.support.prereq import missing
+from tests.support.procs import REPO
+from tests.support.sitecmd import driver, env
+
+README_HEADING = "Two sites that forward to each other, both on this machine"
+
+
+def setup_cli(folder: Path, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hubd", "site", "setup", *argv], cwd=folder,
+                          capture_output=True, text=True, timeout=120, env=env())
+
+
+@dataclass
+class Machine:
+    """Where the README's hubs run: a network namespace of their own when
+    this machine has them (the README's ports are then free whatever else
+    runs here), else this host if those ports are free."""
+
+    popen: Callable[..., subprocess.Popen]
+    run: Callable[..., subprocess.CompletedProcess]
+    stop: Callable[[subprocess.Popen], object]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    proc.terminate()
+    return proc.wait(15)
+
+
+@contextlib.contextmanager
+def one_machine(ports: list[int]):
+    from tests.support import netns
+
+    if netns.netns_available()[0]:
+        with netns.Topology(["site"]) as topo:
+            yield Machine(lambda argv, **kw: topo.popen("site", argv, **kw),
+                          lambda argv, **kw: topo.run("site", argv, check=False, **kw), topo.stop)
+    elif all(_port_free(port) for port in ports):
+        started: list[subprocess.Popen] = []
+
+        def popen(argv, **kw):
+            started.append(subprocess.Popen(argv, **kw))
+            return started[-1]
+        try:
+            yield Machine(popen, lambda argv, **kw: subprocess.run(
+                argv, capture_output=True, text=True, **kw), _stop)
+        finally:
+            for proc in started:
+                if proc.poll() is None:
+                    _stop(proc)
+    else:
+        missing(f"no network namespaces, and ports {ports} are taken on this machine")
+
+
+def links_up(machine: Machine, url: str, peers: list[str]) -> bool:
+    health = url.replace("wss://", "https://", 1) + "health"
+    out = machine.run(driver("get", "--url", health), env=env(), timeout=10)
+    if out.returncode != 0:
+        return False
+    links = json.loads(out.stdout).get("message_forward", {})
+    return all(links.get(peer, {}).get("link") == "up" for peer in peers)
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out: {what}"
+        time.sleep(0.2)
+
+
+def chat_across(machine: Machine, cwd: Path, ca: Path, sender: tuple[str, str],
+                receiver: tuple[str, str], target: str) -> dict:
+    """One chat from `sender` (url, seat) to `target`, verified with the CA
+    in SSL_CERT_FILE as an agent would; what `receiver` (url, seat) got."""
+    agent_env = env(SSL_CERT_FILE=str(ca))
+    sent = machine.run(driver("send", "--verify", "--url", sender[0], "--name", sender[1],
+                              "--target", target, "--count", "1", "--prefix", "m",
+                              "--timeout", "30"), env=agent_env, cwd=cwd, timeout=90)
+    assert sent.returncode == 0, sent.stderr[-2000:]
+    [receipts] = [json.loads(line) for line in sent.stdout.splitlines()
+                  if '"receipts"' in line]
+    assert receipts["states"] == {"accepted": 1}, receipts
+    got = machine.run(driver("receive", "--verify", "--url", receiver[0], "--name", receiver[1],
+                             "--expect", "1", "--timeout", "30", "--linger", "0.5"),
+                      env=agent_env, cwd=cwd, timeout=90)
+    assert got.returncode == 0, got.stderr[-2000:]
+    [chat] = [json.loads(line) for line in got.stdout.splitlines() if '"chat"' in line]
+    return chat
+
+
+def test_the_readmes_two_sites_start_from_an_empty_folder_and_chat_both_ways(tmp_path):
+    lines = [line for line in readme.block_after(README_HEADING) if line.strip()]
+    assert len(lines) == 3 and lines[0].startswith("hubd site setup"), lines
+    setup, *starts = [readme.argv(line) for line in lines]
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    done = subprocess.run(setup, cwd=folder, capture_output=True, text=True, timeout=120,
+                          env=env())
+    assert done.returncode == 0, done.stderr
+    for start in starts:  # the start commands it prints are the README's
+        assert " ".join(["hubd", *start[3:]]) in done.stdout, (start, done.stdout)
+    east, west = "wss://127.0.0.1:8876/", "wss://127.0.0.1:8877/"
+    logs = []
+    with one_machine([8876, 8877]) as machine:
+        hubs = []
+        for start in starts:
+            logs.append(open(tmp_path / f"hub-{len(logs)}.log", "w"))
+            hubs.append(machine.popen(start, cwd=folder, env=env(), stdout=logs[-1],
+                                      stderr=subprocess.STDOUT))
+        wait_until(lambda: links_up(machine, east, ["west"]) and links_up(machine, west, ["east"]),
+                   60, "both links up")
+        ca = folder / "sites" / "public" / "ca.pem"
+        there = chat_across(machine, folder, ca, (east, "PROJ/alice"), (west, "PROJ/bob"),
+                            "PROJ/bob@west")
+        assert there["sender"] == "PROJ/alice@east", there
+        back = chat_across(machine, folder, ca, (west, "PROJ/bob"), (east, "PROJ/alice"),
+                           "PROJ/alice@east")
+        assert back["sender"] == "PROJ/bob@west", back
+        for hub in hubs:
+            assert hub.poll() is None
+            assert machine.stop(hub) == 0
+    for log in logs:
+        log.close()
+    for path in tmp_path.glob("hub-*.log"):
+        text = path.read_text()
+        assert "Traceback" not in text and "refusing" not in text, text[-3000:]
+
+
+def modes(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): stat.S_IMODE(p.stat().st_mode)
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_the_files_have_the_modes_hubd_demands_and_a_rerun_keeps_them(tmp_path):
+    first = setup_cli(tmp_path, "--hub", "east", "--hub", "west", "--json")
+    assert first.returncode == 0, first.stderr
+    result = json.loads(first.stdout)
+    assert result["certificates_made_for"] == ["east", "west"] and result["kept"] == []
+    sites = tmp_path / "sites"
+    found = modes(sites)
+    for path, mode in found.items():
+        public = path.startswith("public") or path.endswith("-server.pem") \
+            or path.endswith("-client.pem")
+        expected = (0o755 if (sites / path).is_dir() else 0o644) if public else \
+            (0o700 if (sites / path).is_dir() else 0o600)
+        assert mode == expected, (path, oct(mode))
+    assert {"pki/ca.pem", "pki/ca.key", "east/hubd.toml", "east/pins/west.pins",
+            "east/client-ca.pem", "west/serving-policy.json", "west/federation.json",
+            "public/ca.pem"} <= set(found)
+    assert not [p for p in found if p.startswith(("east/", "west/")) and "ca.key" in p]
+    # both directions: each hub names the other as a message peer and grants it
+    for hub, peer in (("east", "west"), ("west", "east")):
+        assert f'message-peer = ["{peer}=wss://127.0.0.1:' in (sites / hub / "hubd.toml").read_text()
+        policy = json.loads((sites / hub / "serving-policy.json").read_text())
+        assert [g["sender"] for g in policy["grants"]] == [peer]
+
+    before = {p: (sites / p).read_bytes() for p in found if not (sites / p).is_dir()}
+    again = setup_cli(tmp_path, "--hub", "east", "--hub", "west", "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["written"] == []
+    assert {p: (sites / p).read_bytes() for p in before} == before
+
+    # a third hub: its certificates are made; the others' files are kept
+    # until --refresh rewrites them from pki/, their certificates unchanged
+    kept = json.loads(setup_cli(tmp_path, "--hub", "east", "--hub", "west", "--hub", "north",
+                                "--json").stdout)
+    assert kept["certificates_made_for"] == ["north"]
+    assert str(sites / "east" / "hubd.toml") in kept["kept"]
+    assert "north" not in (sites / "east" / "hubd.toml").read_text()
+    assert 'message-peer = ["east=wss://127.0.0.1:8876/", "west=wss://127.0.0.1:8877/"]' in \
+        (sites / "north" / "hubd.toml").read_text()
+    refreshed = setup_cli(tmp_path, "--hub", "east", "--hub", "west", "--hub", "north",
+                          "--refresh")
+    assert refreshed.returncode == 0, refreshed.stderr
+    assert 'message-peer = ["west=wss://127.0.0.1:8877/", "north=wss://127.0.0.1:8878/"]' in \
+        (sites / "east" / "hubd.toml").read_text()
+    assert (sites / "east" / "east-server.pem").read_bytes() == before["east/east-server.pem"]
+    for hub in ("east", "west", "north"):
+        checked = subprocess.run([sys.executable, "-m", "hubd", "--config",
+                                  str(sites / hub / "hubd.toml"), "--check"],
+                                 capture_output=True, text=True, timeout=60, env=env())
+        assert checked.returncode == 0, checked.stderr
+
+
+def test_a_start_names_every_unsafe_file_at_once(tmp_path):
+    assert setup_cli(tmp_path, "--hub", "east", "--hub", "west").returncode == 0
+    west = tmp_path / "sites" / "west"
+    loose = [west / "serving-policy.json", west / "federation.json", west / "client-ca.pem"]
+    for path in loose:
+        os.chmod(path, 0o644)
+    out = subprocess.run([sys.executable, "-m", "hubd", "--config", str(west / "hubd.toml"),
+                          "--port", "0"], capture_output=True, text=True, timeout=60, env=env())
+    assert out.returncode == 2, out
+    said = [line for line in out.stderr.splitlines() if "refusing to start" in line]
+    assert len(said) == 1, out.stderr
+    assert f"run: chmod 600 {' '.join(map(str, loose))}" in said[0], said[0]
+    assert not (west / "hubd.db").exists()  # refused before the journal was made
+    for path in loose:
+        os.chmod(path, 0o600)  # the one command it printed, and it is ready
+    checked = subprocess.run([sys.executable, "-m", "hubd", "--config", str(west / "hubd.toml"),
+                              "--check"], capture_output=True, text=True, timeout=60, env=env())
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_arguments_it_cannot_use_are_refused_before_anything_is_written(tmp_path):
+    for argv, fragment in (
+            (["--hub", "east"], "at least two --hub"),
+            (["--hub", "east", "--hub", "east"], "names the same hub twice"),
+            (["--hub", "east=ws://a:1/", "--hub", "west"], "expected ID=wss://HOST:PORT/"),
+            (["--hub", "east=wss://a/", "--hub", "west"], "expected ID=wss://HOST:PORT/"),
+            (["--hub", "east=wss://127.0.0.1:8877/", "--hub", "west"], "share a port"),
+            (["--hub", "e!st", "--hub", "west"], "--hub 'e!st'"),
+            (["--hub", "east", "--hub", "west", "--namespace-owner", "PROJ=south"],
+             "'south' is not one of the hubs"),
+            (["--hub", "east", "--hub", "west", "--namespace", "a/b"], "is not a namespace")):
+        out = setup_cli(tmp_path, *argv)
+        assert out.returncode == 2 and fragment in out.stderr, (argv, out.stderr)
+        assert out.stderr.startswith("hubd site: error: ") and out.stdout == ""
+    assert not (tmp_path / "sites").exists()
+    # a hub whose certificates are half there is not guessed at
+    assert setup_cli(tmp_path, "--hub", "east", "--hub", "west").returncode == 0
+    (tmp_path / "sites" / "pki" / "west-client.key").unlink()
+    out = setup_cli(tmp_path, "--hub", "east", "--hub", "west")
+    assert out.returncode == 2 and "only some of the certificate files of west" in out.stderr
+
+
+def test_the_repositorys_checkout_ignores_the_default_folder():
+    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", "-q",
+                              "sites/east/hubd.toml"])
+    assert ignored.returncode == 0, "sites/ (hubd site setup's default folder) must be git-ignored"
