@@ -195,7 +195,7 @@ def test_the_files_have_the_modes_hubd_demands_and_a_rerun_keeps_them(tmp_path):
     kept = json.loads(setup_cli(tmp_path, "--hub", "east", "--hub", "west", "--hub", "north",
                                 "--json").stdout)
     assert kept["certificates_made_for"] == ["north"]
-    assert str(sites / "east" / "hubd.toml") in kept["kept"]
+    assert "sites/east/hubd.toml" in kept["kept"]
     assert "north" not in (sites / "east" / "hubd.toml").read_text()
     assert 'message-peer = ["east=wss://127.0.0.1:8876/", "west=wss://127.0.0.1:8877/"]' in \
         (sites / "north" / "hubd.toml").read_text()
