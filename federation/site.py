@@ -220,8 +220,10 @@ def config_file(hub: SiteHub, hubs: list[SiteHub], owners: dict[str, str],
     if not hub.loopback:
         lines += [
             "",
-            "# Listening on every interface. To check the Host header of agents' requests",
-            "# (the DNS-rebinding guard), name every authority they reach this hub by:",
+            "# Listening on every interface, for the peers. Agents of other machines need a",
+            "# token or principals (docs/identity.md): without, agents may connect from this",
+            "# machine only. To check the Host header of their requests (the DNS-rebinding",
+            "# guard), name every authority they reach this hub by:",
             f'# advertised-host = ["{hub.url[len("wss://"):-1]}"]',
         ]
     return "\n".join(lines) + "\n"

@@ -14,7 +14,6 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -22,7 +21,9 @@ from typing import Callable
 from tests.support import readme
 from tests.support.prereq import missing
 from tests.support.procs import REPO
-from tests.support.sitecmd import driver, env
+from tests.support.site_agents import chat_across, links_up
+from tests.support.sitecmd import env
+from tests.support.waiting import wait_for
 
 README_HEADING = "Two sites that forward to each other, both on this machine"
 
@@ -82,42 +83,6 @@ def one_machine(ports: list[int]):
         missing(f"no network namespaces, and ports {ports} are taken on this machine")
 
 
-def links_up(machine: Machine, url: str, peers: list[str]) -> bool:
-    health = url.replace("wss://", "https://", 1) + "health"
-    out = machine.run(driver("get", "--url", health), env=env(), timeout=10)
-    if out.returncode != 0:
-        return False
-    links = json.loads(out.stdout).get("message_forward", {})
-    return all(links.get(peer, {}).get("link") == "up" for peer in peers)
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        time.sleep(0.2)
-
-
-def chat_across(machine: Machine, cwd: Path, ca: Path, sender: tuple[str, str],
-                receiver: tuple[str, str], target: str) -> dict:
-    """One chat from `sender` (url, seat) to `target`, verified with the CA
-    in SSL_CERT_FILE as an agent would; what `receiver` (url, seat) got."""
-    agent_env = env(SSL_CERT_FILE=str(ca))
-    sent = machine.run(driver("send", "--verify", "--url", sender[0], "--name", sender[1],
-                              "--target", target, "--count", "1", "--prefix", "m",
-                              "--timeout", "30"), env=agent_env, cwd=cwd, timeout=90)
-    assert sent.returncode == 0, sent.stderr[-2000:]
-    [receipts] = [json.loads(line) for line in sent.stdout.splitlines()
-                  if '"receipts"' in line]
-    assert receipts["states"] == {"accepted": 1}, receipts
-    got = machine.run(driver("receive", "--verify", "--url", receiver[0], "--name", receiver[1],
-                             "--expect", "1", "--timeout", "30", "--linger", "0.5"),
-                      env=agent_env, cwd=cwd, timeout=90)
-    assert got.returncode == 0, got.stderr[-2000:]
-    [chat] = [json.loads(line) for line in got.stdout.splitlines() if '"chat"' in line]
-    return chat
-
-
 def test_the_readmes_two_sites_start_from_an_empty_folder_and_chat_both_ways(tmp_path):
     lines = [line for line in readme.block_after(README_HEADING) if line.strip()]
     assert len(lines) == 3 and lines[0].startswith("hubd site setup"), lines
@@ -137,13 +102,14 @@ def test_the_readmes_two_sites_start_from_an_empty_folder_and_chat_both_ways(tmp
             logs.append(open(tmp_path / f"hub-{len(logs)}.log", "w"))
             hubs.append(machine.popen(start, cwd=folder, env=env(), stdout=logs[-1],
                                       stderr=subprocess.STDOUT))
-        wait_until(lambda: links_up(machine, east, ["west"]) and links_up(machine, west, ["east"]),
-                   60, "both links up")
+        wait_for(lambda: links_up(machine.run, east, ["west"])
+                 and links_up(machine.run, west, ["east"]), 60, "both links up")
         ca = folder / "sites" / "public" / "ca.pem"
-        there = chat_across(machine, folder, ca, (east, "PROJ/alice"), (west, "PROJ/bob"),
+        run = machine.run
+        there = chat_across(ca, (run, east, "PROJ/alice"), (run, west, "PROJ/bob"),
                             "PROJ/bob@west")
         assert there["sender"] == "PROJ/alice@east", there
-        back = chat_across(machine, folder, ca, (west, "PROJ/bob"), (east, "PROJ/alice"),
+        back = chat_across(ca, (run, west, "PROJ/bob"), (run, east, "PROJ/alice"),
                            "PROJ/alice@east")
         assert back["sender"] == "PROJ/bob@west", back
         for hub in hubs:
