@@ -93,8 +93,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="hand the hub folders to this user (root only): the user the hubs run "
                         "as, since hubd refuses policy files another user owns")
     s.add_argument("--refresh", action="store_true",
+                   default=os.environ.get("HUBD_SITE_REFRESH") == "1",
                    help="rewrite existing files in the hub folders from DIR/pki (default: keep "
-                        "them)")
+                        "them; HUBD_SITE_REFRESH=1 in the environment sets it, e.g. "
+                        "`docker compose run --rm -e HUBD_SITE_REFRESH=1 certs`)")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
 

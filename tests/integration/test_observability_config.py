@@ -20,14 +20,17 @@ import re
 import shlex
 import subprocess
 import sys
+import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.support.compose import COMPOSE_DIR
 from tests.support.prereq import need_tool
-from tests.support.procs import HubProcess, free_port
+from tests.support.broker_client import BrokerClient
+from tests.support.procs import HubProcess, broker_files, free_port
 from tests.support.promql import grouping_labels, metric_names
 from tests.support.wsprobe import WsProbe
 
@@ -159,7 +162,11 @@ def dashboard_exprs() -> list[str]:
 def test_alerts_cover_the_issue_list():
     names = {rule["alert"] for rule in alert_rules()}
     assert {"HubdForwardBacklogOld", "HubdPeerLinkDown", "HubdForwardNoProgress",
-            "HubdJournalCommitSlow", "HubdQuotaRefusalsRising"} <= names
+            "HubdJournalCommitSlow", "HubdQuotaRefusalsRising",
+            # the doors' error rates and slow consumers, and the process
+            "HubdRedsynServerErrors", "HubdRedsynWebhooksFailing", "HubdRedsynPollsRefused",
+            "HubdBrokerErrors", "HubdBrokerSlowConsumers", "HubdWebSocketSlowConsumers",
+            "HubdOpenFilesNearLimit"} <= names
     for rule in alert_rules():
         assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
         anchor = rule["annotations"]["runbook"].split("#", 1)[1]
@@ -235,7 +242,23 @@ def test_alert_and_dashboard_metrics_are_exported_by_a_running_hub(hub_pair):
         await alice.recv_type("error", timeout=5)
         await alice.close()
         await bob.close()
+        # the other doors: a REDSYN request without a token (401), a broker
+        # connection with a wrong token, and one with the right one asking its
+        # status and a thread that does not exist
+        try:
+            east.get_text("/redsyn/v1/messages")
+        except urllib.error.HTTPError as refused:
+            assert refused.code == 401
+        sock, token = broker_files(east_db)
+        wrong = await BrokerClient.connect(str(sock))
+        assert not (await wrong.request("auth", token="wrong"))["ok"]
+        await wrong.close()
+        right = await BrokerClient.connect(str(sock), token.read_text().strip())
+        assert (await right.request("status"))["ok"]
+        assert not (await right.request("collect", threadId=999999))["ok"]
+        await right.close()
 
+    east_db = Path(east.argv[east.argv.index("--config") + 1]).parent / "hubd.db"
     asyncio.run(traffic())
     names = exported(east)
     for name, labels in exported(west).items():
@@ -256,6 +279,20 @@ def test_alert_and_dashboard_metrics_are_exported_by_a_running_hub(hub_pair):
             bad_labels.append(f"{where}: label {label}")
     assert not missing, "names no running hub exports:\n" + "\n".join(missing)
     assert not bad_labels, "labels the metrics do not carry:\n" + "\n".join(bad_labels)
+    # the process and the build, on the hub's own registry
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds",
+            "process_max_fds", "process_start_time_seconds"} <= set(names)
+    assert names["hubd_build_info"] == {"version", "python", "sqlite", "openssl"}
+
+
+def test_promtool_finds_nothing_wrong_in_a_running_hubs_metrics(hub_pair):
+    promtool = tool("promtool", "prometheus")
+    for hub in hub_pair:
+        text = metrics_text(hub)
+        assert "hubd_build_info{" in text and "process_open_fds " in text
+        checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                                 text=True, timeout=60)
+        assert checked.returncode == 0 and checked.stdout + checked.stderr == "", checked
 
 
 def test_dockerfile_healthcheck_reports_a_running_hub_healthy(hub_pair):
