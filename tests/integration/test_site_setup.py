@@ -7,21 +7,16 @@ one refusal."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from tests.support import readme
-from tests.support.prereq import missing
 from tests.support.procs import REPO
-from tests.support.site_agents import chat_across, links_up
+from tests.support.site_agents import chat_across, links_up, one_machine
 from tests.support.sitecmd import env
 from tests.support.waiting import wait_for
 
@@ -31,56 +26,6 @@ README_HEADING = "Two sites that forward to each other, both on this machine"
 def setup_cli(folder: Path, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hubd", "site", "setup", *argv], cwd=folder,
                           capture_output=True, text=True, timeout=120, env=env())
-
-
-@dataclass
-class Machine:
-    """Where the README's hubs run: a network namespace of their own when
-    this machine has them (the README's ports are then free whatever else
-    runs here), else this host if those ports are free."""
-
-    popen: Callable[..., subprocess.Popen]
-    run: Callable[..., subprocess.CompletedProcess]
-    stop: Callable[[subprocess.Popen], object]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    proc.terminate()
-    return proc.wait(15)
-
-
-@contextlib.contextmanager
-def one_machine(ports: list[int]):
-    from tests.support import netns
-
-    if netns.netns_available()[0]:
-        with netns.Topology(["site"]) as topo:
-            yield Machine(lambda argv, **kw: topo.popen("site", argv, **kw),
-                          lambda argv, **kw: topo.run("site", argv, check=False, **kw), topo.stop)
-    elif all(_port_free(port) for port in ports):
-        started: list[subprocess.Popen] = []
-
-        def popen(argv, **kw):
-            started.append(subprocess.Popen(argv, **kw))
-            return started[-1]
-        try:
-            yield Machine(popen, lambda argv, **kw: subprocess.run(
-                argv, capture_output=True, text=True, **kw), _stop)
-        finally:
-            for proc in started:
-                if proc.poll() is None:
-                    _stop(proc)
-    else:
-        missing(f"no network namespaces, and ports {ports} are taken on this machine")
 
 
 def test_the_readmes_two_sites_start_from_an_empty_folder_and_chat_both_ways(tmp_path):
