@@ -485,6 +485,8 @@ def _render_peer_setup(result: dict[str, Any]) -> str:
             lines += [f"    {flag}" for flag in flags["connect"]]
         for peer_id, pin in flags["accept_certificate_pins"].items():
             lines.append(f"  accept forwards from {peer_id}: certificate_pins [\"{pin}\"]")
+    lines += ["", "`hubd site setup` writes these certificates and, besides, every hub's serving "
+                  "policy, federation store, pin files and config file (docs/operations.md)."]
     return "\n".join(lines)
 
 

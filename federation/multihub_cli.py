@@ -122,8 +122,9 @@ def _build_parser() -> argparse.ArgumentParser:
 def _journal_flag(command: argparse.ArgumentParser, what: str) -> None:
     """--db, as the hub and every operator command spell it (--journal: the
     old spelling, still accepted)."""
-    command.add_argument("--db", "--journal", dest="journal", type=Path, default=Path(DEFAULT_DB),
-                         help=f"{what} (default ./{DEFAULT_DB})")
+    command.add_argument("--db", dest="journal", type=Path, default=Path(DEFAULT_DB),
+                         metavar="DB", help=f"{what} (default ./{DEFAULT_DB})")
+    command.add_argument("--journal", dest="journal", type=Path, help=argparse.SUPPRESS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

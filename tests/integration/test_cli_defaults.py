@@ -104,3 +104,26 @@ def test_commands_answer_help(argv):
     out = subprocess.run([sys.executable, "-m", "hubd", *argv], capture_output=True, text=True,
                          cwd=REPO, timeout=30)
     assert out.returncode == 0 and "usage" in out.stdout.lower()
+
+
+def test_operator_commands_find_the_journal_with_db_and_the_hubs_default(tmp_path):
+    """principal, redsyn and multihub spell the journal's path --db, and
+    without it use ./hubd.db, as the hub does: what one writes the next reads."""
+    def hubd(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hubd", *argv], cwd=tmp_path, timeout=60,
+                              capture_output=True, text=True, env={**os.environ,
+                                                                   "PYTHONPATH": str(REPO)})
+
+    assert hubd("principal", "add", "alice", "--seat", "PROJ/alice").returncode == 0
+    assert (tmp_path / "hubd.db").exists()
+    assert hubd("redsyn", "login", "--person", "acme/dev/joel", "--name", "laptop").returncode == 0
+    listed = json.loads(hubd("principal", "list", "--json").stdout)
+    assert "alice" in json.dumps(listed)
+    assert hubd("redsyn", "logout", "--person", "acme/dev/joel", "--name", "laptop").returncode == 0
+    assert hubd("multihub", "status", "--json").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))) \
+        == ["hubd.db"]
+    for command in (["principal", "add"], ["redsyn", "login"], ["multihub", "status"],
+                    ["multihub", "recover"]):
+        said = " ".join(hubd(*command, "--help").stdout.split())
+        assert "--db DB" in said and "(default ./hubd.db)" in said, (command, said)
