@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -13,16 +12,8 @@ import sys
 import pytest
 
 from tests.support.prereq import missing
+from tests.support.sites import one_machine
 from tests.support.procs import REPO
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 HEALTH = """
@@ -43,18 +34,9 @@ while True:
 def test_hubd_with_no_options(tmp_path):
     """In a network namespace of its own when it can (so 8876 is free whatever
     else runs on this machine), else on this host's loopback if 8876 is free."""
-    from tests.support import netns
-
-    if netns.netns_available()[0]:
-        with netns.Topology(["site"]) as topo:
-            run_twice(tmp_path, lambda argv, **kw: topo.popen("site", argv, **kw),
-                      lambda: topo.run("site", [sys.executable, "-c", HEALTH], timeout=60))
-    elif _port_free(8876):
-        run_twice(tmp_path, subprocess.Popen,
-                  lambda: subprocess.run([sys.executable, "-c", HEALTH], capture_output=True,
-                                         text=True, timeout=60))
-    else:
-        missing("no network namespaces, and port 8876 is taken on this machine")
+    with one_machine([8876]) as machine:
+        run_twice(tmp_path, machine.popen,
+                  lambda: machine.run([sys.executable, "-c", HEALTH], timeout=60))
 
 
 def run_twice(tmp_path, popen, fetch_health):

@@ -19,7 +19,7 @@ import tomllib
 from tests.support import readme
 from tests.support.prereq import missing
 from tests.support.procs import REPO
-from tests.support.site_agents import one_machine
+from tests.support.sites import one_machine
 from tests.support.sitecmd import driver, env
 from tests.support.waiting import wait_for
 

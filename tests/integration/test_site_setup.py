@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.support import readme
 from tests.support.procs import REPO
-from tests.support.site_agents import chat_across, links_up, one_machine
+from tests.support.sites import chat_across, links_up, one_machine
 from tests.support.sitecmd import env
 from tests.support.waiting import wait_for
 

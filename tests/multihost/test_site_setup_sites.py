@@ -11,7 +11,7 @@ import shutil
 import subprocess
 
 from tests.support.netns import Topology, require_netns
-from tests.support.site_agents import chat_across, links_up
+from tests.support.sites import chat_across, links_up
 from tests.support.sitecmd import REPO, env, python
 from tests.support.waiting import wait_for
 

@@ -1,9 +1,9 @@
-"""Agents of federated test sites, as chat_driver programs run through a
-`run(argv, **kw) -> CompletedProcess` of the test's choosing (a network
-namespace's, or this host's): is a hub's link to its peers up, and does a
-chat cross from one hub to a seat on another, with the hubs' certificates
-verified against a CA file as an agent would (SSL_CERT_FILE); and a machine
-where documented commands that use fixed ports can run them."""
+"""Test sites: a machine where documented commands that use fixed ports can
+run (`one_machine`), and agents of federated sites as chat_driver programs
+run through a `run(argv, **kw) -> CompletedProcess` of the test's choosing (a
+network namespace's, or this host's): is a hub's link to its peers up, and
+does a chat cross from one hub to a seat on another, with the hubs'
+certificates verified against a CA file as an agent would (SSL_CERT_FILE)."""
 
 from __future__ import annotations
 
