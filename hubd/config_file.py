@@ -47,6 +47,7 @@ LIVE_KEYS = frozenset({
     "multihub-watch-token"})
 
 DEFAULT, FILE, FLAG = "default", "file", "flag"
+MAX_FILE_BYTES = 1024 * 1024  # a hub's flags fit in far less
 
 
 class ConfigProblems(ValueError):
@@ -84,10 +85,13 @@ def keys_of(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 def read(path: str) -> dict:
     """The TOML document at `path` (ConfigProblems: unreadable or not TOML)."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigProblems([f"config file {path}: cannot read it: {exc.strerror or exc}"]) \
             from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigProblems([f"config file {path} is over {MAX_FILE_BYTES} bytes"])
     try:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
@@ -130,7 +134,7 @@ def file_values(document: dict, parser: argparse.ArgumentParser,
 
 
 class _Bad(Exception):
-    pass
+    """One key's value is wrong; the message says how."""
 
 
 def _suggestion(key: str, actions: dict) -> str:

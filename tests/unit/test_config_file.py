@@ -109,6 +109,9 @@ def test_a_file_that_is_not_toml_or_not_there_is_one_problem(tmp_path):
         config_file.layer(build_parser, ["--config", str(tmp_path / "latin.toml")])
     with pytest.raises(ConfigProblems, match="cannot read it: No such file"):
         config_file.layer(build_parser, ["--config", str(tmp_path / "absent.toml")])
+    (tmp_path / "huge.toml").write_text("# padding\n" * 200_000)  # read no further than the bound
+    with pytest.raises(ConfigProblems, match="is over 1048576 bytes"):
+        config_file.layer(build_parser, ["--config", str(tmp_path / "huge.toml")])
 
 
 def test_flag_problems_are_all_named_too():
