@@ -178,11 +178,11 @@ def config_file(hub: SiteHub, hubs: list[SiteHub], owners: dict[str, str],
     routes = [f"{p.hub_id}={p.url}" for p in peers]
     pins = [f"{p.hub_id}=@{PINS_FOLDER}/{p.hub_id}.pins" for p in peers]
     lines = [
-        f"# hub {hub.hub_id}, written by `hubd site setup`. Start it with:",
-        f"#     hubd --config {CONFIG_FILE}    (this file; a path to it from elsewhere)",
+        f"# Hub {hub.hub_id}, written by `hubd site setup`: run `hubd --config` with this file.",
         "# Keys are hubd's flags (hubd --help), relative paths resolve beside this file, and",
         "# flags on the command line override it. SIGHUP re-reads it: peers, pins, certificates",
-        "# and the serving policy change live; anything else needs a restart (docs/operations.md).",
+        "# and the serving policy change live; anything else needs a restart (docs/operations.md,",
+        '# "Configuration file").',
         "",
         f'hub-id = "{hub.hub_id}"',
         f'host = "{hub.bind}"',

@@ -4,7 +4,9 @@ The journal (message bodies, token digests, webhook secrets), the principals
 file, the broker token, and federation's serving policy, store and client CA
 are refused when the group or others have any permission on them (the
 reference hub's rule; 0600 and 0400 are the usual modes), with the one line
-that fixes it.
+that fixes it. `open_to_others` is the check each reader makes when it opens
+its file (at start, on a reload); `survey` looks at all of them before a hub
+starts, so one refusal names every unsafe file.
 """
 
 from __future__ import annotations
@@ -44,13 +46,15 @@ class Survey:
         """One message naming every unsafe file and the commands that fix them all."""
         said = []
         if self.wide:
-            said.append(f"{_listing([(label, path, f'mode {mode:04o}') for label, path, mode in self.wide])} "
-                        f"{_is(self.wide)} accessible by other users; hubd reads "
+            listed = _listing([(label, path, f"mode {mode:04o}")
+                               for label, path, mode in self.wide])
+            said.append(f"{listed} {_is(self.wide)} accessible by other users; hubd reads "
                         f"{'it' if len(self.wide) == 1 else 'them'} only when owner-only; "
                         f"run: chmod 600 {' '.join(path for _, path, _ in self.wide)}")
         if self.foreign:
-            said.append(f"{_listing([(label, path, f'owned by uid {uid}') for label, path, uid in self.foreign])} "
-                        f"{_is(self.foreign)} not owned by the user hubd runs as "
+            listed = _listing([(label, path, f"owned by uid {uid}")
+                               for label, path, uid in self.foreign])
+            said.append(f"{listed} {_is(self.foreign)} not owned by the user hubd runs as "
                         f"(uid {os.geteuid()}); run: chown {os.geteuid()} "
                         f"{' '.join(path for _, path, _ in self.foreign)}")
         return "; ".join(said) or None
