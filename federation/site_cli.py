@@ -85,8 +85,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="another name of every server certificate, repeatable (each already "
                         "has localhost, 127.0.0.1 and the host of its URL)")
     s.add_argument("--db", metavar="PATH",
-                   help="every hub's journal (default: hubd.db in its own folder); compose "
-                        "gives /var/lib/hubd/hubd.db, each container its own volume")
+                   help="every hub's journal (default: hubd.db in its own folder; a relative "
+                        "path is beside each config file); compose gives /var/lib/hubd/hubd.db, "
+                        "each container its own volume")
     s.add_argument("--days", type=int, default=pki.DEFAULT_LEAF_DAYS,
                    help="certificate validity in days")
     s.add_argument("--owner", metavar="UID[:GID]",
@@ -106,6 +107,9 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
     owners = site.parse_owners(args.namespace_owner, hubs)
     namespaces = site.granted_namespaces(args.namespace, owners)
     owner = _owner(args.owner)
+    pki.validate_days(args.days)
+    for hub in hubs:  # before anything is written
+        pki.parse_sans(site.server_sans(hub, args.san))
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
     folder = root / "pki"

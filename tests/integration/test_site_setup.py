@@ -153,7 +153,9 @@ def test_arguments_it_cannot_use_are_refused_before_anything_is_written(tmp_path
             (["--hub", "e!st", "--hub", "west"], "--hub 'e!st'"),
             (["--hub", "east", "--hub", "west", "--namespace-owner", "PROJ=south"],
              "'south' is not one of the hubs"),
-            (["--hub", "east", "--hub", "west", "--namespace", "a/b"], "is not a namespace")):
+            (["--hub", "east", "--hub", "west", "--namespace", "a/b"], "is not a namespace"),
+            (["--hub", "east", "--hub", "west", "--san", "not a name"], "not a name"),
+            (["--hub", "east", "--hub", "west", "--days", "0"], "days")):
         out = setup_cli(tmp_path, *argv)
         assert out.returncode == 2 and fragment in out.stderr, (argv, out.stderr)
         assert out.stderr.startswith("hubd site: error: ") and out.stdout == ""
