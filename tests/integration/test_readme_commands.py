@@ -62,6 +62,8 @@ def test_the_first_command_serves_a_hub_twice_reusing_its_venv(tmp_path):
             (checkout / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, checkout / name)
     [first, _] = readme.first_block()
+    # never run a README line that would install outside its own venv
+    assert first.startswith("python3 -m venv .venv && .venv/bin/pip install "), first
     # pip's wheels from a folder made here first (a network namespace has no
     # network): the command's install reuses them, as it may reuse pip's cache
     wheels = tmp_path / "wheels"
