@@ -69,7 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     s = commands.add_parser(
         "setup", help="certificates, serving policies, federation stores, pin files and a "
         "config file for each of two or more hubs that forward to each other",
-        description=__doc__.split("\n\n")[0])
+        description="Write everything two or more federated hubs need into one folder, for "
+                    "both directions: certificates, serving policies, federation stores, pin "
+                    "files and a config file per hub (`hubd --config`); print the pins and the "
+                    "start commands. docs/operations.md, \"Sites with hubd site setup\".")
     s.add_argument("--hub", action="append", required=True, metavar="ID[=wss://HOST:PORT/]",
                    help="a hub, repeatable: ID alone is on this machine (wss://127.0.0.1:8876/, "
                         "8877, ...); with a URL, the URL the other hubs dial")
