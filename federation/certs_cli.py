@@ -171,7 +171,9 @@ def _cmd_ca(args: argparse.Namespace) -> dict[str, Any]:
     ca = pki.make_ca(name=args.name, days=args.days)
     # Key first: a ca.pem without its key would look like a usable CA.
     pki.write_private_key(key_path, ca.key, overwrite=args.force)
-    pki.write_certificate(cert_path, ca.certificate, overwrite=args.force)
+    # owner-only: a serving policy's client_ca_file must be (policies/README.md)
+    pki.write_certificate(cert_path, ca.certificate, mode=pki.KEY_FILE_MODE,
+                          overwrite=args.force)
     return {
         "ca_cert": str(cert_path),
         "ca_key": str(key_path),
@@ -247,11 +249,24 @@ def _cmd_pin(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_peer_setup(args: argparse.Namespace) -> dict[str, Any]:
     hub_ids = list(dict.fromkeys(args.hub_ids))
+    result = peer_setup(args.dir, hub_ids, {hub_id: args.san for hub_id in hub_ids},
+                        days=args.days, force=args.force)
+    for hub in result["hubs"]:
+        hub["flags"] = _hub_flags(hub, result["hubs"], Path(result["ca_cert"]))
+    return result
+
+
+def peer_setup(directory: Path, hub_ids: list[str], sans: dict[str, list[str] | None], *,
+               days: int = pki.DEFAULT_LEAF_DAYS, force: bool = False) -> dict[str, Any]:
+    """The CA in `directory` (made owner-only if absent, else reused) and a
+    server and a client certificate for each hub; `sans` gives each hub's
+    server certificate its names (None: the defaults). PkiError before
+    anything is written when an argument or an existing file is refused."""
     for hub_id in hub_ids:
         pki.validate_hub_id(hub_id)
-    pki.parse_sans(args.san or pki.DEFAULT_SANS)  # fail before writing anything
-    directory = _ensure_dir(args.dir)
-    if not args.force:
+        pki.parse_sans(sans.get(hub_id) or pki.DEFAULT_SANS)  # fail before writing anything
+    directory = _ensure_dir(directory)
+    if not force:
         existing = []
         for hub_id in hub_ids:
             existing += [directory / n for n in pki.server_file_names(hub_id)]
@@ -266,19 +281,19 @@ def _cmd_peer_setup(args: argparse.Namespace) -> dict[str, Any]:
     if ca_created:
         ca = pki.make_ca()
         pki.write_private_key(ca_key_path, ca.key)
-        pki.write_certificate(ca_cert_path, ca.certificate)
+        # owner-only like the key: a serving policy's client_ca_file must be
+        # (policies/README.md, "File rules"), and this is the file it names
+        pki.write_certificate(ca_cert_path, ca.certificate, mode=pki.KEY_FILE_MODE)
     else:
         ca = pki.load_ca(directory)
 
     hubs = []
     for hub_id in hub_ids:
-        server = _issue(ca, directory, "server", hub_id, sans=args.san, days=args.days,
-                        key_file=None, force=args.force)
-        client = _issue(ca, directory, "client", hub_id, sans=None, days=args.days,
-                        key_file=None, force=args.force)
+        server = _issue(ca, directory, "server", hub_id, sans=sans.get(hub_id), days=days,
+                        key_file=None, force=force)
+        client = _issue(ca, directory, "client", hub_id, sans=None, days=days,
+                        key_file=None, force=force)
         hubs.append({"hub_id": hub_id, "server": server, "client": client})
-    for hub in hubs:
-        hub["flags"] = _hub_flags(hub, hubs, ca_cert_path)
     return {
         "dir": str(directory),
         "ca_cert": str(ca_cert_path),
@@ -470,6 +485,8 @@ def _render_peer_setup(result: dict[str, Any]) -> str:
             lines += [f"    {flag}" for flag in flags["connect"]]
         for peer_id, pin in flags["accept_certificate_pins"].items():
             lines.append(f"  accept forwards from {peer_id}: certificate_pins [\"{pin}\"]")
+    lines += ["", "`hubd site setup` writes these certificates and, besides, every hub's serving "
+                  "policy, federation store, pin files and config file (docs/operations.md)."]
     return "\n".join(lines)
 
 

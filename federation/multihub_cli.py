@@ -4,10 +4,10 @@
         Read a peer hub's journal file (hubd's or the reference hub's schema)
         read-only, fold it as a follower would, print the observed view. It
         grants nothing: a peer's claim is advisory here.
-    hubd multihub status --journal DB [--json]
+    hubd multihub status [--db DB] [--json]
         What this hub's own journal says about multi-hub authority: contested
         (partitioned) namespaces and quarantined peers, as a restart restores them.
-    hubd multihub recover --journal DB --peer-id ID --operator NAME --reason TEXT
+    hubd multihub recover [--db DB] --peer-id ID --operator NAME --reason TEXT
                           --new-log-generation GEN [--json]
         The equivocation recovery ceremony. STOP THE HUB FIRST: the command
         refuses while another process has the journal open, refuses a peer the
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 from federation.fold import fold
+from hubd.config import DEFAULT_DB
 from federation.journal_access import HubRunning, JournalError, read_events
 from federation.log_model import MergeError
 from federation.merge import MergedLog
@@ -81,7 +82,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "status", help="contested namespaces and quarantined peers recorded in a hub's journal",
         description="Read this hub's journal read-only and print the multi-hub authority "
                     "state a restart would restore.")
-    status.add_argument("--journal", required=True, type=Path, help="the hub's journal")
+    _journal_flag(status, "the hub's journal")
     status.add_argument("--json", action="store_true", help="print the result as JSON")
     status.set_defaults(handler=_cmd_status)
 
@@ -90,8 +91,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Stop the hub first. Appends multihub_equivocation_recovery to the "
                     "journal if it shows the peer quarantined; restart the hub after it "
                     "succeeds. The reason is stored only as its SHA-256.")
-    recover.add_argument("--journal", required=True, type=Path,
-                         help="the stopped local hub's journal")
+    _journal_flag(recover, "the stopped local hub's journal")
     recover.add_argument("--peer-id", required=True, help="the quarantined peer's hub id")
     recover.add_argument("--operator", required=True, help="who accepts the recovery")
     recover.add_argument("--reason", required=True,
@@ -118,6 +118,14 @@ def _build_parser() -> argparse.ArgumentParser:
     follow.add_argument("--json", action="store_true", help="print the ObservedState as JSON")
     follow.set_defaults(handler=_cmd_follow)
     return parser
+
+
+def _journal_flag(command: argparse.ArgumentParser, what: str) -> None:
+    """--db, as the hub and every operator command spell it (--journal: the
+    old spelling, still accepted)."""
+    command.add_argument("--db", dest="journal", type=Path, default=Path(DEFAULT_DB),
+                         metavar="DB", help=f"{what} (default ./{DEFAULT_DB})")
+    command.add_argument("--journal", dest="journal", type=Path, help=argparse.SUPPRESS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -144,13 +144,14 @@ class Federation:
         if self.peer_links is not None:
             self.peer_links.start(group)
 
-    def reload(self, hub) -> dict:
+    def reload(self, hub, proposed) -> dict:
         """SIGHUP: read pins, peers, the serving policy, the federation store
-        and certificate files again. Everything is checked before anything is
-        swapped (ValueError/OSError: nothing changes). Local agents stay
-        connected; a peer link whose certificate no longer matches is closed."""
+        and certificate files again, as `proposed` (a HubConfig) names them.
+        Everything is checked before anything is swapped (ValueError/OSError:
+        nothing changes). Local agents stay connected; a peer link whose
+        certificate no longer matches is closed."""
         old = self.config
-        config = old.rebuild()
+        config = (proposed.federation or FederationConfig()).rebuild()
         policy = None
         if config.serving_policy_path is not None:
             from federation.policy_loading import load_serving_policy

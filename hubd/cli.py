@@ -14,10 +14,12 @@ import asyncio
 import signal
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import structlog
 
-from hubd import __version__, logs
+from hubd import __version__, config_file, logs
+from hubd.config_file import ConfigProblems, Layers
 from hubd.config import (BROKER_SOCKET_SUFFIX, BROKER_TOKEN_SUFFIX, DEFAULT_DB, DEFAULT_PORT,
                          DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS, DEFAULT_QUOTA_WINDOW,
                          BrokerConfig, HubConfig, broker_files_beside)
@@ -34,6 +36,9 @@ from hubd.state.receipts import PENDING_RECEIPTS
 from hubd.state.redsyn import Limits as RedsynLimits
 
 SUBCOMMANDS = {
+    "site": ("federation.site_cli",
+             "set up two or more federated hubs: certificates, policies, pins and a config file "
+             "for each"),
     "certs": ("federation.certs_cli",
               "make a private CA and hub certificates, print pins, fetch a hub's presented chain"),
     "principal": ("hubd.principal_cli",
@@ -53,6 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Operator commands: " + "; ".join(
             f"hubd {name} --help ({text})" for name, (_, text) in SUBCOMMANDS.items()))
     parser.add_argument("--version", action="version", version=f"hubd {__version__}")
+    conf = parser.add_argument_group(
+        "configuration file", "Every flag below can be a key of a TOML file instead, spelled as "
+        "the flag: port = 8877, message-peer = [\"west=wss://...\"], open-network = true; "
+        "relative paths resolve beside the file (docs/operations.md, \"Configuration file\").")
+    conf.add_argument("--config", metavar="FILE",
+                      help="read the flags from this TOML file; flags given on the command line "
+                           "override it (a repeatable flag replaces the file's list); SIGHUP "
+                           "reads it again")
+    conf.add_argument("--check", action="store_true",
+                      help="check the configuration (file and flags, and the files they name) "
+                           "without starting: print the effective configuration and exit 0, "
+                           "or name every problem and exit 2")
     net = parser.add_argument_group("listening")
     net.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     net.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -239,43 +256,56 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_secret(path: str, what: str, parser: argparse.ArgumentParser) -> str:
+def _read_secret(path: str, what: str, problems: list[str]) -> str | None:
     try:
         value = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
-        parser.error(f"cannot read {what} file {path}: {exc.strerror}")
+        problems.append(f"cannot read {what} file {path}: {exc.strerror}")
+        return None
     if not value:
-        parser.error(f"{what} file {path} is empty")
+        problems.append(f"{what} file {path} is empty")
+        return None
     return value
 
 
 def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> HubConfig:
+    """hub_config(args), or the parser's exit naming every problem."""
+    try:
+        return hub_config(args)
+    except ConfigProblems as exc:
+        parser.error("; ".join(exc.problems))
+
+
+def hub_config(args: argparse.Namespace) -> HubConfig:
+    """The HubConfig the flags say; ConfigProblems names every flag at fault."""
+    problems: list[str] = []
+
+    def positive(*names: str) -> None:
+        for name in names:
+            if not getattr(args, name) > 0:
+                problems.append(f"--{name.replace('_', '-')} must be positive")
+
     token = args.token
     if token is None and args.token_file:
-        token = _read_secret(args.token_file, "token", parser)
+        token = _read_secret(args.token_file, "token", problems)
     metrics_token = args.metrics_token
     if metrics_token is None and args.metrics_token_file:
-        metrics_token = _read_secret(args.metrics_token_file, "metrics token", parser)
-    for name in ("durable_ingress_events", "durable_ingress_bytes", "max_msg_kb", "max_clients"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
-    if args.redsyn_webhook_first_retry <= 0:
-        parser.error("--redsyn-webhook-first-retry must be positive")
+        metrics_token = _read_secret(args.metrics_token_file, "metrics token", problems)
+    positive("durable_ingress_events", "durable_ingress_bytes", "max_msg_kb", "max_clients",
+             "redsyn_webhook_first_retry")
     if args.max_connections_per_host < 0:  # a negative cap would refuse every socket
-        parser.error("--max-connections-per-host must be 0 (no cap) or positive")
-    if args.durable_ingress_window <= 0:
-        parser.error("--durable-ingress-window must be positive")
-    for name in ("recipient_liveness_window", "waiter_liveness_window", "pending_receipts",
-                 "dark_seat_after"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
+        problems.append("--max-connections-per-host must be 0 (no cap) or positive")
+    positive("durable_ingress_window", "recipient_liveness_window", "waiter_liveness_window",
+             "pending_receipts", "dark_seat_after")
+    advertised = frozenset()
     try:
         advertised = frozenset(parse_advertised(value) for value in args.advertised_host)
     except AuthorityError as exc:
-        parser.error(str(exc))
+        problems.append(str(exc))
     peer_token = args.message_peer_token
     if peer_token is None and args.message_peer_token_file:
-        peer_token = _read_secret(args.message_peer_token_file, "message peer token", parser)
+        peer_token = _read_secret(args.message_peer_token_file, "message peer token", problems)
+    federation = None
     try:
         federation = build_federation_config(
             message_peers=args.message_peer, message_peer_pins=args.message_peer_pin,
@@ -289,46 +319,24 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             watch_interval=args.multihub_watch_interval, claim_peers=args.claim_peer,
             claim_peer_pins=args.claim_peer_pin, claim_peer_token=args.claim_peer_token)
     except FederationConfigError as exc:
-        parser.error(str(exc))
-    for name in ("max_claims_per_agent", "max_paths_per_claim"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
+        problems.append(str(exc))
+    positive("max_claims_per_agent", "max_paths_per_claim")
     if args.lease_offline_ttl is not None and args.lease_offline_ttl < 0:
-        parser.error("--lease-offline-ttl must not be negative")
+        problems.append("--lease-offline-ttl must not be negative")
     if not 0 < args.lease_min_ttl <= LeaseLimits.default_ttl:
-        parser.error(f"--lease-min-ttl must be in (0, {LeaseLimits.default_ttl:g}]")
+        problems.append(f"--lease-min-ttl must be in (0, {LeaseLimits.default_ttl:g}]")
+    positive("redsyn_messages_per_day", "redsyn_max_pending_messages", "redsyn_max_pending_bytes")
+    broker = None
+    if not args.no_broker:
+        broker = _broker_config(args, problems)
+    if problems:
+        raise ConfigProblems(problems)
     claims = LeaseLimits(min_ttl=args.lease_min_ttl,
                          max_claims_per_agent=args.max_claims_per_agent,
                          max_paths_per_claim=args.max_paths_per_claim,
                          offline_ttl=args.lease_offline_ttl)
-    for name in ("redsyn_messages_per_day", "redsyn_max_pending_messages",
-                 "redsyn_max_pending_bytes"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
     redsyn_limits = RedsynLimits(args.redsyn_messages_per_day, args.redsyn_max_pending_messages,
                                  args.redsyn_max_pending_bytes)
-    broker = None
-    if not args.no_broker:
-        try:
-            if check_namespace_pattern(args.broker_namespace) == "*":
-                raise PrincipalError("'*' is not a namespace")
-        except PrincipalError:
-            parser.error("--broker-namespace must be a non-empty name without '/', '@', "
-                         "whitespace or glob characters")
-        try:
-            check_name(args.broker_principal)
-            if args.broker_principal == SHARED_TOKEN_PRINCIPAL:
-                raise PrincipalError("the shared --token's principal")
-        except PrincipalError:
-            parser.error("--broker-principal must be a principal's name (letters, digits, "
-                         f"'.', '_', '-', '/'), not '{SHARED_TOKEN_PRINCIPAL}'")
-        default_socket, default_token = broker_files_beside(Path(args.db))
-        socket_path = Path(args.broker_socket) if args.broker_socket else default_socket
-        token_file = Path(args.broker_token_file) if args.broker_token_file else default_token
-        broker = BrokerConfig(socket_path=socket_path, token_file=token_file,
-                              namespace=args.broker_namespace,
-                              rate_limit=not args.broker_no_rate_limit,
-                              principal=args.broker_principal)
     quota = None if args.no_durable_ingress_quota else QuotaLimits(
         args.durable_ingress_events, args.durable_ingress_bytes, args.durable_ingress_window)
     return HubConfig(
@@ -351,7 +359,112 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         pending_receipts=args.pending_receipts, dark_seat_after=args.dark_seat_after)
 
 
-async def serve(config: HubConfig) -> int:
+def _broker_config(args: argparse.Namespace, problems: list[str]) -> BrokerConfig | None:
+    start = len(problems)
+    try:
+        if check_namespace_pattern(args.broker_namespace) == "*":
+            raise PrincipalError("'*' is not a namespace")
+    except PrincipalError:
+        problems.append("--broker-namespace must be a non-empty name without '/', '@', "
+                        "whitespace or glob characters")
+    try:
+        check_name(args.broker_principal)
+        if args.broker_principal == SHARED_TOKEN_PRINCIPAL:
+            raise PrincipalError("the shared --token's principal")
+    except PrincipalError:
+        problems.append("--broker-principal must be a principal's name (letters, digits, "
+                        f"'.', '_', '-', '/'), not '{SHARED_TOKEN_PRINCIPAL}'")
+    if len(problems) > start:
+        return None
+    default_socket, default_token = broker_files_beside(Path(args.db))
+    return BrokerConfig(
+        socket_path=Path(args.broker_socket) if args.broker_socket else default_socket,
+        token_file=Path(args.broker_token_file) if args.broker_token_file else default_token,
+        namespace=args.broker_namespace, rate_limit=not args.broker_no_rate_limit,
+        principal=args.broker_principal)
+
+
+def load(argv: Sequence[str]) -> tuple[Layers, HubConfig]:
+    """The effective flags (defaults < --config FILE < command line) and the
+    HubConfig they make; ConfigProblems names every problem found."""
+    layers = config_file.layer(build_parser, argv)
+    problems = list(layers.problems)
+    try:
+        config = hub_config(layers.args)
+    except ConfigProblems as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigProblems(problems)
+    return layers, config
+
+
+def owner_only_files(config: HubConfig, layers: Layers) -> list:
+    from federation.checks import owner_only_files as federation_files
+    from hubd.preflight import owner_only_files as core_files
+
+    return core_files(config, layers) + federation_files(config.federation)
+
+
+def check(layers: Layers, config: HubConfig) -> int:
+    """`hubd --check`: the effective configuration on stdout, exit 0; or
+    every problem on stderr, exit 2."""
+    from federation.checks import file_problems
+    from hubd import preflight
+    from hubd.owner_only import survey
+
+    unsafe = survey(owner_only_files(config, layers))
+    refusal = unsafe.refusal()
+    # a file named there is not read again only to be refused for the same reason
+    problems = ([refusal] if refusal else []) + preflight.problems(config, unsafe.paths) + \
+        file_problems(config.federation, unsafe.paths)
+    if problems:
+        return _refuse(problems)
+    where = f"{layers.path} and the command line" if layers.path else "the command line"
+    print(config_file.render(layers, f"hubd {__version__}: the effective configuration from "
+                                     f"{where}\n(source of each value: default, file or flag)"),
+          end="")
+    scheme = "wss" if config.federation is not None and config.federation.tls_certfile else "ws"
+    print(f"# listens on {scheme}://{config.host}:{config.port}/, journal {config.db.resolve()}")
+    if config.broker is not None:
+        print(f"# broker socket {config.broker.socket_path}, token {config.broker.token_file}")
+    return 0
+
+
+def _refuse(problems: list[str]) -> int:
+    for problem in problems:
+        print(f"hubd: error: {problem}", file=sys.stderr)
+    return 2
+
+
+class Reloader:
+    """SIGHUP. Without --config: the hub re-reads the files its flags name.
+    With it: the file is read again under the same command line; a change
+    to a key a running hub cannot take (config_file.LIVE_KEYS) refuses the
+    whole reload, naming the keys that need a restart."""
+
+    def __init__(self, argv: Sequence[str], layers: Layers):
+        self.argv = list(argv)
+        self.layers = layers
+
+    async def reload(self, hub) -> None:
+        if self.layers.path is None:
+            await hub.reload()
+            return
+        try:
+            layers, config = load(self.argv)
+        except ConfigProblems as exc:
+            hub.refuse_reload("; ".join(exc.problems))
+            return
+        restart = config_file.restart_needed(config_file.changed_keys(self.layers, layers))
+        if restart:
+            hub.refuse_reload(f"{layers.path} changes {', '.join(restart)}: "
+                              f"{'this needs' if len(restart) == 1 else 'these need'} a restart")
+            return
+        if await hub.reload(config):
+            self.layers = layers
+
+
+async def serve(config: HubConfig, reloader: Reloader) -> int:
     from hubd.server import HubServer, StartupError
 
     log = structlog.get_logger("hubd")
@@ -364,8 +477,8 @@ async def serve(config: HubConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.hub.stop)
-    loop.add_signal_handler(signal.SIGHUP,
-                            lambda: server.hub.track(loop.create_task(server.hub.reload())))
+    loop.add_signal_handler(signal.SIGHUP, lambda: server.hub.track(
+        loop.create_task(reloader.reload(server.hub))))
     return await server.wait()
 
 
@@ -376,11 +489,20 @@ def main(argv: list[str] | None = None) -> int:
 
         module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
         return module.main(argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    config = config_from_args(args, parser)
-    logs.configure(config.log_format, config.log_level)
     try:
-        return asyncio.run(serve(config))
+        layers, config = load(argv)
+    except ConfigProblems as exc:
+        return _refuse(exc.problems)
+    if layers.args.check:
+        return check(layers, config)
+    logs.configure(config.log_format, config.log_level)
+    from hubd.owner_only import survey
+
+    unsafe = survey(owner_only_files(config, layers)).refusal()
+    if unsafe is not None:
+        structlog.get_logger("hubd").error("refusing to start", reason=unsafe)
+        return 2
+    try:
+        return asyncio.run(serve(config, Reloader(argv, layers)))
     except KeyboardInterrupt:
         return 130

@@ -115,24 +115,30 @@ class Hub:
         self.metrics.replayed_events += applied
         return state
 
-    async def reload(self) -> bool:
+    async def reload(self, config: HubConfig | None = None) -> bool:
         """SIGHUP: each plugin re-reads its files (pins, peers, the serving
-        policy, certificates). A plugin that refuses (ValueError, OSError)
-        keeps the running configuration and says why."""
+        policy, certificates), from `config` when the configuration file gave
+        a new one (its changes are ones a running hub takes: the caller
+        checked), else from the running configuration. A plugin that refuses
+        (ValueError, OSError) keeps the running configuration and says why."""
         changed: dict = {}
         try:
             changed.update(self.identity.reload())
             for reload in self.installed.hooks("reload"):
-                changed.update(reload(self))
+                changed.update(reload(self, config or self.config))
         except (ValueError, OSError) as exc:
-            self.metrics.reload_failures += 1
-            log.error("reload refused; the running configuration is kept", reason=str(exc))
+            self.refuse_reload(str(exc))
             return False
         if self.router is not None:
             self.router.config = self.config
         self.metrics.reloads += 1
         log.info("configuration reloaded", **changed)
         return True
+
+    def refuse_reload(self, reason: str) -> None:
+        """A reload that cannot be applied: counted, logged, nothing changed."""
+        self.metrics.reload_failures += 1
+        log.error("reload refused; the running configuration is kept", reason=reason)
 
     def _journal_committed(self) -> None:
         if self.router is not None:

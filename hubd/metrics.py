@@ -86,6 +86,7 @@ class HubMetrics:
         # or a {label_value: number} mapping, label name)
         self.gauges: dict[str, tuple[str, Callable, str | None]] = {}
         self.registry.register(_Collector(self))
+        register_process_and_build(self.registry)
 
     def count_receipt(self, kind: str) -> None:
         self.receipts[kind] = self.receipts.get(kind, 0) + 1
@@ -111,6 +112,26 @@ class HubMetrics:
 
     def gauge(self, name: str, help_text: str, read: Callable, label: str | None = None) -> None:
         self.gauges[name] = (help_text, read, label)
+
+
+def register_process_and_build(registry: CollectorRegistry) -> None:
+    """process_* (CPU seconds, resident and virtual memory, open and maximum
+    file descriptors, start time: prometheus-client's ProcessCollector, read
+    from /proc at scrape) and hubd_build_info{version, python, sqlite,
+    openssl} = 1, so a dashboard can say which build each hub runs."""
+    import platform
+    import sqlite3
+    import ssl
+
+    from prometheus_client import Info, ProcessCollector
+
+    from hubd import __version__
+
+    ProcessCollector(registry=registry)
+    Info("hubd_build", "The running hubd: its version and those of the Python, SQLite and "
+         "OpenSSL it runs on.", registry=registry).info({
+             "version": __version__, "python": platform.python_version(),
+             "sqlite": sqlite3.sqlite_version, "openssl": ssl.OPENSSL_VERSION.split()[1]})
 
 
 # Only a bounded vocabulary becomes a label value: client-chosen type strings
@@ -170,9 +191,10 @@ class _Collector:
         yield CounterMetricFamily("hubd_redsyn_webhook_rounds",
                                   "REDSYN webhook rounds (one look at an agent's box).",
                                   value=m.redsyn_webhook_rounds)
+        # both outcomes from the start, so a failure ratio has a denominator
         yield _by_label("hubd_redsyn_webhook_attempts", "REDSYN webhook POSTs, by outcome.",
-                        "outcome", {("ok" if ok else "failed"): n
-                                    for ok, n in m.redsyn_webhook_attempts.items()})
+                        "outcome", {"ok": m.redsyn_webhook_attempts.get(True, 0),
+                                    "failed": m.redsyn_webhook_attempts.get(False, 0)})
         # a status the door never answers (it chooses every one) still counts
         # under its class, so the label vocabulary stays bounded
         yield _by_label("hubd_redsyn_requests", "REDSYN HTTP requests answered, by status code.",

@@ -137,9 +137,10 @@ class Plugin:
     committed: Callable[[], None] | None = None
     # the plugin's actors, in the hub's TaskGroup
     start: Callable[["Router", "asyncio.TaskGroup"], None] | None = None
-    # SIGHUP: re-read files; raise ValueError/OSError to keep the running
-    # configuration (nothing swapped), return a description for the log
-    reload: Callable[[Any], dict] | None = None
+    # SIGHUP: re-read files, as the proposed HubConfig (second argument)
+    # names them; raise ValueError/OSError to keep the running configuration
+    # (nothing swapped), return a description for the log
+    reload: Callable[[Any, Any], dict] | None = None
     # the listener's TLS context, if this plugin serves TLS
     listener_ssl: Callable[[], Any] | None = None
 

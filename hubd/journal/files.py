@@ -58,6 +58,22 @@ def prepare_for_writing(path: str | Path) -> None:
         raise JournalFileError(refused)
 
 
+def check_without_creating(path: str | Path) -> None:
+    """prepare_for_writing's verdict without making the journal (`hubd
+    --check`): JournalFileError when an existing journal could not be used,
+    or when a new one could not be made where `path` says."""
+    path = Path(path)
+    if os.path.lexists(path):
+        prepare_for_writing(path)  # it exists: only looked at
+        return
+    folder = path.parent
+    if not folder.is_dir():
+        missing = errno.ENOTDIR if os.path.lexists(folder) else errno.ENOENT
+        raise JournalFileError(_why_not(path, OSError(missing, "")))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise JournalFileError(_why_not(path, PermissionError(errno.EACCES, "")))
+
+
 def _stat_or_create(path: Path) -> os.stat_result:
     try:
         return os.stat(path)

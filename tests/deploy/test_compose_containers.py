@@ -177,7 +177,7 @@ def test_three_sites_in_containers(deployment, compose_run, where):
     certs = where / "certs"
     certs.mkdir()
     services = {"certs": {"image": hubd, "volumes": [f"{certs}:/certs"]},
-                "prometheus": {"volumes": [f"{certs / 'prometheus'}:/etc/prometheus/hubd-ca:ro"]}}
+                "prometheus": {"volumes": [f"{certs / 'public'}:/etc/prometheus/hubd-ca:ro"]}}
     for site in SITES:
         services[site] = {"image": hubd, "volumes": [f"{certs / site}:/etc/hubd:ro"]}
     override = override_for(deployment, where, ["east-site", "west-site", "north-site",
@@ -199,10 +199,10 @@ def test_three_sites_in_containers(deployment, compose_run, where):
             if path != site and not path.startswith(f"{site}/"):
                 continue
             assert (uid, gid) == (HUB_UID, HUB_UID), (path, uid, gid)
-            secret = path.endswith((".key", ".json", "client-ca.pem")) or path == site \
-                or path.endswith("/pins")
-            assert mode & 0o077 == 0 if secret else mode & 0o022 == 0, (path, oct(mode))
+            public = path.endswith(("-server.pem", "-client.pem"))
+            assert mode & 0o022 == 0 if public else mode & 0o077 == 0, (path, oct(mode))
         assert modes[site][0] == 0o700 and modes[f"{site}/{site}-server.key"][0] == 0o600
+        assert modes[f"{site}/hubd.toml"][0] == 0o600
     assert modes["pki"][0] == 0o700 and modes["pki"][1] == 0
 
     # -- every hub's HEALTHCHECK turns healthy; the containers run as configured

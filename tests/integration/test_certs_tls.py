@@ -386,7 +386,8 @@ def test_ca_files_modes_and_refusal_to_overwrite(tmp_path, capsys):
     assert status == 0 and err == ""
     assert "ca.pem" in out and "ca.key" in out
     assert stat.S_IMODE((directory / "ca.key").stat().st_mode) == 0o600
-    assert stat.S_IMODE((directory / "ca.pem").stat().st_mode) == 0o644
+    # owner-only: it is what a serving policy's client_ca_file names, which must be
+    assert stat.S_IMODE((directory / "ca.pem").stat().st_mode) == 0o600
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     before = (directory / "ca.pem").read_bytes()
 

@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -13,16 +12,8 @@ import sys
 import pytest
 
 from tests.support.prereq import missing
+from tests.support.sites import one_machine
 from tests.support.procs import REPO
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 HEALTH = """
@@ -43,18 +34,9 @@ while True:
 def test_hubd_with_no_options(tmp_path):
     """In a network namespace of its own when it can (so 8876 is free whatever
     else runs on this machine), else on this host's loopback if 8876 is free."""
-    from tests.support import netns
-
-    if netns.netns_available()[0]:
-        with netns.Topology(["site"]) as topo:
-            run_twice(tmp_path, lambda argv, **kw: topo.popen("site", argv, **kw),
-                      lambda: topo.run("site", [sys.executable, "-c", HEALTH], timeout=60))
-    elif _port_free(8876):
-        run_twice(tmp_path, subprocess.Popen,
-                  lambda: subprocess.run([sys.executable, "-c", HEALTH], capture_output=True,
-                                         text=True, timeout=60))
-    else:
-        missing("no network namespaces, and port 8876 is taken on this machine")
+    with one_machine([8876]) as machine:
+        run_twice(tmp_path, machine.popen,
+                  lambda: machine.run([sys.executable, "-c", HEALTH], timeout=60))
 
 
 def run_twice(tmp_path, popen, fetch_health):
@@ -104,3 +86,26 @@ def test_commands_answer_help(argv):
     out = subprocess.run([sys.executable, "-m", "hubd", *argv], capture_output=True, text=True,
                          cwd=REPO, timeout=30)
     assert out.returncode == 0 and "usage" in out.stdout.lower()
+
+
+def test_operator_commands_find_the_journal_with_db_and_the_hubs_default(tmp_path):
+    """principal, redsyn and multihub spell the journal's path --db, and
+    without it use ./hubd.db, as the hub does: what one writes the next reads."""
+    def hubd(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hubd", *argv], cwd=tmp_path, timeout=60,
+                              capture_output=True, text=True, env={**os.environ,
+                                                                   "PYTHONPATH": str(REPO)})
+
+    assert hubd("principal", "add", "alice", "--seat", "PROJ/alice").returncode == 0
+    assert (tmp_path / "hubd.db").exists()
+    assert hubd("redsyn", "login", "--person", "acme/dev/joel", "--name", "laptop").returncode == 0
+    listed = json.loads(hubd("principal", "list", "--json").stdout)
+    assert "alice" in json.dumps(listed)
+    assert hubd("redsyn", "logout", "--person", "acme/dev/joel", "--name", "laptop").returncode == 0
+    assert hubd("multihub", "status", "--json").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))) \
+        == ["hubd.db"]
+    for command in (["principal", "add"], ["redsyn", "login"], ["multihub", "status"],
+                    ["multihub", "recover"]):
+        said = " ".join(hubd(*command, "--help").stdout.split())
+        assert "--db DB" in said and "(default ./hubd.db)" in said, (command, said)

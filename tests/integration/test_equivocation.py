@@ -80,7 +80,7 @@ async def claim(probe, name, task_id, paths, ttl=120):
 
 def recover(hub_dir, peer):
     return subprocess.run(
-        [sys.executable, "-m", "hubd", "multihub", "recover", "--journal",
+        [sys.executable, "-m", "hubd", "multihub", "recover", "--db",
          str(hub_dir / "hubd.db"), "--peer-id", peer, "--operator", "incident-commander",
          "--reason", "west's checkpoint verified out of band", "--new-log-generation",
          "west-generation-2", "--json"],

@@ -91,7 +91,7 @@ async def test_observe_two_live_hubs(tmp_path, capsys):
         assert view["board_policy"]["authoritative"] is False
 
         # the journal is in use: recovery refuses and says to stop the hub
-        code, _, err = run(capsys, "recover", "--journal", str(east_db), "--peer-id", "west",
+        code, _, err = run(capsys, "recover", "--db", str(east_db), "--peer-id", "west",
                            "--operator", "ic", "--reason", "r", "--new-log-generation", "g2")
         assert code == 2 and "stop the hub first" in err
 
@@ -117,16 +117,16 @@ def test_recover_and_status(tmp_path, capsys):
                                 "owner_hub_id": "east", "contesting_hubs": ["north"],
                                 "outcome": "partitioned", "transition": "entered"}),
     ])
-    code, out, _ = run(capsys, "status", "--journal", str(db))
+    code, out, _ = run(capsys, "status", "--db", str(db))
     assert code == 0
     assert "  PROJ: contested by north" in out
     assert "  west: equivocated at seq 3" in out
 
-    code, _, err = run(capsys, "recover", "--journal", str(db), "--peer-id", "north",
+    code, _, err = run(capsys, "recover", "--db", str(db), "--peer-id", "north",
                        "--operator", "ic", "--reason", "r", "--new-log-generation", "g2")
     assert code == 2 and "'north' is not quarantined" in err
 
-    code, out, _ = run(capsys, "recover", "--journal", str(db), "--peer-id", "west",
+    code, out, _ = run(capsys, "recover", "--db", str(db), "--peer-id", "west",
                        "--operator", "incident-commander", "--reason", "checkpoint verified",
                        "--new-log-generation", "west-generation-2", "--json")
     assert code == 0
@@ -142,14 +142,14 @@ def test_recover_and_status(tmp_path, capsys):
     assert isinstance(payload["recovered_at"], float)
     assert events[-1].ts == payload["recovered_at"]
 
-    code, _, err = run(capsys, "recover", "--journal", str(db), "--peer-id", "west",
+    code, _, err = run(capsys, "recover", "--db", str(db), "--peer-id", "west",
                        "--operator", "ic", "--reason", "r", "--new-log-generation", "g3")
     assert code == 2 and "already recovered" in err
-    code, out, _ = run(capsys, "status", "--journal", str(db), "--json")
+    code, out, _ = run(capsys, "status", "--db", str(db), "--json")
     status = json.loads(out)
     assert status["quarantined"] == {} and status["partitioned"] == {"PROJ": ["north"]}
 
-    code, _, err = run(capsys, "recover", "--journal", str(tmp_path / "none.db"), "--peer-id",
+    code, _, err = run(capsys, "recover", "--db", str(tmp_path / "none.db"), "--peer-id",
                        "west", "--operator", "ic", "--reason", "r", "--new-log-generation", "g")
     assert code == 2 and "journal not found" in err
     assert not (tmp_path / "none.db").exists()
@@ -164,7 +164,7 @@ async def test_a_recovered_journal_still_starts(tmp_path, capsys):
     seed_journal(db, [("multihub_equivocation", {"peer_id": "west", "seq": 1,
                                                   "accepted_fingerprint": A,
                                                   "conflicting_fingerprint": B})])
-    code, _, _ = run(capsys, "recover", "--journal", str(db), "--peer-id", "west", "--operator",
+    code, _, _ = run(capsys, "recover", "--db", str(db), "--peer-id", "west", "--operator",
                      "ic", "--reason", "r", "--new-log-generation", "g2")
     assert code == 0
     async with running_hub(tmp_path, hub_id="east") as east:
@@ -210,7 +210,7 @@ def test_observe_a_reference_journal(tmp_path, capsys):
     assert view["board_provenance"]["docs"]["event_fingerprint"] == (
         "b3d074b3cff8fe06866780443be0cf2656a105474e8f0215ceafc6f1346a54f2")
     assert view["journal_schema"] == "reference"
-    code, _, err = run(capsys, "recover", "--journal", str(db), "--peer-id", "x",
+    code, _, err = run(capsys, "recover", "--db", str(db), "--peer-id", "x",
                        "--operator", "o", "--reason", "r", "--new-log-generation", "g")
     assert code == 2 and "reference hub journal" in err
 

@@ -1,7 +1,8 @@
 """The deployment files checked with real tools and a real hub pair:
 
 - compose/docker-compose.yml and compose/single-site.yml validate with
-  `docker-compose config`, and their hub commands parse with hubd's own parser;
+  `docker-compose config`, and their hub commands (with the config files the
+  certs service writes) parse with hubd's own parser;
 - compose/prometheus/*.yml pass `promtool check config`, alerts.yml passes
   `promtool check rules`, and its unit tests (`promtool test rules`) pass;
 - every metric name the alert rules and the Grafana dashboard read, and every
@@ -19,14 +20,17 @@ import re
 import shlex
 import subprocess
 import sys
+import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.support.compose import COMPOSE_DIR
 from tests.support.prereq import need_tool
-from tests.support.procs import hubd_process
+from tests.support.broker_client import BrokerClient
+from tests.support.procs import HubProcess, broker_files, free_port
 from tests.support.promql import grouping_labels, metric_names
 from tests.support.wsprobe import WsProbe
 
@@ -58,35 +62,60 @@ def test_compose_file_validates(name):
     assert resolved["services"], out
 
 
+@pytest.fixture(scope="module")
+def compose_hubs(tmp_path_factory):
+    """docker-compose.yml's hub services with the config files its certs
+    service writes (run here as compose would, handing the files to this
+    user): service -> (its spec, its flags as hubd reads them)."""
+    from hubd import config_file
+    from hubd.cli import build_parser
+    from tests.support.compose import ComposeProject
+
+    project = ComposeProject(COMPOSE_DIR / "docker-compose.yml", tmp_path_factory.mktemp("compose"))
+    [setup] = project.setup_services()
+    project.prepare_mounts(setup)
+    argv = [a if not a.startswith("--owner=") else f"--owner={os.geteuid()}:{os.getegid()}"
+            for a in project.argv(setup)]
+    run(argv, env=project.env(setup))
+    hubs = {}
+    for hub in project.hubs():
+        flags = [project.map_paths(hub, a) for a in hub.command[1:]]
+        layers = config_file.layer(build_parser, flags)
+        assert layers.problems == [], layers.problems
+        hubs[hub.name] = (hub.spec, layers.args)
+    return hubs
+
+
 @pytest.mark.parametrize("name", COMPOSE_FILES)
-def test_compose_hub_commands_parse(name):
-    """Every hub service's arguments are flags hubd knows (no docker needed)."""
+def test_compose_hub_commands_parse(name, compose_hubs):
+    """Every hub service's arguments (and config file) are flags hubd knows."""
     from hubd.cli import build_parser
 
     services = yaml.safe_load((COMPOSE_DIR / name).read_text())["services"]
-    hubs = {n: s for n, s in services.items() if (s.get("command") or [None])[0] == "hubd"}
+    hubs = {n: s for n, s in services.items() if (s.get("command") or [None])[0] == "hubd"
+            and s["command"][1] != "site"}
     assert hubs
     for service, spec in hubs.items():
-        args = build_parser().parse_args(spec["command"][1:])
+        args = compose_hubs[service][1] if name == "docker-compose.yml" else \
+            build_parser().parse_args(spec["command"][1:])
         assert args.host == "0.0.0.0" and args.port == 8876, service
         assert args.db.startswith("/var/lib/hubd/"), service
         volumes = [v.split(":")[1] for v in spec.get("volumes", [])]
         assert "/var/lib/hubd" in volumes, f"{service}: the journal must be on a volume"
 
 
-def test_three_site_compose_is_fully_meshed_and_pinned():
+def test_three_site_compose_is_fully_meshed_and_pinned(compose_hubs):
     services = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())["services"]
-    from hubd.cli import build_parser
-
     sites = ["east", "west", "north"]
     owners = {"EAST": "east", "WEST": "west", "NORTH": "north", "PROJ": "west"}
     for site in sites:
-        args = build_parser().parse_args(services[site]["command"][1:])
+        spec, args = compose_hubs[site]
+        assert spec["command"][:2] == ["hubd", "--config=/etc/hubd/hubd.toml"], spec["command"]
         peers = sorted(site_ for site_ in sites if site_ != site)
         assert sorted(p.split("=")[0] for p in args.message_peer) == peers
         assert sorted(p.split("=")[0] for p in args.message_peer_pin) == peers
         for flag in (args.message_peer_pin, args.claim_peer_pin, args.multihub_watch_pin):
-            assert all("=@/etc/hubd/pins/" in pin for pin in flag), flag
+            assert flag and all(f"/{site}/pins/" in pin for pin in flag), flag
         assert dict(o.split("=") for o in args.namespace_owner) == owners
         assert args.multihub_serving_policy and args.tls_certfile and \
             args.multihub_client_certfile
@@ -94,9 +123,10 @@ def test_three_site_compose_is_fully_meshed_and_pinned():
             "service_completed_successfully"
         assert set(services[site]["networks"]) == {f"{site}-site", "federation"}
     setup = services["certs"]["command"]
-    assert setup[0] == "hubd-compose-setup"
-    assert {a.split("=", 1)[1] for a in setup if a.startswith("--hub=")} == set(sites)
-    assert {a.split("=", 1)[1] for a in setup if a.startswith("--namespace=")} == set(owners)
+    assert setup[:3] == ["hubd", "site", "setup"]
+    assert {a.split("=", 1)[1].split("=")[0] for a in setup if a.startswith("--hub=")} == set(sites)
+    assert {a.split("=", 1)[1] for a in setup if a.startswith("--namespace-owner=")} == \
+        {f"{ns}={hub}" for ns, hub in owners.items()}
 
 
 # --- Prometheus --------------------------------------------------------------------------
@@ -132,7 +162,11 @@ def dashboard_exprs() -> list[str]:
 def test_alerts_cover_the_issue_list():
     names = {rule["alert"] for rule in alert_rules()}
     assert {"HubdForwardBacklogOld", "HubdPeerLinkDown", "HubdForwardNoProgress",
-            "HubdJournalCommitSlow", "HubdQuotaRefusalsRising"} <= names
+            "HubdJournalCommitSlow", "HubdQuotaRefusalsRising",
+            # the doors' error rates and slow consumers, and the process
+            "HubdRedsynServerErrors", "HubdRedsynWebhooksFailing", "HubdRedsynPollsRefused",
+            "HubdBrokerErrors", "HubdBrokerSlowConsumers", "HubdWebSocketSlowConsumers",
+            "HubdOpenFilesNearLimit"} <= names
     for rule in alert_rules():
         assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
         anchor = rule["annotations"]["runbook"].split("#", 1)[1]
@@ -147,34 +181,27 @@ def test_alerts_cover_the_issue_list():
 
 @pytest.fixture(scope="module")
 def hub_pair(tmp_path_factory):
-    """east forwards to west over pinned mTLS, set up by the compose setup script."""
+    """east and west forward to each other over pinned mTLS, set up by
+    `hubd site setup` (east owns PROJ and watches west), each started from
+    its config file; east refuses past 3 chats a minute."""
     tmp_path = tmp_path_factory.mktemp("hub-pair")
-    certs = tmp_path / "certs"
-    run([sys.executable, str(COMPOSE_DIR / "bin" / "hubd-compose-setup"), "--dir", str(certs),
-         "--hub", "east", "--hub", "west", "--namespace", "PROJ"])
-    west = hubd_process(
-        tmp_path / "west", "--tls-certfile", str(certs / "west" / "west-server.pem"),
-        "--tls-keyfile", str(certs / "west" / "west-server.key"),
-        "--multihub-serving-policy", str(certs / "west" / "serving-policy.json"),
-        hub_id="west", scheme="wss")
-    west.start()
-    east = None
+    ports = {"east": free_port(), "west": free_port()}
+    run([sys.executable, "-m", "hubd", "site", "setup", "--dir", str(tmp_path / "sites"),
+         *[f"--hub={hub}=wss://127.0.0.1:{port}/" for hub, port in ports.items()],
+         "--namespace-owner", "PROJ=east"])
+    hubs = {hub: HubProcess([sys.executable, "-m", "hubd", "--config",
+                             str(tmp_path / "sites" / hub / "hubd.toml"),
+                             *(["--durable-ingress-events", "3"] if hub == "east" else [])],
+                            port, scheme="wss", log_path=tmp_path / f"{hub}.log",
+                            ready_path="/readyz")
+            for hub, port in ports.items()}
     try:
-        east = hubd_process(
-            tmp_path / "east", "--message-peer", f"west=wss://127.0.0.1:{west.port}/",
-            "--message-peer-pin", f"west=@{certs / 'east' / 'pins' / 'west.pins'}",
-            "--multihub-client-certfile", str(certs / "east" / "east-client.pem"),
-            "--multihub-client-keyfile", str(certs / "east" / "east-client.key"),
-            "--namespace-owner", "PROJ=east", "--multihub-watch",
-            f"west=wss://127.0.0.1:{west.port}/", "--multihub-watch-pin",
-            f"west=@{certs / 'east' / 'pins' / 'west.pins'}",
-            "--durable-ingress-events", "3", hub_id="east")
-        east.start()
-        yield east, west
+        for hub in hubs.values():
+            hub.start()
+        yield hubs["east"], hubs["west"]
     finally:
-        if east is not None:
-            east.stop()
-        west.stop()
+        for hub in hubs.values():
+            hub.stop()
 
 
 def metrics_text(hub) -> str:
@@ -215,7 +242,23 @@ def test_alert_and_dashboard_metrics_are_exported_by_a_running_hub(hub_pair):
         await alice.recv_type("error", timeout=5)
         await alice.close()
         await bob.close()
+        # the other doors: a REDSYN request without a token (401), a broker
+        # connection with a wrong token, and one with the right one asking its
+        # status and a thread that does not exist
+        try:
+            east.get_text("/redsyn/v1/messages")
+        except urllib.error.HTTPError as refused:
+            assert refused.code == 401
+        sock, token = broker_files(east_db)
+        wrong = await BrokerClient.connect(str(sock))
+        assert not (await wrong.request("auth", token="wrong"))["ok"]
+        await wrong.close()
+        right = await BrokerClient.connect(str(sock), token.read_text().strip())
+        assert (await right.request("status"))["ok"]
+        assert not (await right.request("collect", threadId=999999))["ok"]
+        await right.close()
 
+    east_db = Path(east.argv[east.argv.index("--config") + 1]).parent / "hubd.db"
     asyncio.run(traffic())
     names = exported(east)
     for name, labels in exported(west).items():
@@ -236,6 +279,20 @@ def test_alert_and_dashboard_metrics_are_exported_by_a_running_hub(hub_pair):
             bad_labels.append(f"{where}: label {label}")
     assert not missing, "names no running hub exports:\n" + "\n".join(missing)
     assert not bad_labels, "labels the metrics do not carry:\n" + "\n".join(bad_labels)
+    # the process and the build, on the hub's own registry
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds",
+            "process_max_fds", "process_start_time_seconds"} <= set(names)
+    assert names["hubd_build_info"] == {"version", "python", "sqlite", "openssl"}
+
+
+def test_promtool_finds_nothing_wrong_in_a_running_hubs_metrics(hub_pair):
+    promtool = tool("promtool", "prometheus")
+    for hub in hub_pair:
+        text = metrics_text(hub)
+        assert "hubd_build_info{" in text and "process_open_fds " in text
+        checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                                 text=True, timeout=60)
+        assert checked.returncode == 0 and checked.stdout + checked.stderr == "", checked
 
 
 def test_dockerfile_healthcheck_reports_a_running_hub_healthy(hub_pair):

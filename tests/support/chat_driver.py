@@ -5,6 +5,8 @@ as JSON lines.
     python -m tests.support.chat_driver send --url URL --name P/a --target P/b@west \
         --count 200 --prefix east- [--rate 100]
     python -m tests.support.chat_driver receive --url URL --name P/b --expect 400 [--timeout 60]
+        (send and receive take --verify: check a wss:// hub's certificate against the
+        default trust store, which SSL_CERT_FILE replaces, as an agent would)
     python -m tests.support.chat_driver get --url http://127.0.0.1:8876/metrics
     python -m tests.support.chat_driver answer --url URL --name P/b --verdict agree \
         --text "yes" [--timeout 60]
@@ -28,9 +30,12 @@ def emit(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
 
-async def _open(url: str, name: str, **extra):
+async def _open(url: str, name: str, verify: bool = False, **extra):
+    import ssl
+
     session = aiohttp.ClientSession()
-    ws = await session.ws_connect(url, ssl=False, max_msg_size=0, heartbeat=10)
+    ws = await session.ws_connect(url, ssl=ssl.create_default_context() if verify else False,
+                                  max_msg_size=0, heartbeat=10)
     frame = {"sender": name, "target": "System", "type": "heartbeat", "payload": "online"}
     frame.update(extra)
     await ws.send_str(json.dumps(frame))
@@ -38,7 +43,7 @@ async def _open(url: str, name: str, **extra):
 
 
 async def send(args) -> int:
-    session, ws = await _open(args.url, args.name)
+    session, ws = await _open(args.url, args.name, args.verify)
     receipts: dict[str, dict] = {}
 
     async def read():
@@ -82,7 +87,7 @@ async def send(args) -> int:
 
 
 async def receive(args) -> int:
-    session, ws = await _open(args.url, args.name, mailbox=True, since_seq=0)
+    session, ws = await _open(args.url, args.name, args.verify, mailbox=True, since_seq=0)
     seen: dict[str, int] = {}
     deadline = time.monotonic() + args.timeout
     emit(event="ready")
@@ -195,12 +200,14 @@ def main() -> int:
     s.add_argument("--timeout", type=float, default=90.0)
     s.add_argument("--log-sends", action="store_true",
                    help="one line per chat sent, with its wall-clock time (benchmarks)")
+    s.add_argument("--verify", action="store_true")
     r = sub.add_parser("receive")
     r.add_argument("--url", required=True)
     r.add_argument("--name", required=True)
     r.add_argument("--expect", type=int, required=True)
     r.add_argument("--timeout", type=float, default=90.0)
     r.add_argument("--linger", type=float, default=1.0)
+    r.add_argument("--verify", action="store_true")
     h = sub.add_parser("hello")
     h.add_argument("--url", required=True)
     h.add_argument("--name", required=True)

@@ -4,13 +4,15 @@
 and turns each service into what a test can start as a process:
 
 * the command, with its program mapped to this checkout (`hubd` is
-  `python -m hubd`, `hubd-compose-setup` is compose/bin/hubd-compose-setup);
+  `python -m hubd`);
 * its environment, exactly as the compose file gives it (plus PATH and
   PYTHONPATH so this checkout is the one imported);
 * its mounts, each mapped to a folder under one temporary root: a bind mount
   `./certs/east:/etc/hubd` becomes ROOT/binds/certs/east, a named volume
   `east-journal:/var/lib/hubd` ROOT/volumes/east-journal; every argument that
-  names a path under a mount target is rewritten to the mapped folder;
+  names a path under a mount target is rewritten to the mapped folder, and so
+  is every value of a hub's config file (`--config`: a rewritten copy is
+  written beside it, so its relative paths still resolve there);
 * its networks, for `Topology.network()` (one shared segment per compose
   network, each on a documentation subnet);
 * compose service names in URIs (`wss://west:8876/`) rewritten to the address
@@ -38,7 +40,6 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO / "compose"
 PROGRAMS = {
     "hubd": [sys.executable, "-m", "hubd"],
-    "hubd-compose-setup": [sys.executable, str(COMPOSE_DIR / "bin" / "hubd-compose-setup")],
     "hubd-journal-backup": [sys.executable, str(COMPOSE_DIR / "bin" / "hubd-journal-backup")],
 }
 # Subnets handed to compose networks, in order: documentation ranges only.
@@ -131,10 +132,12 @@ class ComposeProject:
 
     def hubs(self) -> list[Service]:
         """Services that run a hub, in file order."""
-        return [s for s in self.services.values() if s.program == "hubd"]
+        return [s for s in self.services.values()
+                if s.program == "hubd" and s not in self.setup_services()]
 
     def setup_services(self) -> list[Service]:
-        return [s for s in self.services.values() if s.program == "hubd-compose-setup"]
+        """Services that run `hubd site setup`."""
+        return [s for s in self.services.values() if s.command[:3] == ["hubd", "site", "setup"]]
 
     def networks_of(self, services: list[Service]) -> dict[str, list[str]]:
         """compose network -> member service names, for the given services."""
@@ -177,7 +180,33 @@ class ComposeProject:
         args = [self.map_paths(service, a) for a in service.command[1:]]
         if address_of is not None:
             args = [self.map_hosts(service, a, address_of) for a in args]
-        return [*program, *args]
+        return [*program, *[self._localized_config(service, a, address_of) for a in args]]
+
+    def _localized_config(self, service: Service, arg: str, address_of) -> str:
+        """`--config=FILE` (already mapped): FILE's values mapped like the
+        command line's, in a copy beside it (same owner and mode)."""
+        if not arg.startswith("--config="):
+            return arg
+        import tomllib
+
+        original = Path(arg.split("=", 1)[1])
+
+        def mapped(value):
+            if isinstance(value, list):
+                return [mapped(item) for item in value]
+            if not isinstance(value, str):
+                return value
+            value = self.map_paths(service, value)
+            return self.map_hosts(service, value, address_of) if address_of else value
+
+        document = tomllib.loads(original.read_text())
+        copy = original.with_name(f".local-{original.name}")
+        copy.write_text("".join(f"{key} = {_toml(mapped(value))}\n"
+                                for key, value in document.items()))
+        info = original.stat()
+        os.chown(copy, info.st_uid, info.st_gid)
+        os.chmod(copy, info.st_mode & 0o777)
+        return f"--config={copy}"
 
     def env(self, service: Service) -> dict[str, str]:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO),
@@ -191,3 +220,14 @@ class ComposeProject:
             if m.target == "/var/lib/hubd":
                 return m.host
         return self.root
+
+
+def _toml(value) -> str:
+    """A TOML value of a config file's kinds (strings, numbers, booleans, lists)."""
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    return json.dumps(value) if isinstance(value, str) else repr(value)

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("wire", ("hubd.wire",)),
     ("base", ("hubd.logs", "hubd.metrics", "hubd.faults", "hubd.state", "hubd.journal",
-              "hubd.config", "hubd.owner_only")),
+              "hubd.config", "hubd.config_file", "hubd.owner_only")),
     ("core", ("hubd.core",)),
     ("actors", ("hubd.actors",)),
     ("handlers", ("hubd.handlers",)),
@@ -25,14 +25,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("doors", ("hubd.http", "hubd.doors")),
     ("hub", ("hubd.hub",)),
     ("composition", ("hubd.composition", "hubd.server")),
-    ("command line", ("hubd.cli", "hubd.__main__", "hubd.principal_cli")),
+    ("command line", ("hubd.cli", "hubd.__main__", "hubd.principal_cli", "hubd.preflight")),
 ]
 # the package itself holds only __version__
 BASE_MODULES = {"hubd"}
 # the only modules of hubd/ that may import federation/
 FEDERATION_IMPORTERS = {"hubd.composition", "hubd.cli"}
 # federation's operator commands, run by the command line: they sit above the core
-COMMAND_MODULES = {"federation.certs_cli", "federation.multihub_cli"}
+COMMAND_MODULES = {"federation.certs_cli", "federation.multihub_cli", "federation.site_cli"}
 
 
 def module_name(path: Path) -> str:

@@ -17,6 +17,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from hubd.config import DEFAULT_DB
 from hubd.journal import principals as store
 from hubd.state.principals import Credential, PrincipalError
 from hubd.state.redsyn import Node
@@ -63,7 +64,8 @@ def main(argv: list[str]) -> int:
     for verb, text in (("login", "make a node and print its new bearer token (shown once)"),
                        ("logout", "revoke a node's token")):
         p = sub.add_parser(verb, help=text, description=text)
-        p.add_argument("--db", required=True, help="the hub's journal database")
+        p.add_argument("--db", default=DEFAULT_DB,
+                       help=f"the hub's journal database (default ./{DEFAULT_DB})")
         p.add_argument("--person", required=True, metavar="ORG/TEAM/USER",
                        help="the person whose agents the node speaks for")
         p.add_argument("--name", required=True, metavar="MACHINE", help="the machine's name")
