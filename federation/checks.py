@@ -14,8 +14,8 @@ import os
 
 from .config import FederationConfig, merged_routes
 from .pki import PkiError
-from .policy import (CLIENT_CA_LABEL, POLICY_LABEL, STORE_LABEL, PolicyError,
-                     load_serving_policy)
+from .policy import PolicyError
+from .policy_loading import CLIENT_CA_LABEL, POLICY_LABEL, STORE_LABEL, load_serving_policy
 
 
 def owner_only_files(config: FederationConfig | None) -> list[tuple[str, str, bool]]:

@@ -11,7 +11,7 @@ import tomllib
 import pytest
 
 from federation import site
-from federation.policy import load_serving_policy
+from federation.policy_loading import load_serving_policy
 from federation.site import SiteError
 from hubd.cli import build_parser
 from hubd.config_file import keys_of
