@@ -56,6 +56,7 @@ class Federation:
             projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS,
                          **remote_leases.PROJECTIONS, **delivery_forward.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
+            live=(receiver.ForwardVerdicts,),
             claim_gate=claim_forwarding.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
             replaces_state_sections={"active_claims": claim_forwarding.active_claims_with_remote},

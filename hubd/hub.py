@@ -31,7 +31,7 @@ from hubd.actors.journal_writer import JournalWriter
 from hubd.actors.outcome import Flush
 from hubd.actors.router import Router
 from hubd.config import HubConfig
-from hubd.core.commands import Call
+from hubd.core.commands import TICK, ConfigReloaded
 from hubd.core.endpoints import Endpoints
 from hubd.core.message import CLOSE_GOING_AWAY
 from hubd.core.plugin import Installed, Plugin
@@ -128,8 +128,8 @@ class Hub:
             self.metrics.reload_failures += 1
             log.error("reload refused; the running configuration is kept", reason=str(exc))
             return False
-        if self.router is not None:
-            self.router.config = self.config
+        if self.router is not None:  # the Router swaps it in its own task
+            self.router.post_control(ConfigReloaded(self.config))
         self.metrics.reloads += 1
         log.info("configuration reloaded", **changed)
         return True
@@ -278,8 +278,8 @@ class Hub:
         self._reader_thread.shutdown(wait=True)
 
     async def _sweep(self) -> None:
-        """Once a second: close endpoints whose writes cannot drain, and run the
-        Router's timers (lease expiry and the like) as ordinary commands."""
+        """Once a second: close endpoints whose writes cannot drain, and tick
+        the Router (the plugins' periodic work: lease expiry and the like)."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(SWEEP_SECONDS)
@@ -289,8 +289,7 @@ class Hub:
                     self.metrics.send_timeouts += 1
                     log.warning("write stalled; closing slow consumer", conn=endpoint.id)
                     endpoint.abort()
-            for timer in self.installed.periodic:
-                await self.router.inbox.put(Call(timer))
+            await self.router.inbox.put(TICK)
 
 
 class _Stop(Exception):

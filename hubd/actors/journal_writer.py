@@ -35,7 +35,7 @@ from hubd.journal.store import JournalStore
 from hubd.journal.thread import DbThread
 from hubd.state.events import refused_row
 
-from .outcome import Flush, Outcome, Resync
+from .outcome import CommitFailed, Flush, Outcome, Resync
 
 log = structlog.get_logger("hubd.journal")
 
@@ -71,7 +71,8 @@ def release(outcomes: list[Outcome], use_failure: bool, endpoints: Endpoints,
     a Message, a callable that builds one (a failure reply, made only when
     needed) or a CloseEndpoint. An id whose endpoint has gone is skipped. An
     outcome with events sends its failure replies instead if use_failure, or
-    if it is one of `failing`."""
+    if it is one of `failing`, and its reply futures get CommitFailed
+    instead of their answers."""
     get = endpoints.get
     for outcome in outcomes:
         failed = (use_failure or (failing is not None and outcome in failing)) and outcome.events
@@ -95,6 +96,12 @@ def release(outcomes: list[Outcome], use_failure: bool, endpoints: Endpoints,
                 if endpoint is not None:
                     endpoint.deliver(item)
                 frames_out[type_] = frames_out.get(type_, 0) + 1
+        for future, value in outcome.answers:
+            if not future.done():
+                if failed:
+                    future.set_exception(CommitFailed())
+                else:
+                    future.set_result(value)
         if outcome.after_release is not None and not failed:
             outcome.after_release()
 

@@ -29,11 +29,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, TypeVar
 
 import structlog
 
-from hubd.core.commands import WAKE, Call, Closed, Inbound, Opened, Wake
+from hubd.core.commands import (TIMERS_DUE, WAKE, Call, Closed, ConfigReloaded, Credit, Inbound,
+                                Opened, PrincipalsChanged, Tick, TimersDue, Wake)
 from hubd.core.message import CLOSE_INTERNAL, CloseEndpoint, Message
 from hubd.state.events import Event, UnstorableEvent
 from hubd.state.hub import HubState, apply
@@ -46,8 +47,11 @@ from hubd.wire.envelope import BROADCAST, error_frame, frame_type, hub_frame
 from . import sessions
 from .journal_writer import JournalFailed, RowsRefused
 from .outcome import Flush, Outcome, Resync
+from .timers import TimerHeap
 
 log = structlog.get_logger("hubd.router")
+
+T = TypeVar("T")
 
 INBOX_COMMANDS = 4096
 MAX_BATCH_COMMANDS = 2048
@@ -113,9 +117,9 @@ class Router:
         self.endpoints = hub.endpoints
         # the verbs and hooks of the hub's plugins (hubd/core/plugin.py)
         self.installed = installed = hub.installed
+        # hub-wire verbs (Inbound frames) and Request verbs, by name
         self.handlers = installed.handlers
-        # the plugins' own command types (hubd/core/plugin.py `commands`)
-        self.commands = installed.commands
+        self.requests = installed.requests
         self.config = hub.config
         self.hub_id: str = hub.hub_id
         self.metrics = hub.metrics
@@ -145,11 +149,23 @@ class Router:
         self.now = 0.0
         self.out = Outcome()
         # the principal whose command is being handled: its events record it
-        # (a door that decides inside a Call sets it for its caller)
+        # (a handler that decides for a door's caller sets it for its caller)
         self.acting: str | None = None
-        # Live, not journaled, bookkeeping of handler modules (like presence:
-        # rebuilt by clients reconnecting), keyed by module-chosen names.
-        self.live: dict = {}
+        self._timers = TimerHeap()
+        self._alarm: asyncio.TimerHandle | None = None
+        self._alarm_at: float | None = None
+        # the one dispatch table: command type -> fn(router, command)
+        self._table: dict[type, Callable] = {
+            Opened: Router._opened, Closed: Router._closed, Credit: Router._credit,
+            Tick: Router._tick, TimersDue: Router._timers_due,
+            ConfigReloaded: Router._config_reloaded,
+            PrincipalsChanged: Router._principals_changed,
+            Call: Router._call, Wake: Router._nothing,
+            JournalFailed: Router._commit_failed, RowsRefused: Router._rows_refused,
+            **installed.commands}
+        # live (not journaled) bookkeeping of the plugins, one typed home each
+        # (like presence: gone with the process, rebuilt by clients returning)
+        self._live = {cls: cls(self) for cls in installed.live}
 
     # -- the actor loop
 
@@ -207,48 +223,58 @@ class Router:
         self.now = time.time()
         self.out = Outcome()
         self._applied = False
-        if kind is Inbound:
+        if kind is Inbound:  # the hot path
             endpoint = command.endpoint
             session = self.presence.sessions.get(endpoint)
             if session is not None:
                 self.acting = session.principal
                 self._safely(endpoint, self._inbound, session, command.frame, command.size)
                 self.acting = None
-        elif kind is Opened:
-            self._safely(command.endpoint, self._opened, command)
-        elif kind is Closed:
-            self._safely(command.endpoint, self._closed, command.endpoint)
-        elif kind is JournalFailed:
-            self._journal_failed = True
-        elif kind is RowsRefused:
-            self._state_dirty("row_refused", command.principal)
-        elif kind is Wake:
-            pass
-        elif kind in self.commands:
-            self._safely(None, self.commands[kind], self, command)
-        elif kind is Call:
-            self._call(command)
-        elif callable(command):
-            self._safely(None, command, self)
         else:
-            raise TypeError(f"router got an unknown command {command!r}")
+            handler = self._table.get(kind)
+            if handler is None:
+                if not callable(command):  # (going: the REDSYN door's last closures)
+                    raise TypeError(f"router got an unknown command {command!r}")
+                handler = _closure
+            self._command(handler, command)
+        self._keep()
+
+    def _keep(self) -> None:
+        """End of one command: its outcome joins the round's batch. Answers of
+        a command that changed nothing need no commit: they are given now."""
         out = self.out  # a failed handler's outcome was replaced by an empty one
+        if not out.events and out.answers:
+            for future, value in out.answers:
+                if not future.done():
+                    future.set_result(value)
+            out.answers = []
         if out.events or out.sends or out.after_release is not None:
             self._batch.append(out)
 
-    def _call(self, command: Call) -> None:
-        reply = command.reply
+    def _command(self, handler, command) -> None:
+        """Run one command that is not a hub-wire frame. A command with a
+        reply future hears a refusal or a failure through it; one naming an
+        endpoint without a future has that endpoint closed (1011) on a failure."""
         try:
-            result = self._safely(None, command.fn, self, reraise=reply is not None)
-        except Exception as exc:  # logged and counted by _safely; the caller hears it
-            if not reply.done():
+            handler(self, command)
+        except REFUSALS as refused:
+            text = self.refuse_command(refused)
+            reply = getattr(command, "reply", None)
+            if reply is not None and not reply.done():
+                reply.set_exception(refused)
+            else:
+                session = self.presence.sessions.get(getattr(command, "endpoint", None))
+                if session is not None:
+                    self._refused_privately(session, refused, text)
+        except Exception as exc:
+            reply = getattr(command, "reply", None)
+            endpoint = getattr(command, "endpoint", None) if reply is None else None
+            self._failed(endpoint)
+            if reply is not None and not reply.done():
                 reply.set_exception(exc)
-            return
-        if reply is not None and not reply.done():
-            reply.set_result(result)
 
-    def _safely(self, endpoint: int | None, fn, *args, reraise: bool = False):
-        """Run one handler. A refusal (MutationsRefused, UnstorableEvent)
+    def _safely(self, endpoint: int | None, fn, *args):
+        """Run one hub-wire handler. A refusal (MutationsRefused, UnstorableEvent)
         answers the session privately; an exception nobody expected closes
         only its endpoint (1011). Either way the command leaves no trace."""
         try:
@@ -257,22 +283,37 @@ class Router:
             text = self.refuse_command(refused)
             session = args[0] if args and isinstance(args[0], Session) else None
             if session is not None:
-                code = getattr(refused, "error_code", None)
-                if code is None:
-                    self.error(session, text)
-                else:
-                    self.error(session, text, error_code=code)
-                self._batch.append(self.out)
-                self.out = Outcome()
+                self._refused_privately(session, refused, text)
         except Exception:
-            log.exception("handler failed; closing its endpoint", endpoint=endpoint,
-                          state_rebuilt=self._applied)
-            self.metrics.handler_crashes += 1
-            self.abandon()
-            if endpoint is not None:
-                self.endpoints.close(endpoint, CLOSE_INTERNAL, "internal error")
-            if reraise:
-                raise
+            self._failed(endpoint)
+
+    def _refused_privately(self, session: Session, refused, text: str) -> None:
+        code = getattr(refused, "error_code", None)
+        if code is None:
+            self.error(session, text)
+        else:
+            self.error(session, text, error_code=code)
+        self._batch.append(self.out)
+        self.out = Outcome()
+
+    def _failed(self, endpoint: int | None) -> None:
+        log.exception("handler failed; closing its endpoint", endpoint=endpoint,
+                      state_rebuilt=self._applied)
+        self.metrics.handler_crashes += 1
+        self.abandon()
+        if endpoint is not None:
+            self.endpoints.close(endpoint, CLOSE_INTERNAL, "internal error")
+
+    def _isolated(self, handler, command) -> None:
+        """Run a command as if it came alone (a timer, one periodic hook): its
+        own outcome, its own failure. (What the command that runs these
+        queues itself is dropped: they are all it does.)"""
+        self.now = time.time()
+        self.out = Outcome()
+        self._applied = False
+        self._command(handler, command)
+        self._keep()
+        self.out = Outcome()
 
     def refuse_command(self, refused: MutationsRefused | UnstorableEvent) -> str:
         """Abandon the command being handled because event() refused it; the
@@ -291,8 +332,8 @@ class Router:
     def abandon(self) -> None:
         """Drop everything the command being handled did so far: its events
         (if one was applied, the state is rebuilt from the journal before the
-        next decision), its sends, failure replies and callbacks. What the
-        handler queues after this is its answer."""
+        next decision), its sends, failure replies, answers and callbacks. What
+        the handler queues after this is its answer."""
         if self._applied:
             self._state_dirty("handler_failure", self._applied_by)
             self._applied = False
@@ -302,6 +343,42 @@ class Router:
         if not self._needs_rebuild:
             self._dirty_reason, self._dirty_by = reason, principal
         self._needs_rebuild = True
+
+    # -- the Router's own commands
+
+    def _nothing(self, command) -> None:
+        pass
+
+    def _commit_failed(self, command: JournalFailed) -> None:
+        self._journal_failed = True
+
+    def _rows_refused(self, command: RowsRefused) -> None:
+        self._state_dirty("row_refused", command.principal)
+
+    def _call(self, command: Call) -> None:
+        result = command.fn(self)
+        if command.reply is not None and not command.reply.done():
+            command.reply.set_result(result)
+
+    def _tick(self, command: Tick) -> None:
+        """Once a second: each plugin's periodic work, each as its own command."""
+        for hook in self.installed.periodic:
+            self._isolated(_periodic, hook)
+
+    def _timers_due(self, command: TimersDue) -> None:
+        self._alarm = self._alarm_at = None
+        for due in self._timers.due(time.time()):
+            self._isolated(self._table[type(due)], due)
+        self._arm()
+
+    def _config_reloaded(self, command: ConfigReloaded) -> None:
+        self.config = command.config
+
+    def _principals_changed(self, command: PrincipalsChanged) -> None:
+        sessions.revalidate(self)
+
+    def _credit(self, command: Credit) -> None:
+        sessions.credit(self, command.endpoint, command.principal, command.credential)
 
     def _inbound(self, session: Session, frame: dict, size: int) -> None:
         if session.peer_hub is not None:
@@ -351,8 +428,8 @@ class Router:
     def _opened(self, command: Opened) -> None:
         sessions.opened(self, command)
 
-    def _closed(self, endpoint: int) -> None:
-        session = self.presence.close(endpoint)
+    def _closed(self, command: Closed) -> None:
+        session = self.presence.close(command.endpoint)
         if session is None or session.name is None:
             return
         for hook in self.installed.on_unregister:
@@ -366,7 +443,39 @@ class Router:
         self.private_directed = (self.config.private_directed
                                  or self.hub.identity.table.enforcing)
 
-    # -- the API handlers use
+    # -- live bookkeeping and timers
+
+    def live_of(self, cls: type[T]) -> T:
+        """A plugin's live bookkeeping (declared in its Plugin.live)."""
+        return self._live[cls]
+
+    def at(self, when: float, command) -> int:
+        """Dispatch `command` (a type in the dispatch table) once the hub's
+        clock reaches `when`; the key cancels it."""
+        key = self._timers.push(when, command)
+        if self._alarm_at is None or when < self._alarm_at:
+            self._arm()
+        return key
+
+    def cancel_timer(self, key: int | None) -> None:
+        self._timers.cancel(key)
+
+    def _arm(self) -> None:
+        """One loop alarm, for the earliest timer: it wakes this actor with a
+        message (TimersDue), it runs nothing itself."""
+        when = self._timers.next_at()
+        if when == self._alarm_at:
+            return
+        if self._alarm is not None:
+            self._alarm.cancel()
+        self._alarm = self._alarm_at = None
+        if when is not None:
+            loop = asyncio.get_running_loop()
+            self._alarm_at = when
+            self._alarm = loop.call_at(loop.time() + max(0.0, when - time.time()),
+                                       self.post_control, TIMERS_DUE)
+
+    # -- the API handlers use: state
 
     def mutations_refused(self) -> bool:
         if self.refusing_mutations is None:
@@ -406,35 +515,85 @@ class Router:
     def next_seq(self) -> int:
         return self.state.last_seq + 1
 
+    def has_events(self) -> bool:
+        """Did the command being handled make events (so its answers wait for a commit)?"""
+        return bool(self.out.events)
+
+    # -- the API handlers use: output, one way per kind. Everything here
+    # leaves the hub only after the command's events are committed.
+
     def frame(self, type_: str, target: str, payload, **fields) -> dict:
         return hub_frame(self.hub_id, type_, target, payload, self.now, **fields)
 
-    def send(self, dest, frame: dict) -> None:
-        """Queue a frame to one endpoint id (or a tuple of them) for release.
-        It is encoded now: the frame may be changed after this call."""
-        self.out.sends.append((dest, Message(frame, codec.encode(frame)), frame["type"]))
+    def send(self, dest, item: dict | Message, kind: str | None = None,
+             ahead_of: int | None = None) -> None:
+        """Queue a frame (a dict: encoded now, so it may be changed after this
+        call) or a built Message (a chat, encoded once for the journal and
+        every recipient) to one endpoint id or a tuple of them. `kind` names
+        it on /metrics (default: its type); `ahead_of` (a mark from
+        sends_queued) puts it before what this command queued since then."""
+        if type(item) is dict:
+            message = Message(item, codec.encode(item))
+            entry = (dest, message, kind or item["type"])
+        else:
+            entry = (dest, item, kind or item.type)
+        if ahead_of is None:
+            self.out.sends.append(entry)
+        else:
+            self.out.sends.insert(ahead_of, entry)
 
     def sends_queued(self) -> int:
-        """How many sends this command has queued so far (a mark for send_ahead)."""
+        """How many sends this command has queued so far (a mark for ahead_of
+        and withdraw)."""
         return len(self.out.sends)
 
-    def send_ahead(self, mark: int, dest, frame: dict) -> None:
-        """As send, but the frame goes out before the sends this command
-        queued since sends_queued() said `mark`."""
-        self.out.sends.insert(mark, (dest, Message(frame, codec.encode(frame)), frame["type"]))
+    def withdraw(self, dest, mark: int) -> list[Message]:
+        """Take back what this command queued for `dest` since `mark`, oldest
+        first (a verb served for a requester that is not an endpoint: its
+        answer travels inside another answer)."""
+        sends = self.out.sends
+        kept, taken = sends[:mark], []
+        for entry in sends[mark:]:
+            (taken if entry[0] == dest else kept).append(entry)
+        self.out.sends = kept
+        return [item for _, item, _ in taken]
 
-    def send_message(self, dest, message: Message) -> None:
-        """Queue a message that is already built (a chat, encoded once for the
-        journal and every recipient)."""
-        self.out.sends.append((dest, message, message.type))
-
-    def send_on_failure(self, dest, type_: str, build: Callable[[], dict]) -> None:
-        """The frame `build` makes goes to dest instead of this command's
-        sends if its events cannot be committed (built only then)."""
+    def send_on_failure(self, dest, kind: str, build: Callable[[], dict | Message]) -> None:
+        """What `build` makes (a frame or a Message) goes to dest instead of
+        this command's sends if its events cannot be committed (built only then)."""
         def message() -> Message:
-            frame = build()
-            return Message(frame, codec.encode(frame))
-        self.out.failure.append((dest, message, type_))
+            item = build()
+            return item if type(item) is Message else Message(item, codec.encode(item))
+        self.out.failure.append((dest, message, kind))
+
+    def fail_privately(self, session: Session, text: str, **fields) -> None:
+        """The error if this command's events cannot be committed (built only then)."""
+        self.out.failure.append((session.endpoint, LazyError(
+            self.hub_id, session.name or BROADCAST, text, self.now, fields), "error"))
+
+    def answer(self, reply: asyncio.Future | None, value) -> None:
+        """A door's reply future gets `value`: at once if this command changed
+        nothing, else once its events are committed (CommitFailed if not)."""
+        if reply is not None:
+            self.out.answers.append((reply, value))
+
+    def close(self, endpoint: int, code: int, reason: str) -> None:
+        """Close the endpoint once what was queued for it before is out."""
+        self.out.sends.append((endpoint, CloseEndpoint(code, reason), "close"))
+
+    def after_release(self, fn: Callable[[], None]) -> None:
+        """Run fn once this command's sends are on their endpoints (not if its
+        events failed to commit): for work that may only start then."""
+        previous = self.out.after_release
+        if previous is None:
+            self.out.after_release = fn
+        else:
+            def both():
+                previous()
+                fn()
+            self.out.after_release = both
+
+    # conveniences over send
 
     def reply(self, session: Session, type_: str, payload, **fields) -> None:
         self.send(session.endpoint, self.frame(type_, session.name or BROADCAST, payload,
@@ -447,24 +606,6 @@ class Router:
     def error(self, session: Session, text: str, **fields) -> None:
         self.send(session.endpoint, error_frame(self.hub_id, session.name or BROADCAST, text,
                                                 self.now, **fields))
-
-    def fail_privately(self, session: Session, text: str, **fields) -> None:
-        """The reply if this command's events cannot be committed (built only then)."""
-        self.out.failure.append((session.endpoint, LazyError(
-            self.hub_id, session.name or BROADCAST, text, self.now, fields), "error"))
-
-    def close(self, endpoint: int, code: int, reason: str) -> None:
-        self.out.sends.append((endpoint, CloseEndpoint(code, reason), "close"))
-
-    def after_release(self, fn: Callable[[], None]) -> None:
-        previous = self.out.after_release
-        if previous is None:
-            self.out.after_release = fn
-        else:
-            def both():
-                previous()
-                fn()
-            self.out.after_release = both
 
     # -- recovery
 
@@ -534,3 +675,11 @@ class Router:
                         seconds=self._backoff)
             self._backoff = min(self._backoff * 2, REFUSAL_BACKOFF_MAX)
         await self.hub.writer.inbox.put(Resync())
+
+
+def _periodic(router: Router, hook) -> None:
+    hook(router)
+
+
+def _closure(router: Router, fn) -> None:
+    fn(router)

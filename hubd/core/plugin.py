@@ -30,21 +30,23 @@ if TYPE_CHECKING:  # the annotations only: plugins sit below the actors that run
 @dataclass(frozen=True, slots=True)
 class Verb:
     handler: "Handler"
-    # only reads: still served while the journal cannot be written
-    reads_only: bool = False
     # hub-to-hub: the only verbs a peer hub's link may use
     peers: bool = False
 
 
 class Verbs(dict):
-    """One module's verbs: type -> Verb."""
+    """One module's verbs: type -> Verb. (A verb that only reads needs no
+    mark: every mutation passes Router.event(), which refuses it, before
+    anything is applied, while the journal cannot be written; a verb that
+    mutates only sometimes, a non-persistent advertise or a claim forwarded
+    to its owner, is served as far as it reads.)"""
 
-    def handles(self, *types: str, reads_only: bool = False, peers: bool = False):
+    def handles(self, *types: str, peers: bool = False):
         def declare(fn):
             for type_ in types:
                 if type_ in self:
                     raise ValueError(f"verb {type_!r} declared twice")
-                self[type_] = Verb(fn, reads_only, peers)
+                self[type_] = Verb(fn, peers)
             return fn
         return declare
 
@@ -112,9 +114,15 @@ class Plugin:
     # recipients) and `.journal(router)` (records the plugin's side of it,
     # right after the chat's event, in the same command)
     directed_chat: Sequence[Callable[["Router", dict, str, Any], Any]] = ()
-    # the plugin's own commands (typed messages its actors post to the
-    # Router): command type -> fn(router, command), run as an ordinary command
+    # the plugin's own commands (typed messages its actors and timers post to
+    # the Router): command type -> fn(router, command), run as an ordinary command
     commands: Mapping[type, Callable[["Router", Any], None]] = field(default_factory=dict)
+    # Request verbs (door verbs the other doors do not share): name ->
+    # fn(router, session or None, request)
+    requests: Mapping[str, Callable] = field(default_factory=dict)
+    # the plugin's live (not journaled) bookkeeping, one typed home each:
+    # classes the Router makes once, `cls(router)`, found with router.live_of(cls)
+    live: Sequence[type] = ()
     # claim-family verbs first pass here; True when it handled the frame
     claim_gate: Callable[["Router", "Session", dict, str], bool] | None = None
     # targets on peer hubs
@@ -156,8 +164,13 @@ class Installed:
         state_sections: dict = {}
         health_sections: dict = {}
         commands: dict = {}
+        requests: dict = {}
+        live: dict = {}
         for plugin in self.plugins:
             _merge_unique(commands, plugin.commands, f"command (plugin {plugin.name})")
+            _merge_unique(requests, plugin.requests, f"request verb (plugin {plugin.name})")
+            _merge_unique(live, {cls: None for cls in plugin.live},
+                          f"live home (plugin {plugin.name})")
             _merge_unique(verbs, plugin.verbs, f"verb (plugin {plugin.name})")
             _merge_unique(projections, plugin.projections, f"projection (plugin {plugin.name})")
             _merge_unique(state_sections, plugin.state_sections,
@@ -173,13 +186,14 @@ class Installed:
                 appliers.setdefault(kind, []).extend(fns)
         self.verbs = verbs
         self.handlers: dict[str, Callable] = {t: v.handler for t, v in verbs.items()}
-        self.read_only = frozenset(t for t, v in verbs.items() if v.reads_only)
         self.peer_verbs = frozenset(t for t, v in verbs.items() if v.peers)
         self.appliers = {kind: tuple(fns) for kind, fns in appliers.items()}
         self.projections = projections
         self.state_sections = state_sections
         self.health_sections = health_sections
         self.commands = commands
+        self.requests = requests
+        self.live = tuple(live)
         self.on_register = self._all("on_register")
         self.on_unregister = self._all("on_unregister")
         self.periodic = self._all("periodic")

@@ -10,19 +10,19 @@ notification batches, waits and the hub side (chats to and from local/H) are
 decided here too.
 
 Live bookkeeping (which endpoint is bound to which handle, who listens, the
-pending waits, notification batches) is `BrokerLive`, kept in the Router's
-`live` table and touched only by Router commands.
+pending waits, notification batches) is `BrokerLive`, the broker's live home
+on the Router (`router.live_of(BrokerLive)`), touched only by Router commands.
+A wait's timeout is a Router timer (`WaitExpired`), not a loop handle.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import structlog
 
 from hubd.actors.router import REFUSALS, Router
-from hubd.core.commands import Call
 from hubd.core.message import Message
 from hubd.state import broker as bs
 from hubd.state import broker_rules as rules
@@ -50,29 +50,34 @@ class Waiter:
     request_id: int
     thread_id: int
     until: str
-    timer: asyncio.TimerHandle | None = None
+    timer: int | None = None  # the Router timer (key) that ends the wait
 
 
-@dataclass
+class WaitExpired(NamedTuple):
+    """A Router timer: this wait's timeout is over."""
+
+    waiter: Waiter
+
+
 class BrokerLive:
-    namespace: str
-    limits: Limits
-    # the principal the door's token maps to: its name is what every event a
-    # broker request causes records (docs/identity.md)
-    principal: str = "broker"
-    bindings: dict = field(default_factory=dict)  # endpoint id -> [handle, via]
-    connected: dict = field(default_factory=dict)  # handle -> endpoints bound to it
-    listeners: dict = field(default_factory=dict)  # handle -> endpoint id
-    natives: dict = field(default_factory=dict)  # handle -> NativeEndpoint (door object)
-    waiters: dict = field(default_factory=dict)  # thread id -> [Waiter]
-    batcher: views.NotificationBatcher = field(default_factory=views.NotificationBatcher)
-    request_id: int = 0  # the request being handled (a wait answers it later)
-    # the door's transcript watcher (hubd/doors/broker/proof.py), once it serves
-    proofs: object | None = None
-    seats: BrokerSeats = field(init=False)  # which handles it may speak for
-
-    def __post_init__(self) -> None:
-        self.seats = BrokerSeats(self.principal, self.namespace)
+    def __init__(self, router: Router):
+        config = router.config.broker
+        self.namespace: str = config.namespace if config else "local"
+        self.limits: Limits = Limits() if config is None or config.rate_limit else \
+            Limits(rate_sends=None)
+        # the principal the door's token maps to: its name is what every event
+        # a broker request causes records (docs/identity.md)
+        self.principal: str = config.principal if config else "broker"
+        self.bindings: dict = {}  # endpoint id -> [handle, via]
+        self.connected: dict = {}  # handle -> endpoints bound to it
+        self.listeners: dict = {}  # handle -> endpoint id
+        self.natives: dict = {}  # handle -> NativeEndpoint (door object)
+        self.waiters: dict = {}  # thread id -> [Waiter]
+        self.batcher = views.NotificationBatcher()
+        self.request_id = 0  # the request being handled (a wait answers it later)
+        # the door's transcript watcher (hubd/doors/broker/proof.py), once it serves
+        self.proofs: object | None = None
+        self.seats = BrokerSeats(self.principal, self.namespace)  # handles it may speak for
 
     def handle_of(self, endpoint: int) -> str | None:
         binding = self.bindings.get(endpoint)
@@ -118,14 +123,7 @@ class BrokerLive:
 
 
 def live_of(router: Router) -> BrokerLive:
-    live = router.live.get("broker")
-    if live is None:
-        config = router.config.broker
-        limits = Limits() if config is None or config.rate_limit else Limits(rate_sends=None)
-        live = router.live["broker"] = BrokerLive(config.namespace if config else "local",
-                                                  limits,
-                                                  config.principal if config else "broker")
-    return live
+    return router.live_of(BrokerLive)
 
 
 def seat_refusal(router: Router, live: BrokerLive, handle_: str) -> str | None:
@@ -179,26 +177,25 @@ def handle(router: Router, endpoint: int, request: wire.Request, native=None) ->
         result = verb(router, live, endpoint, request.fields, native)
     except Refusal as refusal:
         metrics.broker_errors[refusal.code] = metrics.broker_errors.get(refusal.code, 0) + 1
-        router.out.sends.append((endpoint, error_message(request.id, refusal.code,
-                                                         refusal.message, **refusal.extra),
-                                 ANSWER))
+        router.send(endpoint, error_message(request.id, refusal.code, refusal.message,
+                                            **refusal.extra), ANSWER)
         return
     except REFUSALS as refused:
         text = router.refuse_command(refused)  # what it did so far is dropped
         code = wire.BAD_REQUEST if isinstance(refused, UnstorableEvent) else wire.BROKER_DOWN
         metrics.broker_errors[code] = metrics.broker_errors.get(code, 0) + 1
-        router.out.sends.append((endpoint, error_message(request.id, code, text), ANSWER))
+        router.send(endpoint, error_message(request.id, code, text), ANSWER)
         return
     finally:
         router.acting = None
     if result is DEFERRED:
         return
-    router.out.sends.append((endpoint, answer_message(request.id, result), ANSWER))
-    if router.out.events:
+    router.send(endpoint, answer_message(request.id, result), ANSWER)
+    if router.has_events():
         request_id = request.id
-        router.out.failure.append((endpoint, lambda: error_message(
+        router.send_on_failure(endpoint, ANSWER, lambda: error_message(
             request_id, wire.BROKER_DOWN, "The hub could not journal this request; nothing was "
-                                          "changed. Retry later."), ANSWER))
+                                          "changed. Retry later."))
 
 
 def endpoint_closed(router: Router, endpoint: int) -> None:
@@ -208,8 +205,8 @@ def endpoint_closed(router: Router, endpoint: int) -> None:
     for thread_id, waiters in list(live.waiters.items()):
         kept = [w for w in waiters if w.endpoint != endpoint]
         for waiter in waiters:
-            if waiter.endpoint == endpoint and waiter.timer is not None:
-                waiter.timer.cancel()
+            if waiter.endpoint == endpoint:
+                router.cancel_timer(waiter.timer)
         if kept:
             live.waiters[thread_id] = kept
         else:
@@ -226,8 +223,7 @@ def tick(router: Router) -> None:
     for handle_, batch in live.batcher.due(router.now):
         endpoint = live.listeners.get(handle_)
         if endpoint is not None:
-            router.out.sends.append((endpoint, event_message("notification", batch),
-                                     NOTIFICATION))
+            router.send(endpoint, event_message("notification", batch), NOTIFICATION)
 
 
 # -- journaling and what follows from each event
@@ -251,7 +247,7 @@ def _push(router: Router, live: BrokerLive, handle_: str, message: bs.Message,
     if not encoded:
         encoded.append(event_message("push", views.push_payload(message)))
     if endpoint is not None:
-        router.out.sends.append((endpoint, encoded[0], PUSH))
+        router.send(endpoint, encoded[0], PUSH)
         router.metrics.broker_pushes += 1
         _expect_proof(router, handle_, message.id)
     if native is not None:
@@ -291,7 +287,7 @@ def _notify(router: Router, live: BrokerLive, handle_: str, item: dict) -> None:
         return  # nobody to tell: the facts are in inbox, thread and collect
     batch = live.batcher.add(handle_, item, router.now)
     if batch is not None:
-        router.out.sends.append((endpoint, event_message("notification", batch), NOTIFICATION))
+        router.send(endpoint, event_message("notification", batch), NOTIFICATION)
 
 
 def _after_message(router: Router, live: BrokerLive, message_id: int, states: dict) -> None:
@@ -341,11 +337,10 @@ def _check_waiters(router: Router, live: BrokerLive, thread_id: int, waiters: li
     for waiter in waiters:
         met, matrix = views.wait_condition(bs.of(router.state), thread_id, waiter.until)
         if met:
-            if waiter.timer is not None:
-                waiter.timer.cancel()
-            router.out.sends.append((waiter.endpoint, answer_message(waiter.request_id, {
+            router.cancel_timer(waiter.timer)
+            router.send(waiter.endpoint, answer_message(waiter.request_id, {
                 "threadId": thread_id, "conditionMet": True, "timedOut": False,
-                "matrix": matrix}), ANSWER))
+                "matrix": matrix}), ANSWER)
         else:
             kept.append(waiter)
     if kept:
@@ -354,20 +349,19 @@ def _check_waiters(router: Router, live: BrokerLive, thread_id: int, waiters: li
         live.waiters.pop(thread_id, None)
 
 
-def _wait_expired(waiter: Waiter):
-    def expire(router: Router) -> None:
-        live = live_of(router)
-        waiters = live.waiters.get(waiter.thread_id, [])
-        if waiter not in waiters:
-            return  # answered already
-        waiters.remove(waiter)
-        if not waiters:
-            live.waiters.pop(waiter.thread_id, None)
-        met, matrix = views.wait_condition(bs.of(router.state), waiter.thread_id, waiter.until)
-        router.out.sends.append((waiter.endpoint, answer_message(waiter.request_id, {
-            "threadId": waiter.thread_id, "conditionMet": met, "timedOut": True,
-            "matrix": matrix}), ANSWER))
-    return expire
+def wait_expired(router: Router, command: WaitExpired) -> None:
+    waiter = command.waiter
+    live = live_of(router)
+    waiters = live.waiters.get(waiter.thread_id, [])
+    if waiter not in waiters:
+        return  # answered already
+    waiters.remove(waiter)
+    if not waiters:
+        live.waiters.pop(waiter.thread_id, None)
+    met, matrix = views.wait_condition(bs.of(router.state), waiter.thread_id, waiter.until)
+    router.send(waiter.endpoint, answer_message(waiter.request_id, {
+        "threadId": waiter.thread_id, "conditionMet": met, "timedOut": True,
+        "matrix": matrix}), ANSWER)
 
 
 # -- the hub side
@@ -553,8 +547,7 @@ def v_session(router, live, endpoint, f, native):
         pending = rules.pending_pushes(state, handle_, bs.UNREAD_CAP)
         if pending:
             for message in _mark_sent(router, live, handle_, pending, "sent"):
-                router.out.sends.append((endpoint, event_message(
-                    "push", views.push_payload(message)), PUSH))
+                router.send(endpoint, event_message("push", views.push_payload(message)), PUSH)
                 router.metrics.broker_pushes += 1
                 _expect_proof(router, handle_, message.id)
     return decision.result
@@ -630,9 +623,7 @@ def v_wait(router, live, endpoint, f, native):
                 "matrix": matrix}
     waiter = Waiter(endpoint, live.request_id, thread.id, f["until"])
     live.waiters.setdefault(thread.id, []).append(waiter)
-    loop = asyncio.get_running_loop()
-    waiter.timer = loop.call_later(timeout_ms / 1000, router.post_control,
-                                   Call(_wait_expired(waiter)))
+    waiter.timer = router.at(router.now + timeout_ms / 1000, WaitExpired(waiter))
     return DEFERRED
 
 

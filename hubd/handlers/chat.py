@@ -167,9 +167,9 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
     if (directed or outgoing) and router.private_directed:
         dests = recipient_endpoints(presence, recipients)
         if dests:
-            router.out.sends.append((dests, message, "chat"))
+            router.send(dests, message, "chat")
     elif presence.endpoints:
-        router.out.sends.append((presence.endpoints, message, "chat"))
+        router.send(presence.endpoints, message, "chat")
     if directed and not recipients:
         metrics.dead_letters += 1
     return event, recipients, directed

@@ -35,21 +35,26 @@ from . import grants, idempotency
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
 
-# Live (not journaled) bookkeeping kept on the Router, bounded.
-OFFLINE = "claims.offline_since"  # owner -> when its last socket went away
-WAITS = "claims.waits"  # waiter -> (task, epoch) it waits for (deadlock detection)
 MAX_WAITS = 10_000
+
+
+class ClaimsLive:
+    """Live (not journaled) bookkeeping of the claim verbs, bounded (MAX_WAITS each)."""
+
+    def __init__(self, router: Router):
+        # owner -> when its last socket went away
+        self.offline_since: OrderedDict = OrderedDict()
+        # waiter -> (task, epoch) it waits for (deadlock detection)
+        self.waits: OrderedDict = OrderedDict()
 
 
 def limits(router: Router) -> cl.LeaseLimits:
     return router.config.claims
 
 
-def _live(router: Router, name: str) -> dict | OrderedDict:
-    store = router.live.get(name)
-    if store is None:
-        store = router.live[name] = OrderedDict()
-    return store
+def offline_since(router: Router) -> OrderedDict:
+    """Owners whose last socket went away, and since when."""
+    return router.live_of(ClaimsLive).offline_since
 
 
 # -- claim
@@ -393,7 +398,7 @@ def hand_off(router: Router, who: str, frame: dict, target_online: bool = False)
 
 # -- wait_request
 
-@verbs.handles("wait_request", reads_only=True)
+@verbs.handles("wait_request")
 def wait_request(router: Router, session: Session, frame: dict, size: int) -> None:
     if _gated(router, session, frame, "wait_request"):
         return
@@ -413,7 +418,7 @@ def wait_for_task(router: Router, who: str, frame: dict) -> Answer:
     if holder == name:
         return Answer(False, "wait_denied", f"You already hold '{task_id}'.",
                       {"task_id": task_id})
-    waits = _live(router, WAITS)
+    waits = router.live_of(ClaimsLive).waits
     if cl.deadlock(claims, waits, name, holder, now):
         return Answer(False, "wait_denied", f"Waiting for '{task_id}' held by {holder} would "
                                             "deadlock.", {"task_id": task_id, "holder": holder})
@@ -460,7 +465,7 @@ def sweep(router: Router) -> None:
     if ttl is None:
         return
     claims = cl.claims_of(router.state)
-    offline = _live(router, OFFLINE)
+    offline = offline_since(router)
     by_name = router.presence.by_name
     started = router.hub.started
     now = router.now
@@ -507,7 +512,7 @@ def health_active_claims(hub) -> int:
 
 
 def on_register(router: Router, session: Session, frame: dict) -> None:
-    offline = router.live.get(OFFLINE)
+    offline = offline_since(router)
     if offline:
         offline.pop(session.name, None)
 
@@ -517,11 +522,11 @@ def on_unregister(router: Router, session: Session) -> None:
     if name in router.presence.by_name:
         return  # another socket still holds the name
     if name in cl.claims_of(router.state).by_owner:
-        offline = _live(router, OFFLINE)
+        offline = offline_since(router)
         offline[name] = router.now
         while len(offline) > MAX_WAITS:
             offline.popitem(last=False)
-    waits = router.live.get(WAITS)
+    waits = router.live_of(ClaimsLive).waits
     if waits:
         waits.pop(name, None)
 
@@ -533,7 +538,7 @@ def active_claims(router: Router) -> list[dict]:
     now = router.now
     claims = cl.claims_of(router.state)
     by_name = router.presence.by_name
-    offline = router.live.get(OFFLINE) or {}
+    offline = offline_since(router)
     started = router.hub.started
     out = []
     for task_id in sorted(claims.leases):

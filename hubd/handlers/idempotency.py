@@ -58,8 +58,8 @@ def begin(router: Router, session: Session, verb: str, frame: dict) -> Keyed | N
     # the original verdict, as it was sent (target and timestamp included), to
     # the requester only
     response = remembered.response
-    router.out.sends.append((session.endpoint, Message(response, codec.encode(response)),
-                             response.get("type", "replay")))
+    router.send(session.endpoint, Message(response, codec.encode(response)),
+                response.get("type", "replay"))
     return HANDLED
 
 

@@ -45,4 +45,5 @@ def broker_plugin(config: BrokerConfig | None) -> Plugin:
 
     return Plugin("broker", appliers=bs.appliers, projections=bs.PROJECTIONS,
                   directed_chat=(verbs.plan_hub_chat,), periodic=(verbs.tick,),
+                  commands={verbs.WaitExpired: verbs.wait_expired}, live=(verbs.BrokerLive,),
                   bind=bind, opening=opening, closing=closing, start=start)

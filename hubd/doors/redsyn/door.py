@@ -24,8 +24,8 @@ from collections import defaultdict
 import structlog
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
+from hubd.actors.outcome import CommitFailed
 from hubd.actors.router import REFUSALS
-from hubd.core.endpoints import next_endpoint_id
 from hubd.handlers.chat import route_chat
 from hubd.state.events import UnstorableEvent
 from hubd.http.guard import guard
@@ -55,27 +55,6 @@ WEBHOOK_LEASE = 60.0
 WEBHOOK_PARALLEL = 32
 
 
-class _Replies:
-    """The door's one endpoint. A call whose events fail to commit gets the
-    JournalWriter's failure delivery here (its future), and answers 503."""
-
-    def __init__(self):
-        self.id = next_endpoint_id()
-
-    def deliver(self, future) -> None:
-        if not future.done():
-            future.set_exception(_journal_failed())
-
-    def close(self, code: int, reason: str) -> None:
-        pass
-
-    def write_stalled_for(self, now: float) -> float:
-        return 0.0
-
-    def abort(self) -> None:
-        pass
-
-
 def _journal_failed() -> RedsynError:
     return RedsynError(503, "the hub could not journal this; nothing was changed, retry "
                             "with the same id")
@@ -93,12 +72,11 @@ class RedsynDoor:
         self._waiters: dict[str, asyncio.Event] = {}
         self._polls: dict[str, int] = defaultdict(int)
         self._webhook_wake = asyncio.Event()
-        self._replies = _Replies()
 
     # -- lifetime
 
     async def open(self) -> None:
-        self.hub.endpoints.add(self._replies)
+        pass
 
     def start(self, group: asyncio.TaskGroup) -> None:
         group.create_task(self._webhooks(), name="redsyn-webhooks")
@@ -166,16 +144,14 @@ class RedsynDoor:
             except BaseException:
                 future.set_exception(RedsynError(500, "internal error"))
                 raise  # the Router logs it and drops what the call did
-            router.out.failure.append((self._replies.id, lambda: future, "redsyn"))
-
-            def released():
-                if not future.done():
-                    future.set_result(decision.answer)
-                self.wake(woken)
-            router.after_release(released)
+            router.answer(future, decision.answer)
+            router.after_release(lambda: self.wake(woken))
 
         await router.inbox.put(command)
-        return await future
+        try:
+            return await future
+        except CommitFailed:
+            raise _journal_failed() from None
 
     def wake(self, agents) -> None:
         webhook = False
