@@ -22,12 +22,10 @@ from __future__ import annotations
 import asyncio
 import secrets
 from dataclasses import dataclass, field
-from functools import partial
 
 import structlog
 
 from federation.claim_forwarder import ClaimForwarder
-from federation.claim_forwarding import relay_verdict
 from federation.config import FederationConfig
 from federation.link import PeerLink
 from federation.merge import Equivocation
@@ -36,7 +34,7 @@ from federation.ownership import NamespaceOwnership
 from federation.partition import MULTIHUB_HEAL, MULTIHUB_PARTITION, PartitionDetector
 from federation.quarantine import (MULTIHUB_EQUIVOCATION, MULTIHUB_EQUIVOCATION_RECOVERY,
                                    active_quarantines, equivocation_payload)
-from federation.watch import Equivocated, SetQuarantine, WatchFollower, WatchStatus
+from federation.watch import Equivocated, Observed, SetQuarantine, WatchFollower, WatchStatus
 from hubd.state.events import Event
 from hubd.state.hub import Appliers, HubState
 
@@ -138,18 +136,14 @@ class Authority:
         group.create_task(self.claim_forwarder.run(), name="claim-forwarder")
 
     def _verdict(self, verdict) -> None:
-        self.hub.router.post_control(partial(_relay, verdict=verdict))
+        """The ClaimForwarder's message, on to the Router as it is (a typed command)."""
+        self.hub.router.post_control(verdict)
 
     def _observation(self, observation) -> None:
-        """A WatchFollower's message: becomes a Router command."""
+        """A WatchFollower's message: its status is kept for /health, the
+        message goes on to the Router as it is (a typed command)."""
         self.watch_status[observation.peer] = observation.status
-        if isinstance(observation, Equivocated):
-            self.hub.router.post_control(
-                partial(_record_equivocation, self, observation.peer, observation.error))
-        else:
-            self.hub.router.post_control(
-                partial(_observed, self, observation.peer, observation.asserting,
-                        observation.refreshed_ok, observation.non_empty))
+        self.hub.router.post_control(observation)
 
     # -- Router side: observations become journaled transitions
 
@@ -186,13 +180,15 @@ class Authority:
         return secrets.token_hex(12)
 
 
-def _relay(router, verdict):
-    relay_verdict(router, verdict)
+# -- the Router's handlers of the watch followers' messages (federation/plugin.py
+# registers them by type)
 
 
-def _observed(authority: Authority, peer, asserting, refreshed_ok, non_empty, router) -> None:
-    authority.observed(router, peer, asserting, refreshed_ok, non_empty)
+def on_observed(router, observed: Observed) -> None:
+    router.hub.federation.authority.observed(router, observed.peer, observed.asserting,
+                                             observed.refreshed_ok, observed.non_empty)
 
 
-def _record_equivocation(authority: Authority, peer, error, router) -> None:
-    authority.record_equivocation(router, peer, error)
+def on_equivocated(router, equivocated: Equivocated) -> None:
+    router.hub.federation.authority.record_equivocation(router, equivocated.peer,
+                                                        equivocated.error)

@@ -356,9 +356,9 @@ class DeliveryForwarder:
             answer = exc
         finally:
             self.in_flight -= 1
-        self.hub.router.post_control(lambda router: self._answered(router, asking, answer))
+        self.hub.router.post_control(DeliveryAnswered(asking, answer))
 
-    def _answered(self, router, asking: "_Asking", answer) -> None:
+    def answered(self, router, asking: "_Asking", answer) -> None:
         """The peer's answer (or the link's failure), in a Router command."""
         session = asking.session
         rid = asking.request_id or ""
@@ -452,6 +452,17 @@ def roster_sessions(router, seats) -> dict:
     return {seat: {"incarnation": live[seat].incarnation,
                    "capabilities": dict(live[seat].capabilities)}
             for seat in seats if seat in live}
+
+
+class DeliveryAnswered(NamedTuple):
+    """A forwarded delivery verb's answer from the peer (or the link's failure)."""
+
+    asking: object
+    answer: object
+
+
+def on_answered(router, command: DeliveryAnswered) -> None:
+    router.hub.federation.delivery.answered(router, command.asking, command.answer)
 
 
 VIRTUAL_ENDPOINT = -1  # the forwarded requester's answers are taken back before release

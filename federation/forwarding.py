@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from typing import NamedTuple
 
 import structlog
 
@@ -34,8 +35,7 @@ from federation.outbox import (ForwardOutbox, PeerAlive, Resync, Roster, RosterA
 from federation.peers import PeerLinks
 from federation.state import PendingForward, outbox_of, pending_from_event
 from hubd.actors.router import Router
-from hubd.core.commands import Call
-from hubd.handlers.chat import route_chat
+from hubd.handlers.routing import route_chat
 from hubd.handlers.mailbox import deliver_notifications
 from hubd.state import delivery
 from hubd.state.delivery import ACCEPTED, DUPLICATE
@@ -45,6 +45,31 @@ from hubd.wire.targets import RemoteSeat
 log = structlog.get_logger("hubd.federation")
 
 MAX_PENDING_PER_PEER = 200_000
+
+
+class ReadOutboxReports(NamedTuple):
+    """The outboxes have reports for the Router (posted once per burst)."""
+
+
+READ_OUTBOX_REPORTS = ReadOutboxReports()
+
+
+class LoadBacklog(NamedTuple):
+    """An outbox asks for the seqs of its next unsettled rows after `after_seq`."""
+
+    peer: str
+    after_seq: int
+    limit: int
+    reply: asyncio.Future
+
+
+def read_outbox_reports(router: Router, command: ReadOutboxReports) -> None:
+    router.hub.federation.forwarding.read_reports(router)
+
+
+def load_backlog(router: Router, command: LoadBacklog) -> None:
+    router.answer(command.reply, outbox_of(router.state).after(command.peer, command.after_seq,
+                                                               command.limit))
 
 
 class Forwarding:
@@ -110,10 +135,10 @@ class Forwarding:
         each report on its own made the Router end its rounds early and
         journal one forward_settled per report (more, smaller commits)."""
         if not self._unread_reports:
-            self.hub.router.post_control(self._read_reports)
+            self.hub.router.post_control(READ_OUTBOX_REPORTS)
         self._unread_reports.extend(reports)
 
-    def _read_reports(self, router: Router) -> None:
+    def read_reports(self, router: Router) -> None:
         reports, self._unread_reports = self._unread_reports, []
         self.reports(router, reports)
 
@@ -125,8 +150,7 @@ class Forwarding:
         if limit <= 0:
             return [], False
         reply = asyncio.get_running_loop().create_future()
-        self.hub.router.post_control(Call(
-            lambda router: outbox_of(router.state).after(peer, after_seq, limit), reply))
+        self.hub.router.post_control(LoadBacklog(peer, after_seq, limit, reply))
         seqs = await reply
         events = await self.hub.read_journal("events_at", seqs) if seqs else []
         rows = []

@@ -14,6 +14,7 @@ runtime as `hub.federation` (this object), put there when the hub is built.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import structlog
 
@@ -24,9 +25,35 @@ from . import authority as authority_state
 from . import claim_forwarding, delivery_forward, logpull, receiver
 from . import remote_leases
 from . import state as forward_state
+from .claim_forwarder import ClaimVerdict
+from .claim_forwarding import relay_verdict
 from .config import FederationConfig
+from .forwarding import LoadBacklog, ReadOutboxReports, load_backlog, read_outbox_reports
+from .watch import Equivocated, Observed
 
 log = structlog.get_logger("hubd.federation")
+
+
+class PeerPolicyReloaded(NamedTuple):
+    """SIGHUP swapped the serving policy: re-check the peer hubs' links."""
+
+    policy: object
+
+
+def _recheck_peer_sessions(router, command: PeerPolicyReloaded) -> None:
+    router.hub.federation.recheck_peer_sessions(router)
+
+
+# the typed commands federation's actors post to the Router
+COMMANDS = {
+    ReadOutboxReports: read_outbox_reports,
+    LoadBacklog: load_backlog,
+    ClaimVerdict: relay_verdict,
+    Observed: authority_state.on_observed,
+    Equivocated: authority_state.on_equivocated,
+    delivery_forward.DeliveryAnswered: delivery_forward.on_answered,
+    PeerPolicyReloaded: _recheck_peer_sessions,
+}
 
 
 class Federation:
@@ -57,6 +84,7 @@ class Federation:
                          **remote_leases.PROJECTIONS, **delivery_forward.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
             live=(receiver.ForwardVerdicts,),
+            commands=COMMANDS,
             claim_gate=claim_forwarding.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
             replaces_state_sections={"active_claims": claim_forwarding.active_claims_with_remote},
@@ -157,7 +185,7 @@ class Federation:
             if policy is not None:
                 self.server_ssl.load_verify_locations(cadata=policy.client_ca_pem)
         if hub.router is not None:
-            hub.router.post_control(self._recheck_peer_sessions)
+            hub.router.post_control(PeerPolicyReloaded(policy))
         if self.peer_links is not None:
             self.peer_links.reconfigure(config)
         if self.forwarding is not None:
@@ -165,7 +193,7 @@ class Federation:
         return {"peers": sorted(config.message_peers),
                 "serving_policy": str(config.serving_policy_path or "")}
 
-    def _recheck_peer_sessions(self, router) -> None:
+    def recheck_peer_sessions(self, router) -> None:
         """After a reload: a peer hub whose grant or pin no longer holds is cut off."""
         policy = self.serving_policy
         for session in list(router.presence.sessions.values()):

@@ -36,7 +36,7 @@ from federation.state import INBOX_IDS, forward_digest, inbox_of, verdict_result
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
 from hubd.handlers import receipts
-from hubd.handlers.chat import route_chat
+from hubd.handlers.routing import route_chat
 from hubd.state.presence import Session
 from hubd.wire import codec
 from hubd.wire.envelope import HUB_ID_RE

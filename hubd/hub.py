@@ -28,7 +28,7 @@ from typing import Iterable
 
 from hubd.actors.identity import IdentityWatch
 from hubd.actors.journal_writer import JournalWriter
-from hubd.actors.outcome import Flush
+from hubd.actors.journal_writer import Flush
 from hubd.actors.router import Router
 from hubd.config import HubConfig
 from hubd.core.commands import TICK, ConfigReloaded
@@ -41,6 +41,7 @@ from hubd.journal.store import (CorruptRow, JournalReader, JournalTooNew, NotAHu
                                 UnknownKinds)
 from hubd.metrics import HubMetrics
 from hubd.state.hub import HubState, apply
+from hubd.wire.envelope import PROTOCOL_VERSION
 
 log = structlog.get_logger("hubd.hub")
 
@@ -134,6 +135,24 @@ class Hub:
         log.info("configuration reloaded", **changed)
         return True
 
+    def health_base(self) -> dict:
+        """The /health facts that are not the Router's (hubd/handlers/status.py
+        adds presence and the plugins' sections, inside the Router)."""
+        return {
+            "status": "degraded" if self.corrupt_rows or self.unknown_kinds.events else "ok",
+            "hub_id": self.hub_id,
+            "version": f"hubd {__import__('hubd').__version__}",
+            "protocol_version": PROTOCOL_VERSION,
+            "uptime_seconds": round(time.time() - self.started, 3),
+            "ready": self.ready,
+            "journal_seq": self.writer.committed_seq,
+            "journal_corrupt_rows": len(self.corrupt_rows),
+            # events of kinds this hubd does not know (a newer hubd wrote them)
+            "journal_unknown_events": self.unknown_kinds.events,
+            "journal_unknown_kinds": self.unknown_kinds.names(),
+            "identity": self.identity.summary(),
+        }
+
     def _journal_committed(self) -> None:
         if self.router is not None:
             self.router.journal_committed()
@@ -192,7 +211,6 @@ class Hub:
     async def replay(self) -> None:
         started = time.perf_counter()
         state = await self.load_state()
-        state.extensions["redsyn"].woken.clear()  # nobody waits yet
         self.router = Router(self, state)
         self.identity.router = self.router
         for restored in self.installed.hooks("restored"):

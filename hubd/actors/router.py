@@ -33,8 +33,8 @@ from typing import Callable, TypeVar
 
 import structlog
 
-from hubd.core.commands import (TIMERS_DUE, WAKE, Call, Closed, ConfigReloaded, Credit, Inbound,
-                                Opened, PrincipalsChanged, Tick, TimersDue, Wake)
+from hubd.core.commands import (TIMERS_DUE, WAKE, Closed, ConfigReloaded, Credit, Inbound, Opened,
+                                PrincipalsChanged, Tick, TimersDue, Wake)
 from hubd.core.message import CLOSE_INTERNAL, CloseEndpoint, Message
 from hubd.state.events import Event, UnstorableEvent
 from hubd.state.hub import HubState, apply
@@ -45,8 +45,7 @@ from hubd.wire import codec
 from hubd.wire.envelope import BROADCAST, error_frame, frame_type, hub_frame
 
 from . import sessions
-from .journal_writer import JournalFailed, RowsRefused
-from .outcome import Flush, Outcome, Resync
+from .journal_writer import Flush, JournalFailed, Outcome, Resync, RowsRefused
 from .timers import TimerHeap
 
 log = structlog.get_logger("hubd.router")
@@ -160,7 +159,7 @@ class Router:
             Tick: Router._tick, TimersDue: Router._timers_due,
             ConfigReloaded: Router._config_reloaded,
             PrincipalsChanged: Router._principals_changed,
-            Call: Router._call, Wake: Router._nothing,
+            Wake: Router._nothing,
             JournalFailed: Router._commit_failed, RowsRefused: Router._rows_refused,
             **installed.commands}
         # live (not journaled) bookkeeping of the plugins, one typed home each
@@ -228,14 +227,12 @@ class Router:
             session = self.presence.sessions.get(endpoint)
             if session is not None:
                 self.acting = session.principal
-                self._safely(endpoint, self._inbound, session, command.frame, command.size)
+                self._safely(endpoint, self.inbound, session, command.frame, command.size)
                 self.acting = None
         else:
             handler = self._table.get(kind)
             if handler is None:
-                if not callable(command):  # (going: the REDSYN door's last closures)
-                    raise TypeError(f"router got an unknown command {command!r}")
-                handler = _closure
+                raise TypeError(f"router got an unknown command {command!r}")
             self._command(handler, command)
         self._keep()
 
@@ -355,11 +352,6 @@ class Router:
     def _rows_refused(self, command: RowsRefused) -> None:
         self._state_dirty("row_refused", command.principal)
 
-    def _call(self, command: Call) -> None:
-        result = command.fn(self)
-        if command.reply is not None and not command.reply.done():
-            command.reply.set_result(result)
-
     def _tick(self, command: Tick) -> None:
         """Once a second: each plugin's periodic work, each as its own command."""
         for hook in self.installed.periodic:
@@ -380,7 +372,8 @@ class Router:
     def _credit(self, command: Credit) -> None:
         sessions.credit(self, command.endpoint, command.principal, command.credential)
 
-    def _inbound(self, session: Session, frame: dict, size: int) -> None:
+    def inbound(self, session: Session, frame: dict, size: int) -> None:
+        """One hub-wire frame from a session (the first one registers it)."""
         if session.peer_hub is not None:
             self._from_peer(session, frame, size)
             return
@@ -429,13 +422,7 @@ class Router:
         sessions.opened(self, command)
 
     def _closed(self, command: Closed) -> None:
-        session = self.presence.close(command.endpoint)
-        if session is None or session.name is None:
-            return
-        for hook in self.installed.on_unregister:
-            hook(self, session)
-        if self.presence.by_name.get(session.name) is None:
-            sessions.announce_presence(self, "left", session.name)
+        sessions.closed(self, command.endpoint)
 
     def identity_changed(self) -> None:
         """Once the hub has principals of its own, directed chats go only to
@@ -680,6 +667,3 @@ class Router:
 def _periodic(router: Router, hook) -> None:
     hook(router)
 
-
-def _closure(router: Router, fn) -> None:
-    fn(router)

@@ -29,11 +29,20 @@ HUB_FEATURES = ["forward_batch", "delivery_forward"]
 
 
 def opened(router: Router, command: Opened) -> None:
+    """A door's endpoint opens. One of a door with a dialect of its own (the
+    broker's connections, the REDSYN door) is that dialect's to welcome; any
+    other is an agent's: bounded by the hub's capacity and per-host limits,
+    welcomed, and reached by broadcasts."""
     presence = router.presence
     config = router.config
     endpoint, host = command.endpoint, command.peer_host
+    dialect = router.installed.dialects.get(command.door)
     session = presence.open(endpoint, command.principal, host, command.peer_cert,
-                            command.credential)
+                            command.credential, command.door, broadcast=dialect is None)
+    if dialect is not None:
+        if dialect.opened is not None:
+            dialect.opened(router, session, command)
+        return
     if len(presence.endpoints) > config.max_clients:
         router.send(endpoint, router.frame("error", "self", "Hub at capacity."))
         router.close(endpoint, CLOSE_CAPACITY, "hub at capacity")
@@ -52,7 +61,22 @@ def opened(router: Router, command: Opened) -> None:
         online_agents=presence.online(),
         protocol_version=PROTOCOL_VERSION,
         hubd_features=HUB_FEATURES))
-    del session  # registered by the first frame that names a sender
+
+
+
+def closed(router: Router, endpoint: int) -> None:
+    session = router.presence.close(endpoint)
+    if session is None:
+        return
+    dialect = router.installed.dialects.get(session.door)
+    if dialect is not None and dialect.closed is not None:
+        dialect.closed(router, session)
+    if session.name is None:
+        return
+    for hook in router.installed.on_unregister:
+        hook(router, session)
+    if router.presence.by_name.get(session.name) is None:
+        announce_presence(router, "left", session.name)
 
 
 def _name_conflict(router: Router, session: Session, name: str, text: str, reason: str) -> None:

@@ -149,16 +149,18 @@ class PrincipalsChanged(NamedTuple):
     """The identity actor swapped the principal table: re-check every session."""
 
 
-class Call(NamedTuple):
-    """(Going: the REDSYN and broker doors' last closures.) Run `fn(router)`;
-    `reply` gets its result or its exception."""
-
-    fn: Any
-    reply: asyncio.Future | None = None
-
-
 class Wake(NamedTuple):
     """Nothing to do: wakes the Router so it drains its control queue."""
+
+
+class CommandRefused(Exception):
+    """A reply future's answer when the Router does not serve a command at
+    all: its endpoint is not open, or the door has no such verb. (A verb's
+    own refusals are its dialect's: a REDSYN error, a broker error line.)"""
+
+    def __init__(self, code: str, text: str):
+        super().__init__(text)
+        self.code, self.text = code, text
 
 
 WAKE = Wake()

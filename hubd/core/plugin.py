@@ -51,6 +51,45 @@ class Verbs(dict):
         return declare
 
 
+@dataclass(frozen=True)
+class Dialect:
+    """What the shared verbs mean on the endpoints of one door (the door an
+    endpoint named in its Opened): each fn(router, session, command). A verb
+    a dialect leaves out is refused to that door; a door with no dialect of
+    its own speaks the core's (its Register takes a seat, its Send is a chat
+    from that seat: hubd/handlers/dialects.py)."""
+
+    # the endpoint was opened / went away
+    opened: Callable | None = None
+    closed: Callable | None = None
+    register: Callable | None = None
+    send: Callable | None = None
+    take: Callable | None = None
+    ack: Callable | None = None
+
+
+@dataclass(frozen=True)
+class Mailbox:
+    """A kind of box a chat can land in besides a seat's (a REDSYN agent's,
+    a broker handle's), declared by its plugin. The routing service
+    (hubd/handlers/routing.py) asks each, once per directed chat, which of
+    the target's addresses it holds (`plan`, a decision made before the chat
+    is journaled) and journals the answer in the chat's route
+    (`route["boxes"][kind]`); the mailbox's applier reads its own entries
+    from there, and `delivered` makes the live effects (pushes, wake-ups)
+    inside the same command."""
+
+    kind: str
+    # the projection (HubState.extensions) its plan decides on
+    projection: str
+    # fn(router, projection, frame, sender, target, route_extra) -> Planned | None
+    plan: Callable
+    # fn(router, event, entries)
+    delivered: Callable
+    # asked only for a target with an item in this namespace (`<namespace>/...`)
+    namespace: str | None = None
+
+
 class RemoteHubs(Protocol):
     """What the core asks about a target on a peer hub (`PROJECT/seat@HUB`)."""
 
@@ -108,12 +147,11 @@ class Plugin:
     replaces_state_sections: Mapping[str, Callable] = field(default_factory=dict)
     # /health sections: name -> fn(hub)
     health_sections: Mapping[str, Callable[[Any], object]] = field(default_factory=dict)
-    # a directed chat to seats this plugin serves outside presence (the broker's
-    # <ns>/<handle>), asked before the chat is journaled: fn(router, frame,
-    # sender, target) -> None, or a plan with `.seats` (added to the chat's
-    # recipients) and `.journal(router)` (records the plugin's side of it,
-    # right after the chat's event, in the same command)
-    directed_chat: Sequence[Callable[["Router", dict, str, Any], Any]] = ()
+    # boxes a chat can land in besides a seat's (see Mailbox), in the order
+    # they are asked
+    mailboxes: Sequence[Mailbox] = ()
+    # door name -> what the shared verbs mean on that door's endpoints
+    dialects: Mapping[str, Dialect] = field(default_factory=dict)
     # the plugin's own commands (typed messages its actors and timers post to
     # the Router): command type -> fn(router, command), run as an ordinary command
     commands: Mapping[type, Callable[["Router", Any], None]] = field(default_factory=dict)
@@ -166,11 +204,13 @@ class Installed:
         commands: dict = {}
         requests: dict = {}
         live: dict = {}
+        dialects: dict = {}
         for plugin in self.plugins:
             _merge_unique(commands, plugin.commands, f"command (plugin {plugin.name})")
             _merge_unique(requests, plugin.requests, f"request verb (plugin {plugin.name})")
             _merge_unique(live, {cls: None for cls in plugin.live},
                           f"live home (plugin {plugin.name})")
+            _merge_unique(dialects, plugin.dialects, f"dialect (plugin {plugin.name})")
             _merge_unique(verbs, plugin.verbs, f"verb (plugin {plugin.name})")
             _merge_unique(projections, plugin.projections, f"projection (plugin {plugin.name})")
             _merge_unique(state_sections, plugin.state_sections,
@@ -194,11 +234,12 @@ class Installed:
         self.commands = commands
         self.requests = requests
         self.live = tuple(live)
+        self.dialects = dialects
         self.on_register = self._all("on_register")
         self.on_unregister = self._all("on_unregister")
         self.periodic = self._all("periodic")
         self.peer_claims = self._all("peer_claims")
-        self.directed_chat = self._all("directed_chat")
+        self.mailboxes = self._all("mailboxes")
         self.claim_gate = self._one("claim_gate")
         self.remote_hubs = self._one("remote_hubs")
         self.committed = tuple(self.hooks("committed"))

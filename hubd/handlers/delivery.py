@@ -24,6 +24,8 @@ from hubd.state import principals as pr
 from hubd.state.presence import Session
 from hubd.wire.envelope import HUB_SENDER, frame_type
 
+from . import routing
+
 log = structlog.get_logger("hubd.delivery")
 
 verbs = Verbs()
@@ -278,14 +280,6 @@ def _control_refusal(router: Router, session: Session, target: str, mode: str,
                              task_claimed=lease is not None and lease["owner"] == session.name)
 
 
-def _remote_hook(router: Router, session: Session, name: str):
-    """The federation plugin's hook for delivery across hubs
-    (federation/delivery_forward.py), for a local requester; None without one."""
-    if session.peer_hub is not None:
-        return None  # a forwarded requester is served here, never forwarded on
-    return getattr(router.installed.remote_hubs, name, None)
-
-
 @verbs.handles("delivery_request")
 def delivery_request(router: Router, session: Session, frame: dict, size: int) -> None:
     if not rules.speaks_v3(session.protocol_version, frame):
@@ -294,11 +288,8 @@ def delivery_request(router: Router, session: Session, frame: dict, size: int) -
             rules.UNSUPPORTED_PROTOCOL, "peer did not negotiate delivery version 3",
             rid if isinstance(rid, str) else ""))
         return
-    target = frame.get("target")
-    forward = _remote_hook(router, session, "forward_delivery")
-    if forward is not None and isinstance(target, str) and "@" in target:
-        forward(router, session, frame)  # PROJECT/seat@HUB: admitted by that hub
-        return
+    if routing.forward_delivery(router, session, frame):
+        return  # PROJECT/seat@HUB: admitted by that hub (federation/delivery_forward.py)
     request = rules.read_request(frame, router.now)
     if isinstance(request, rules.Refusal):
         refuse(router, session, request)
@@ -374,8 +365,7 @@ def _lookup(router: Router, session: Session, frame: dict) -> di.Operation | Non
     if not rules.is_digest(key):
         refuse(router, session, rules.Refusal(rules.INVALID_SHAPE, "operation key is malformed"))
         return None
-    follow_up = _remote_hook(router, session, "routed_delivery")
-    if follow_up is not None and follow_up(router, session, frame, key):
+    if routing.routed_delivery(router, session, frame, key):
         return None  # an operation on a peer hub: asked there
     op = _state(router).ops.get(key)
     if op is None:

@@ -14,7 +14,7 @@ from hubd.state.presence import RX_SUFFIX, Session
 from hubd.wire.envelope import strict_int
 from hubd.wire.targets import parse_target
 
-from . import delivery, inbox, receipts
+from . import delivery, inbox, receipts, routing
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
@@ -45,11 +45,7 @@ def mailbox_pending(router: Router) -> dict[str, int]:
 def who(router: Router, session: Session, frame: dict, size: int) -> None:
     hub = frame.get("hub")
     if isinstance(hub, str) and hub and hub != router.hub_id:
-        remote = router.installed.remote_hubs
-        if remote is None:
-            router.error(session, f"Hub '{hub}' is not a configured message peer of this hub.")
-        else:
-            remote.remote_who(router, session, frame, hub)
+        routing.remote_who(router, session, frame, hub)
         return
     presence = router.presence
     by_name = presence.by_name

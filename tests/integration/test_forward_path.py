@@ -75,7 +75,7 @@ CARRIERS = {("hubd/doors/websocket.py", "run"), ("hubd/doors/websocket.py", "_fl
             ("federation/outbox.py", "run"), ("federation/link.py", "run")}
 # work inside a carrier that is not this chat: the Router's timers (and the
 # outbox's journal reads) come as Calls; the outbox's sweep runs on its Tick
-NOT_THE_CHAT = {("hubd/actors/router.py", "_call"), ("federation/outbox.py", "_sweep")}
+NOT_THE_CHAT = {("hubd/actors/router.py", "_tick"), ("federation/outbox.py", "_sweep")}
 
 EXPECTED_SEND = ("federation/plugin.py", "federation/forwarding.py", "federation/outbox.py",
                  "federation/link.py")

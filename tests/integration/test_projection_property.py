@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hubd.actors.outcome import Flush
+from hubd.actors.journal_writer import Flush
 from tests.support.inproc import running_hub
 from tests.support.wsprobe import WsProbe
 
