@@ -19,8 +19,7 @@ event (Router.event), so text SQLite cannot store never gets this far.
 
 The writer's vocabulary is here: what the Router hands it (Outcome batches,
 Flush, Resync markers), what it tells the Router (JournalFailed,
-RowsRefused) and what a door's reply future gets when a commit fails
-(CommitFailed).
+RowsRefused).
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ import structlog
 from hubd import faults
 from hubd.core.endpoints import Endpoints
 from hubd.core.message import CloseEndpoint, Message
+from hubd.core.refusals import CommitFailed
 from hubd.journal.store import JournalStore
 from hubd.journal.thread import DbThread
 from hubd.state.events import refused_row
@@ -73,14 +73,6 @@ class Outcome:
         self.failure = failure if failure is not None else []
         self.answers: list = []
         self.after_release = after_release
-
-
-class CommitFailed(Exception):
-    """A reply future's answer: the command's events could not be committed,
-    so nothing of it was kept (the door says so on its own wire)."""
-
-    def __init__(self) -> None:
-        super().__init__("the hub could not journal this; nothing was changed")
 
 
 class Resync:

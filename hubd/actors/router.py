@@ -1,27 +1,22 @@
 """Router: owns the coordination state and decides what every command means.
 
-The Router reads commands (hubd/core/commands.py) from one bounded queue,
-hands each to the handler for its verb (hubd/handlers/), and collects the
-resulting events and messages. It knows endpoints by id only: which door an
-agent came through is the door's business (hubd/doors/).
-Everything it drained in one go becomes one batch for the JournalWriter, which
-commits it and only then releases the frames. Events are applied to the state
-as they are made, with the same `apply` that replays the journal at start.
+The Router reads commands (hubd/core/commands.py) from one bounded queue and
+dispatches each on its type through one table: its own (the tick, its
+timers, a reload), and the installed plugins' (hub-wire frames go to the
+verb named by their type; the shared verbs to the dialect of the endpoint's
+door; a plugin's own commands to its handlers). It knows endpoints by id
+only: which door an agent came through is the door's business (hubd/doors/).
+Everything it drained in one go becomes one batch for the JournalWriter,
+which commits it and only then releases the output. Events are applied to the
+state as they are made, with the same `apply` that replays the journal at
+start. Nothing outside this actor reads or writes its state: doors and other
+actors post commands; the probes ask with a Request.
 
-Recovery keeps the invariant "state is a projection of the journal"
-(docs/architecture.md, "Router"):
-- a command that fails leaves no trace: its events, replies and callbacks are
-  dropped, and only its endpoint hears of it (an unexpected exception closes
-  it 1011; an event that cannot be stored gets a typed error). The state is
-  rebuilt from the journal only when the command had applied an event, once
-  everything queued is committed, and the principal whose command it was may
-  not change state for a while (hubd/state/suspensions.py), so no client can
-  keep the hub replaying;
-- a row SQLite refuses at commit fails its own command only (the writer
-  keeps its seq with a journal_row_refused row), and the state is rebuilt
-  the same way;
-- a failed commit is answered by the writer with private errors, and the
-  Router rebuilds from the journal before new events are accepted again.
+A command that fails leaves no trace: its events, output and answers are
+dropped, and only its endpoint hears of it (an unexpected exception closes
+it 1011, or fails its reply future; an event that cannot be stored gets a
+typed error). How the state gets back to a projection of the journal after a
+failed command or commit is hubd/actors/recovery.py.
 """
 
 from __future__ import annotations
@@ -33,9 +28,10 @@ from typing import Callable, TypeVar
 
 import structlog
 
-from hubd.core.commands import (TIMERS_DUE, WAKE, Closed, ConfigReloaded, Credit, Inbound, Opened,
-                                PrincipalsChanged, Tick, TimersDue, Wake)
+from hubd.core.commands import TIMERS_DUE, WAKE, ConfigReloaded, Inbound, Tick, TimersDue, Wake
 from hubd.core.message import CLOSE_INTERNAL, CloseEndpoint, Message
+from hubd.core.refusals import (REFUSALS, JournalUnavailable, MutationsRefused,
+                                PrincipalSuspended)
 from hubd.state.events import Event, UnstorableEvent
 from hubd.state.hub import HubState, apply
 from hubd.state.presence import Presence, Session
@@ -44,8 +40,8 @@ from hubd.state.suspensions import Suspensions
 from hubd.wire import codec
 from hubd.wire.envelope import BROADCAST, error_frame, frame_type, hub_frame
 
-from . import sessions
-from .journal_writer import Flush, JournalFailed, Outcome, Resync, RowsRefused
+from .journal_writer import JournalFailed, Outcome, RowsRefused
+from .recovery import REFUSAL_BACKOFF_START, Recovery
 from .timers import TimerHeap
 
 log = structlog.get_logger("hubd.router")
@@ -54,48 +50,6 @@ T = TypeVar("T")
 
 INBOX_COMMANDS = 4096
 MAX_BATCH_COMMANDS = 2048
-# After a failed commit, mutations are refused up front for this long (doubling
-# while failures repeat), so a full disk costs one state rebuild per backoff
-# period rather than one per batch.
-REFUSAL_BACKOFF_START = 1.0
-REFUSAL_BACKOFF_MAX = 30.0
-
-class MutationsRefused(Exception):
-    """Raised by Router.event() when this command may not change state now;
-    `message` tells its sender why (nothing was changed)."""
-
-    error_code: str | None = None
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-
-class JournalUnavailable(MutationsRefused):
-    """The journal refuses writes (a failed commit's back-off, corrupt or
-    unknown rows)."""
-
-    def __init__(self, reason: str | None):
-        super().__init__(f"The hub cannot write its journal right now ({reason}); nothing "
-                         "was changed. Reads still work; retry later.")
-
-
-class PrincipalSuspended(MutationsRefused):
-    """A command of this principal made the hub rebuild its state a moment
-    ago (hubd/state/suspensions.py)."""
-
-    error_code = "mutations_suspended"
-
-    def __init__(self, principal: str | None, seconds: float):
-        who = f"principal {principal}" if principal is not None else "the hub's own work"
-        super().__init__(f"The hub refuses changes from {who} for {seconds:.1f} s more: one of "
-                         "its commands failed and made the hub rebuild its state. Nothing "
-                         "was changed; reads still work.")
-
-
-# what Router.event() raises to refuse a command, before anything is applied
-REFUSALS = (MutationsRefused, UnstorableEvent)
-
 
 class LazyError:
     """A private error message, built only if it is ever sent (most are not:
@@ -110,7 +64,7 @@ class LazyError:
         return Message(error_frame(self.hub_id, self.target, self.text, self.ts, **self.fields))
 
 
-class Router:
+class Router(Recovery):
     def __init__(self, hub, state: HubState):
         self.hub = hub
         self.endpoints = hub.endpoints
@@ -119,6 +73,8 @@ class Router:
         # hub-wire verbs (Inbound frames) and Request verbs, by name
         self.handlers = installed.handlers
         self.requests = installed.requests
+        # the hub wire's session rules (the core's: hubd/handlers/sessions.py)
+        self._sessions = installed.sessions
         self.config = hub.config
         self.hub_id: str = hub.hub_id
         self.metrics = hub.metrics
@@ -155,11 +111,8 @@ class Router:
         self._alarm_at: float | None = None
         # the one dispatch table: command type -> fn(router, command)
         self._table: dict[type, Callable] = {
-            Opened: Router._opened, Closed: Router._closed, Credit: Router._credit,
             Tick: Router._tick, TimersDue: Router._timers_due,
-            ConfigReloaded: Router._config_reloaded,
-            PrincipalsChanged: Router._principals_changed,
-            Wake: Router._nothing,
+            ConfigReloaded: Router._config_reloaded, Wake: Router._nothing,
             JournalFailed: Router._commit_failed, RowsRefused: Router._rows_refused,
             **installed.commands}
         # live (not journaled) bookkeeping of the plugins, one typed home each
@@ -366,12 +319,6 @@ class Router:
     def _config_reloaded(self, command: ConfigReloaded) -> None:
         self.config = command.config
 
-    def _principals_changed(self, command: PrincipalsChanged) -> None:
-        sessions.revalidate(self)
-
-    def _credit(self, command: Credit) -> None:
-        sessions.credit(self, command.endpoint, command.principal, command.credential)
-
     def inbound(self, session: Session, frame: dict, size: int) -> None:
         """One hub-wire frame from a session (the first one registers it)."""
         if session.peer_hub is not None:
@@ -384,10 +331,10 @@ class Router:
                 if claim(self, session, frame):
                     self._from_peer(session, frame, size)
                     return
-            if not sessions.register(self, session, frame):
+            if not self._sessions.register(self, session, frame):
                 return
         elif sender != name:
-            sessions.refuse_name_switch(self, session, sender)
+            self._sessions.refuse_name_switch(self, session, sender)
             return
         type_ = frame_type(frame)
         # consume-live evidence (docs/receipts.md): a keepalive proves only the socket
@@ -408,7 +355,7 @@ class Router:
         """A peer hub's link: its identity is its certificate, bound at its first frame."""
         sender = frame.get("sender") or session.peer_hub
         if sender != session.peer_hub:
-            sessions.refuse_name_switch(self, session, sender)
+            self._sessions.refuse_name_switch(self, session, sender)
             return
         type_ = frame_type(frame)
         if type_ in self.installed.peer_verbs:
@@ -417,12 +364,6 @@ class Router:
             self.send(session.endpoint, self.frame(
                 "error", session.peer_hub,
                 f"A peer hub link speaks hub-to-hub verbs only, not '{type_}'."))
-
-    def _opened(self, command: Opened) -> None:
-        sessions.opened(self, command)
-
-    def _closed(self, command: Closed) -> None:
-        sessions.closed(self, command.endpoint)
 
     def identity_changed(self) -> None:
         """Once the hub has principals of its own, directed chats go only to
@@ -499,6 +440,10 @@ class Router:
         self.out.events.append(event)
         return event
 
+    def journal_committed(self) -> None:
+        """A commit succeeded: a later failure starts from the short backoff."""
+        self._backoff = REFUSAL_BACKOFF_START
+
     def next_seq(self) -> int:
         return self.state.last_seq + 1
 
@@ -507,7 +452,8 @@ class Router:
         return bool(self.out.events)
 
     # -- the API handlers use: output, one way per kind. Everything here
-    # leaves the hub only after the command's events are committed.
+    # leaves the hub only after the command's events are committed; nothing
+    # outside hubd/actors touches an Outcome.
 
     def frame(self, type_: str, target: str, payload, **fields) -> dict:
         return hub_frame(self.hub_id, type_, target, payload, self.now, **fields)
@@ -593,75 +539,6 @@ class Router:
     def error(self, session: Session, text: str, **fields) -> None:
         self.send(session.endpoint, error_frame(self.hub_id, session.name or BROADCAST, text,
                                                 self.now, **fields))
-
-    # -- recovery
-
-    async def _wait_committed(self) -> None:
-        done = asyncio.get_running_loop().create_future()
-        await self.hub.writer.inbox.put(Flush(done))
-        await done
-
-    async def _rebuild(self, reason: str) -> float:
-        """Replace the state with a replay of the journal; the seconds it took."""
-        started = time.perf_counter()
-        self.state = await self.hub.load_state()
-        for restored in self.installed.hooks("restored"):
-            restored(self.state)
-        for rebuilt in self.installed.hooks("rebuilt"):
-            rebuilt(self)
-        seconds = time.perf_counter() - started
-        self.metrics.count_rebuild(reason, seconds)
-        return seconds
-
-    async def _rebuild_after_crash(self) -> None:
-        """The state may hold part of a failed command: once everything queued
-        is committed, replay the journal, and suspend whoever caused it."""
-        await self._wait_committed()
-        self._needs_rebuild = False
-        seconds = await self._rebuild(self._dirty_reason)
-        self._suspend_dirty_by(seconds)
-
-    def _suspend_dirty_by(self, rebuild_seconds: float) -> None:
-        principal = self._dirty_by
-        suspended = self.suspensions.suspend(principal, time.time(), rebuild_seconds)
-        if suspended:
-            self.metrics.suspensions += 1
-        log.warning("state rebuilt from the journal after a failed command",
-                    reason=self._dirty_reason,
-                    principal=principal if principal is not None else "(the hub)",
-                    rebuild_seconds=round(rebuild_seconds, 3),
-                    changes_refused_seconds=round(suspended, 3), last_seq=self.state.last_seq,
-                    # live suspensions dropped at the table's bound, ever
-                    suspensions_evicted=self.suspensions.evicted_live)
-
-    def refuse_permanently(self, reason: str) -> None:
-        self.refusing_mutations = reason
-        self._refusal_permanent = True
-
-    def journal_committed(self) -> None:
-        """A commit succeeded: a later failure starts from the short backoff."""
-        self._backoff = REFUSAL_BACKOFF_START
-
-    async def _recover_from_journal_failure(self) -> None:
-        self._journal_failed = False
-        dirty, self._needs_rebuild = self._needs_rebuild, False
-        try:
-            seconds = await self._rebuild("journal_failure")
-            if dirty:  # a failed command made it dirty too: this rebuild is its
-                self._suspend_dirty_by(seconds)
-        except Exception:
-            # The journal cannot even be read: keep serving reads from the
-            # last state and refuse mutations until an operator intervenes.
-            log.exception("journal unreadable after a failed commit; refusing mutations")
-            self.refuse_permanently("journal unreadable")
-        if not self._refusal_permanent:
-            self.refusing_mutations = "journal write failed"
-            self._refuse_until = time.time() + self._backoff
-            log.warning("state rebuilt from the journal after a failed commit; refusing "
-                        "mutations for a while", last_seq=self.state.last_seq,
-                        seconds=self._backoff)
-            self._backoff = min(self._backoff * 2, REFUSAL_BACKOFF_MAX)
-        await self.hub.writer.inbox.put(Resync())
 
 
 def _periodic(router: Router, hook) -> None:

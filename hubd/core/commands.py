@@ -153,16 +153,6 @@ class Wake(NamedTuple):
     """Nothing to do: wakes the Router so it drains its control queue."""
 
 
-class CommandRefused(Exception):
-    """A reply future's answer when the Router does not serve a command at
-    all: its endpoint is not open, or the door has no such verb. (A verb's
-    own refusals are its dialect's: a REDSYN error, a broker error line.)"""
-
-    def __init__(self, code: str, text: str):
-        super().__init__(text)
-        self.code, self.text = code, text
-
-
 WAKE = Wake()
 TICK = Tick()
 TIMERS_DUE = TimersDue()

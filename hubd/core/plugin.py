@@ -136,6 +136,10 @@ class Plugin:
     on_unregister: Sequence[Callable[["Router", "Session"], None]] = ()
     # run as ordinary Router commands once a second (lease expiry and the like)
     periodic: Sequence[Callable[["Router"], None]] = ()
+    # the hub wire's session rules (exactly one plugin: the core's,
+    # hubd/handlers/sessions.py SESSIONS): register(router, session, frame)
+    # at an endpoint's first frame, refuse_name_switch(router, session, sender)
+    sessions: Any = None
     # asked at an endpoint's first frame: is this a peer hub's link?
     peer_claims: Sequence[Callable[["Router", "Session", dict], bool]] = ()
     # state_request sections: name -> fn(router, session, query)
@@ -242,6 +246,7 @@ class Installed:
         self.mailboxes = self._all("mailboxes")
         self.claim_gate = self._one("claim_gate")
         self.remote_hubs = self._one("remote_hubs")
+        self.sessions = self._one("sessions")
         self.committed = tuple(self.hooks("committed"))
 
     def _all(self, name: str) -> tuple:

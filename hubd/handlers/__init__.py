@@ -13,7 +13,7 @@ from hubd.state import hub as hub_state
 from hubd.state import idem as idem_state
 
 from . import (board, capabilities, chat, claims, delivery, dialects, mailbox, queries,
-               receipts, status)
+               receipts, sessions, status)
 
 
 def core_plugin() -> Plugin:
@@ -42,7 +42,9 @@ def core_plugin() -> Plugin:
         on_unregister=(capabilities.on_unregister, claims.on_unregister,
                        delivery.on_unregister, receipts.on_unregister),
         periodic=(claims.sweep, delivery.sweep, receipts.sweep),
-        commands={Register: dialects.register, Send: dialects.send, Take: dialects.take,
+        sessions=sessions.SESSIONS,
+        commands={**sessions.COMMANDS,
+                  Register: dialects.register, Send: dialects.send, Take: dialects.take,
                   Ack: dialects.ack, Request: dialects.request,
                   receipts.WritesReported: receipts.writes_reported,
                   delivery.NotificationsReleased: delivery.released},

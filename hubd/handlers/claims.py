@@ -25,6 +25,7 @@ from hubd.core.plugin import Verbs
 from hubd.state import board as bd
 from hubd.state import capabilities as cap
 from hubd.state import claims as cl
+from hubd.state import lease_rules as lr
 from hubd.state import idem
 from hubd.state.presence import Session
 
@@ -162,7 +163,7 @@ def release_refusal(router: Router, who: str, frame: dict) -> tuple[str, str | N
     if not task_id:
         return task_id, "Task ID is required.", None
     lease = cl.claims_of(router.state).live(task_id, router.now)
-    return task_id, cl.check_holder(lease, task_id, who, frame.get("epoch"),
+    return task_id, lr.check_holder(lease, task_id, who, frame.get("epoch"),
                                     not_claimed="Task '{task_id}' is not currently claimed.",
                                     owned="Task '{task_id}' is owned by {owner}, not {who}."), lease
 
@@ -171,7 +172,7 @@ def record_release(router: Router, name: str, lease: dict, frame: dict, bound: d
     """Journal and announce one release; returns the release_granted frame."""
     task_id = lease["task_id"]
     now = router.now
-    receipt, has_evidence = cl.build_receipt(frame, task_id, name)
+    receipt, has_evidence = lr.build_receipt(frame, task_id, name)
     router.event(cl.RELEASE, {"task_id": task_id, "owner": name, "epoch": lease["epoch"],
                               "released_at": now})
     granted = router.frame("release_granted", "all", f"Task '{task_id}' released by {name}.",
@@ -179,7 +180,7 @@ def record_release(router: Router, name: str, lease: dict, frame: dict, bound: d
     router.broadcast(granted)
     if has_evidence:
         note = {"task_id": task_id, "author": name, "kind": "assessment",
-                "text": cl.receipt_note_text(receipt), "posted_at": now}
+                "text": lr.receipt_note_text(receipt), "posted_at": now}
         router.event(bd.LEDGER_PROGRESS, note)
         router.broadcast(router.frame("ledger_progress_posted", "all",
                                       f"Release receipt from {name}", note=note))
@@ -258,7 +259,7 @@ def update_task(router: Router, who: str, frame: dict) -> Answer:
     if not task_id:
         return Answer(False, "error", "Task ID is required.", {})
     lease = cl.claims_of(router.state).live(task_id, router.now)
-    refusal = cl.check_holder(lease, task_id, who, frame.get("epoch"),
+    refusal = lr.check_holder(lease, task_id, who, frame.get("epoch"),
                               not_claimed="Task '{task_id}' not found.",
                               owned="Task '{task_id}' owned by {owner}, not {who}.")
     if refusal is None:
@@ -267,7 +268,7 @@ def update_task(router: Router, who: str, frame: dict) -> Answer:
             refusal = f"Task '{task_id}' version conflict (current {lease['version']})."
     status = cl.text_field(frame.get("status")).strip() if refusal is None else ""
     if refusal is None and status:
-        refusal = cl.transition_refusal(task_id, lease["status"], status)
+        refusal = lr.transition_refusal(task_id, lease["status"], status)
     if refusal is not None:
         return Answer(False, "error", refusal, {"task_id": task_id})
     updated = dict(lease)
@@ -298,7 +299,7 @@ def save_checkpoint(router: Router, who: str, frame: dict) -> Answer:
     expire_due(router)
     task_id = cl.task_id_of(frame, "id")
     lease = cl.claims_of(router.state).live(task_id, router.now) if task_id else None
-    refusal = "Task ID is required." if not task_id else cl.check_holder(
+    refusal = "Task ID is required." if not task_id else lr.check_holder(
         lease, task_id, who, frame.get("epoch"), not_claimed="Task '{task_id}' not found.",
         owned="Task '{task_id}' owned by {owner}, not {who}.")
     if refusal is not None:
@@ -359,7 +360,7 @@ def hand_off(router: Router, who: str, frame: dict, target_online: bool = False)
     elif to not in router.presence.by_name and not target_online:
         refusal = f"Handoff target '{to}' is not online."
     else:
-        refusal = cl.check_holder(lease, task_id, name, frame.get("epoch"),
+        refusal = lr.check_holder(lease, task_id, name, frame.get("epoch"),
                                   not_claimed="Task '{task_id}' is not currently claimed.",
                                   owned="Task '{task_id}' is owned by {owner}, not {who}.")
     if refusal is None and to == lease["owner"]:
@@ -419,7 +420,7 @@ def wait_for_task(router: Router, who: str, frame: dict) -> Answer:
         return Answer(False, "wait_denied", f"You already hold '{task_id}'.",
                       {"task_id": task_id})
     waits = router.live_of(ClaimsLive).waits
-    if cl.deadlock(claims, waits, name, holder, now):
+    if lr.deadlock(claims, waits, name, holder, now):
         return Answer(False, "wait_denied", f"Waiting for '{task_id}' held by {holder} would "
                                             "deadlock.", {"task_id": task_id, "holder": holder})
     waits.pop(name, None)

@@ -15,7 +15,8 @@ installed request tables, like a hub-wire verb.
 from __future__ import annotations
 
 from hubd.actors.router import Router
-from hubd.core.commands import Ack, CommandRefused, Register, Request, Send, Take
+from hubd.core.commands import Ack, Register, Request, Send, Take
+from hubd.core.refusals import CommandRefused
 from hubd.wire import codec
 
 NOT_OPEN = "endpoint_not_open"

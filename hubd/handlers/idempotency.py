@@ -21,6 +21,7 @@ from hubd.state import idem
 from hubd.state.presence import Session
 from hubd.core.message import Message
 from hubd.wire import codec
+from hubd.wire.digests import canonical_sha256
 from hubd.wire.envelope import error_frame
 
 
@@ -76,5 +77,5 @@ def remember(router: Router, session: Session, keyed: Keyed | None, response: di
         "key": idem.operation_key(session.name, keyed.verb, keyed.key),
         "request_digest": keyed.digest,
         "response": response,
-        "response_sha256": idem.canonical_sha256(response),
+        "response_sha256": canonical_sha256(response),
     })

@@ -27,11 +27,10 @@ from collections import defaultdict
 import structlog
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from hubd.actors.journal_writer import CommitFailed
-from hubd.actors.router import MutationsRefused
-from hubd.core.commands import Ack, CommandRefused, Opened, Register, Request, Send, Take
+from hubd.core.commands import Ack, Opened, Register, Request, Send, Take
 from hubd.core.endpoints import next_endpoint_id
 from hubd.core.message import Message
+from hubd.core.refusals import CommandRefused, CommitFailed, MutationsRefused
 from hubd.http.guard import guard
 from hubd.state import redsyn as mb
 from hubd.state.events import UnstorableEvent

@@ -17,7 +17,8 @@ it finds comes back as an Ack (that delivery is delivered).
 
 from __future__ import annotations
 
-from hubd.actors.router import REFUSALS, Router
+from hubd.actors.router import Router
+from hubd.core.refusals import REFUSALS
 from hubd.core.plugin import Dialect
 from hubd.state.broker_rules import Refusal
 from hubd.state.events import UnstorableEvent

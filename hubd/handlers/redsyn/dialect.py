@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import time
 
-from hubd.actors.router import REFUSALS, Router
+from hubd.actors.router import Router
+from hubd.core.refusals import REFUSALS
 from hubd.core.plugin import Dialect
 from hubd.state import redsyn as mb
 from hubd.state.events import UnstorableEvent
