@@ -29,9 +29,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, NamedTuple
 
-# the dialect of hub-wire frames (the WebSocket door's, and any door that
-# carries hub-wire frames): the default of Opened
-HUB_WIRE = "hub"
+from hubd.wire.envelope import HUB_WIRE
+
 
 
 class Opened(NamedTuple):

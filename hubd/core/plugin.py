@@ -66,6 +66,8 @@ class Dialect:
     send: Callable | None = None
     take: Callable | None = None
     ack: Callable | None = None
+    # the door's own verbs (Requests by name): only its endpoints may ask them
+    requests: Mapping[str, Callable] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -159,8 +161,8 @@ class Plugin:
     # the plugin's own commands (typed messages its actors and timers post to
     # the Router): command type -> fn(router, command), run as an ordinary command
     commands: Mapping[type, Callable[["Router", Any], None]] = field(default_factory=dict)
-    # Request verbs (door verbs the other doors do not share): name ->
-    # fn(router, session or None, request)
+    # Request verbs any endpoint (or none) may ask: name -> fn(router, session
+    # or None, request); a door's own are its dialect's
     requests: Mapping[str, Callable] = field(default_factory=dict)
     # the plugin's live (not journaled) bookkeeping, one typed home each:
     # classes the Router makes once, `cls(router)`, found with router.live_of(cls)

@@ -62,12 +62,18 @@ def ack(router: Router, command: Ack) -> None:
 
 
 def request(router: Router, command: Request) -> None:
-    handler = router.requests.get(command.verb)
-    if handler is None:
-        _refuse(command, UNKNOWN_VERB, f"this hub has no {command.verb!r} verb")
-        return
+    """A door's own verb (its dialect's: only its endpoints may ask it), or one
+    any endpoint may ask (the installed request table: `hub.health`...)."""
     session = router.presence.sessions.get(command.endpoint) \
         if command.endpoint is not None else None
+    dialect = router.installed.dialects.get(session.door) if session is not None else None
+    handler = dialect.requests.get(command.verb) if dialect is not None else None
+    if handler is None:
+        handler = router.requests.get(command.verb)
+    if handler is None:
+        _refuse(command, UNKNOWN_VERB, f"this hub has no {command.verb!r} verb for "
+                                       f"{'that endpoint' if session else 'a caller without one'}")
+        return
     handler(router, session, command)
 
 

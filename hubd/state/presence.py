@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from hubd.wire.envelope import HUB_WIRE
+
 RX_SUFFIX = "-rx"
-HUB_WIRE = "hub"  # the hub wire's dialect (hubd/core/commands.py HUB_WIRE)
 MAX_HEARD = 100_000
 
 

@@ -24,10 +24,10 @@ from hubd.core.commands import Ack, Opened
 from hubd.core.endpoints import next_endpoint_id
 from hubd.core.message import Message
 from hubd.state import broker as bs
+from hubd.wire import broker as wire
 
 log = structlog.get_logger("hubd.broker")
 
-DOOR = "broker-proofs"  # the dialect of its endpoint (hubd/handlers/broker/dialect.py)
 PROOF_CHECK_SECONDS = 1.0
 MAX_PENDING = 4096
 TAIL_BYTES = 256 * 1024
@@ -61,7 +61,7 @@ class ProofWatcher:
 
     async def open(self, principal: str) -> None:
         self.hub.endpoints.add(self)
-        await self.hub.router.inbox.put(Opened(self.id, principal, "local", door=DOOR))
+        await self.hub.router.inbox.put(Opened(self.id, principal, "local", door=wire.PROOFS_DOOR))
 
     # Endpoint: the Router's "watch for this" (after the push's commit)
     def deliver(self, message: Message) -> None:

@@ -57,7 +57,6 @@ NATIVE_CONNECT_SECONDS = 2.0
 # requests of one connection in flight at once (answered in order)
 PIPELINE = 64
 SEQUENTIAL = frozenset({"wait"})
-DOOR = "broker"  # the dialect its connections speak (hubd/handlers/broker/)
 # AF_UNIX paths are at most 107 bytes on Linux; a longer one is bound through
 # its folder's /proc/self/fd entry (still the same file on disk).
 UNIX_PATH_MAX = 107
@@ -366,7 +365,7 @@ class BrokerDoor:
                     if authenticated:
                         conn.opened = True
                         await self.hub.router.inbox.put(Opened(
-                            conn.id, self.config.principal, "local", door=DOOR))
+                            conn.id, self.config.principal, "local", door=wire.DOOR))
                     continue
                 if parsed.id <= conn.last_id:
                     await conn.settled()
@@ -462,24 +461,19 @@ class BrokerDoor:
             await conn.inflight[0][1]
 
 
-# the broker's verbs that are shared verbs, and the command each becomes
-SHARED = {"register": Register, "session": Register, "send": Send, "reply": Send,
-          "fetch-push": Take, "delivered": Ack, "ack": Ack}
-
-
 def command_for(endpoint: int, request: Line, native: int | None, reply: asyncio.Future):
     """One request line as a command of the shared vocabulary (the line's own
     fields travel as they are, beside its verb and id)."""
     fields = request.fields
     line = {"verb": request.type, "id": request.id, "request": fields, "native": native}
-    kind = SHARED.get(request.type)
-    if kind is Register:
+    kind = wire.SHARED_VERBS.get(request.type)
+    if kind == "register":
         return Register(endpoint, fields.get("handle") or "", line, reply)
-    if kind is Send:
+    if kind == "send":
         return Send(endpoint, "", fields.get("to"), fields.get("body"), line, reply)
-    if kind is Take:
+    if kind == "take":
         return Take(endpoint, fields["handle"], fields["limit"], None, line, reply)
-    if kind is Ack:
+    if kind == "ack":
         return Ack(endpoint, "", fields["ids"], line, reply)
     return Request(endpoint, f"broker.{request.type}", line, reply)
 

@@ -35,7 +35,7 @@ from hubd.http.guard import guard
 from hubd.state import redsyn as mb
 from hubd.state.events import UnstorableEvent
 from hubd.wire.redsyn import envelope as wire
-from hubd.wire.redsyn.envelope import API_VERSION, KNOWN_VERSIONS, RedsynError
+from hubd.wire.redsyn.envelope import API_VERSION, DOOR, KNOWN_VERSIONS, RedsynError
 from hubd.wire.redsyn.json_text import decode_body
 from hubd.wire.redsyn.webhook import signature_header
 
@@ -56,7 +56,6 @@ WEBHOOK_NODE = "hub:webhook"
 WEBHOOK_TIMEOUT = 10.0
 WEBHOOK_LEASE = 60.0
 WEBHOOK_PARALLEL = 32
-DOOR = "redsyn"  # the dialect its commands speak (hubd/handlers/redsyn/)
 
 
 def _journal_failed() -> RedsynError:

@@ -15,7 +15,7 @@ from hubd.config import BrokerConfig
 from hubd.core.plugin import Plugin
 from hubd.state import broker as bs
 
-from .dialect import DIALECTS, REQUESTS
+from .dialect import DIALECTS
 from .hub_side import mailbox
 from .live import BrokerLive, WaitExpired
 from .outputs import tick, wait_expired
@@ -27,4 +27,4 @@ def broker_plugin(config: BrokerConfig | None) -> Plugin:
     return Plugin("broker", appliers=bs.appliers, projections=bs.PROJECTIONS,
                   mailboxes=(mailbox(config.namespace),), periodic=(tick,),
                   commands={WaitExpired: wait_expired}, live=(BrokerLive,),
-                  dialects=DIALECTS, requests=REQUESTS)
+                  dialects=DIALECTS)

@@ -88,17 +88,6 @@ def closed(router: Router, session: Session) -> None:
             router.close(native, 1000, "its handle has no connection left")
 
 
-def _line(router: Router, session: Session, command) -> None:
-    handle(router, session, command)
-
-
-def request(router: Router, session: Session | None, command) -> None:
-    """A broker line that is not a shared verb (inbox, thread, wait, ...)."""
-    if session is None or session.door != DOOR:
-        raise ValueError(f"{command.verb} came from an endpoint that is not a broker connection")
-    handle(router, session, command)
-
-
 # -- the transcript watcher's endpoint
 
 def proofs_opened(router: Router, session: Session, command) -> None:
@@ -109,8 +98,8 @@ def proofs_found(router: Router, session: Session, command) -> None:
     proven(router, command.identity, command.ids)
 
 
-DIALECTS = {DOOR: Dialect(closed=closed, register=_line, send=_line, take=_line, ack=_line),
-            "broker-proofs": Dialect(opened=proofs_opened, ack=proofs_found)}
-REQUESTS = {f"broker.{name}": request for name in VERBS
-            if name not in ("register", "session", "send", "reply", "fetch-push", "delivered",
-                            "ack")}
+# a broker line that is not a shared verb (inbox, thread, wait, ...)
+_OWN_VERBS = {f"broker.{name}": handle for name in VERBS if name not in wire.SHARED_VERBS}
+DIALECTS = {DOOR: Dialect(closed=closed, register=handle, send=handle, take=handle, ack=handle,
+                          requests=_OWN_VERBS),
+            wire.PROOFS_DOOR: Dialect(opened=proofs_opened, ack=proofs_found)}

@@ -22,8 +22,7 @@ from hubd.state.broker_rules import Limits, Refusal
 from hubd.state.broker_seats import BrokerSeats
 from hubd.wire import broker as wire
 
-DOOR = "broker"  # its connections' dialect
-PROOFS = "broker-proofs"  # its transcript watcher's
+DOOR = wire.DOOR  # its connections' dialect
 # listening connections: a share of the door's 256 connections, so listeners
 # can never crowd out the connections of one-shot CLI commands
 MAX_LISTENERS = 128

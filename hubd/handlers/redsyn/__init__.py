@@ -11,8 +11,10 @@ from __future__ import annotations
 from hubd.core.plugin import Plugin
 from hubd.state import redsyn as mb
 
-from .dialect import DIALECT, REQUESTS
-from .mailbox import DOOR, MAILBOX, RedsynLive, sweep
+from .dialect import DIALECT
+from hubd.wire.redsyn.envelope import DOOR
+
+from .mailbox import MAILBOX, RedsynLive, sweep
 
 
 def redsyn_plugin(serving: bool) -> Plugin:
@@ -22,4 +24,4 @@ def redsyn_plugin(serving: bool) -> Plugin:
                       mailboxes=(MAILBOX,), live=(RedsynLive,))
     return Plugin("redsyn", appliers=mb.appliers, projections=mb.PROJECTIONS,
                   mailboxes=(MAILBOX,), live=(RedsynLive,),
-                  dialects={DOOR: DIALECT}, requests=REQUESTS, periodic=(sweep,))
+                  dialects={DOOR: DIALECT}, periodic=(sweep,))

@@ -25,10 +25,10 @@ from hubd.core.refusals import REFUSALS
 from hubd.core.plugin import Dialect
 from hubd.state import redsyn as mb
 from hubd.state.events import UnstorableEvent
-from hubd.wire.redsyn.envelope import RedsynError, parse_address
+from hubd.wire.redsyn.envelope import DOOR, RedsynError, parse_address
 
 from .. import routing
-from .mailbox import DOOR, RedsynLive, journal, state_of
+from .mailbox import RedsynLive, journal, state_of
 
 # a REDSYN message to a seat, routed as a chat: the REDSYN boxes do not take it back
 REDSYN_ROUTE = {"redsyn": 1}
@@ -214,7 +214,7 @@ def webhook_failed(router: Router, session, command) -> None:
         if id_ in state.boxes.get(agent_, {}) else []))
 
 
-DIALECT = Dialect(opened=opened, register=register, send=send, take=take, ack=ack)
-REQUESTS = {"redsyn.key": key, "redsyn.cancel": cancel, "redsyn.subscribe": subscribe,
-            "redsyn.agent": agent, "redsyn.agent_key": agent_key, "redsyn.files": files,
-            "redsyn.webhooks": webhooks, "redsyn.webhook_failed": webhook_failed}
+DIALECT = Dialect(opened=opened, register=register, send=send, take=take, ack=ack, requests={
+    "redsyn.key": key, "redsyn.cancel": cancel, "redsyn.subscribe": subscribe,
+    "redsyn.agent": agent, "redsyn.agent_key": agent_key, "redsyn.files": files,
+    "redsyn.webhooks": webhooks, "redsyn.webhook_failed": webhook_failed})

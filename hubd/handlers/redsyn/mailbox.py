@@ -14,8 +14,8 @@ from hubd.actors.router import Router
 from hubd.core.message import Message
 from hubd.core.plugin import Mailbox
 from hubd.state import redsyn as mb
+from hubd.wire.redsyn.envelope import DOOR
 
-DOOR = "redsyn"
 WAKE = "redsyn_wake"
 MAX_WEBHOOK_SEEN = 100_000
 
