@@ -8,7 +8,8 @@ import asyncio
 import orjson
 
 from hubd.config import BrokerConfig, broker_files_beside
-from hubd.core.commands import Closed, Inbound, Opened, Request
+from hubd.core.commands import Ack, Closed, Inbound, Opened, Request, Send, Take
+from hubd.core.refusals import CommandRefused
 from hubd.core.endpoints import next_endpoint_id
 from tests.support.broker_client import BrokerClient
 from tests.support.inproc import running_hub
@@ -203,3 +204,33 @@ async def test_a_fourth_door_reaches_a_redsyn_agent_a_broker_handle_and_a_websoc
         await broker.close()
         await ws.close()
         await mem.leave()
+
+
+async def test_a_door_without_a_dialect_is_refused_what_it_cannot_carry(tmp_path):
+    """The shared verbs a seat has no use for (Take, Ack: its mail comes to its
+    endpoint), another door's own verbs (only that door's endpoints may ask
+    them) and commands from an endpoint that is not open are refused, typed,
+    through the reply: nothing crashes, nothing is journaled."""
+    sock, token = broker_files_beside(tmp_path / "hub.db")
+    async with running_hub(tmp_path, broker=BrokerConfig(sock, token)) as server:
+        mem = MemoryAgent(server.hub)
+        await mem.open("p/mem")
+        seq = server.hub.router.state.last_seq
+        refusals = []
+        for ask in (mem.ask(Take, "p/mem", 10, None, {}), mem.ask(Ack, "p/mem", [1], {}),
+                    mem.ask(Request, "broker.inbox", {}), mem.ask(Request, "redsyn.key", {})):
+            try:
+                await ask
+            except CommandRefused as refused:
+                refusals.append(refused.code)
+        assert refusals == ["unknown_verb"] * 4
+        stranger = MemoryAgent(server.hub)  # never opened
+        try:
+            await stranger._ask(Send(stranger.id, "p/x", "p/mem", "hi", {},
+                                     asyncio.get_running_loop().create_future()))
+        except CommandRefused as refused:
+            assert refused.code == "endpoint_not_open"
+        else:
+            raise AssertionError("a command from an endpoint that is not open was served")
+        assert server.hub.router.state.last_seq == seq
+        assert server.hub.metrics.handler_crashes == 0

@@ -55,6 +55,11 @@ class MemoryAgent:
         """A message to `target`, whatever door (or hub) serves it."""
         return await self._ask(Send(self.id, self.name, target, body, fields, self._future()))
 
+    async def ask(self, kind, *args) -> object:
+        """Any command of the vocabulary from this endpoint (its answer, or the
+        refusal it carries)."""
+        return await self._ask(kind(self.id, *args, self._future()))
+
     async def leave(self) -> None:
         await self.hub.router.inbox.put(Closed(self.id))
         self.hub.endpoints.remove(self)
