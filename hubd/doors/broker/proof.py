@@ -21,7 +21,7 @@ from collections import OrderedDict
 import structlog
 
 from hubd.core.commands import Ack, Opened
-from hubd.core.endpoints import next_endpoint_id
+from hubd.core.endpoints import Listener
 from hubd.core.message import Message
 from hubd.state import broker as bs
 from hubd.wire import broker as wire
@@ -50,10 +50,10 @@ def found_tags(text: str, message_ids) -> set[int]:
     return present & set(message_ids)
 
 
-class ProofWatcher:
+class ProofWatcher(Listener):
     def __init__(self, hub, poll_seconds: float = bs.PROOF_POLL_SECONDS):
+        super().__init__()
         self.hub = hub
-        self.id = next_endpoint_id()
         self.poll_seconds = poll_seconds
         # (handle, message id) -> (transcript path, deadline on the loop clock)
         self.pending: OrderedDict = OrderedDict()
@@ -67,15 +67,6 @@ class ProofWatcher:
     def deliver(self, message: Message) -> None:
         frame = message.frame
         self.expect(frame["handle"], frame["messageId"], frame["path"])
-
-    def close(self, code: int, reason: str) -> None:
-        pass
-
-    def write_stalled_for(self, now: float) -> float:
-        return 0.0
-
-    def abort(self) -> None:
-        pass
 
     def expect(self, handle: str, message_id: int, path: str) -> None:
         loop = asyncio.get_running_loop()

@@ -28,7 +28,7 @@ import structlog
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 from hubd.core.commands import Ack, Opened, Register, Request, Send, Take
-from hubd.core.endpoints import next_endpoint_id
+from hubd.core.endpoints import Listener
 from hubd.core.message import Message
 from hubd.core.refusals import CommandRefused, CommitFailed, MutationsRefused
 from hubd.http.guard import guard
@@ -63,10 +63,10 @@ def _journal_failed() -> RedsynError:
                             "with the same id")
 
 
-class RedsynDoor:
+class RedsynDoor(Listener):
     def __init__(self, hub):
+        super().__init__()
         self.hub = hub
-        self.id = next_endpoint_id()
         self.allow_loopback_webhooks: bool = hub.config.redsyn_allow_loopback_webhooks
         self._waiters: dict[str, asyncio.Event] = {}
         self._polls: dict[str, int] = defaultdict(int)
@@ -114,7 +114,7 @@ class RedsynDoor:
     def request(self, verb: str, node: mb.Node, **fields) -> Request:
         return Request(self.id, verb, {"node": node, **fields}, self._future())
 
-    # Endpoint
+    # its endpoint (Listener)
     def deliver(self, message: Message) -> None:
         """A wake-up (after the commit): mail for these agents' boxes."""
         frame = message.frame
@@ -124,15 +124,6 @@ class RedsynDoor:
                 waiter.set()
         if frame["webhook"]:
             self._webhook_wake.set()
-
-    def close(self, code: int, reason: str) -> None:
-        pass
-
-    def write_stalled_for(self, now: float) -> float:
-        return 0.0
-
-    def abort(self) -> None:
-        pass
 
     # -- HTTP
 
