@@ -64,7 +64,7 @@ class Hub:
         # every open endpoint of every door, by id: where released messages go
         self.endpoints = Endpoints()
         self.writer = JournalWriter(config.db, self.metrics, self.endpoints,
-                                    self._journal_failed, self._journal_committed)
+                                    self._journal_failed)
         self.checkpointer = Checkpointer(config.db, self.metrics)
         # the principals: who each token is and which seats it may speak for
         self.identity = IdentityWatch(config)
@@ -152,12 +152,6 @@ class Hub:
             "journal_unknown_kinds": self.unknown_kinds.names(),
             "identity": self.identity.summary(),
         }
-
-    def _journal_committed(self) -> None:
-        if self.router is not None:
-            self.router.journal_committed()
-        for committed in self.installed.committed:
-            committed()
 
     def _journal_failed(self, failure) -> None:
         if self.router is not None:

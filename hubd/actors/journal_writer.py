@@ -92,10 +92,14 @@ class Flush:
 
 
 class JournalFailed:
-    __slots__ = ("error",)
+    """For the Router: a commit failed. `recovered`: a commit succeeded since
+    the last failure it was told of (its refusal back-off starts short again)."""
 
-    def __init__(self, error: BaseException):
+    __slots__ = ("error", "recovered")
+
+    def __init__(self, error: BaseException, recovered: bool = True):
         self.error = error
+        self.recovered = recovered
 
 
 class RowsRefused:
@@ -152,14 +156,14 @@ def release(outcomes: list[Outcome], use_failure: bool, endpoints: Endpoints,
 
 class JournalWriter:
     def __init__(self, path: str | Path, metrics, endpoints: Endpoints,
-                 on_failure: Callable[[JournalFailed], None],
-                 on_commit: Callable[[], None] | None = None):
+                 on_failure: Callable[[JournalFailed], None]):
         self.path = Path(path)
         self.endpoints = endpoints
         self.inbox: asyncio.Queue = asyncio.Queue(QUEUE_BATCHES)
         self.metrics = metrics
         self._on_failure = on_failure
-        self._on_commit = on_commit
+        # a commit succeeded since the last JournalFailed
+        self._recovered = True
         self._thread = DbThread("journal-writer")
         self.store: JournalStore | None = None
         self.failed = False
@@ -279,12 +283,12 @@ class JournalWriter:
         self.metrics.journal_failures += 1
         log.error("journal commit failed; mutations refused until state is rebuilt",
                   events=len(events), first_seq=events[0].seq, error=repr(exc))
-        self._on_failure(JournalFailed(exc))
+        self._on_failure(JournalFailed(exc, self._recovered))
+        self._recovered = False
 
     def _committed(self, events: list, started: float) -> None:
         self.committed_seq = events[-1].seq
         if self._fault is not None:
             self._fault.reached("after", events)
         self.metrics.observe_commit(len(events), time.perf_counter() - started)
-        if self._on_commit is not None:
-            self._on_commit()
+        self._recovered = True

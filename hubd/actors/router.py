@@ -301,6 +301,8 @@ class Router(Recovery):
 
     def _commit_failed(self, command: JournalFailed) -> None:
         self._journal_failed = True
+        if command.recovered:  # a commit succeeded since: the back-off starts short
+            self._backoff = REFUSAL_BACKOFF_START
 
     def _rows_refused(self, command: RowsRefused) -> None:
         self._state_dirty("row_refused", command.principal)
@@ -439,10 +441,6 @@ class Router(Recovery):
         apply(self.state, event)
         self.out.events.append(event)
         return event
-
-    def journal_committed(self) -> None:
-        """A commit succeeded: a later failure starts from the short backoff."""
-        self._backoff = REFUSAL_BACKOFF_START
 
     def next_seq(self) -> int:
         return self.state.last_seq + 1

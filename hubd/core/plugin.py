@@ -185,8 +185,6 @@ class Plugin:
     # the hub's HTTP application is being built: add this plugin's routes
     # (before the WebSocket door's catch-all)
     http_routes: Callable[[Any], None] | None = None
-    # after each successful journal commit, on the writer's side of the loop
-    committed: Callable[[], None] | None = None
     # the plugin's actors, in the hub's TaskGroup
     start: Callable[["Router", "asyncio.TaskGroup"], None] | None = None
     # SIGHUP: re-read files; raise ValueError/OSError to keep the running
@@ -249,7 +247,6 @@ class Installed:
         self.claim_gate = self._one("claim_gate")
         self.remote_hubs = self._one("remote_hubs")
         self.sessions = self._one("sessions")
-        self.committed = tuple(self.hooks("committed"))
 
     def _all(self, name: str) -> tuple:
         return tuple(fn for plugin in self.plugins for fn in getattr(plugin, name))
