@@ -16,6 +16,7 @@ runtime as `hub.federation` (this object), put there when the hub is built.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import structlog
 
@@ -73,6 +74,7 @@ class Federation:
             projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS,
                          **remote_leases.PROJECTIONS, **delivery_forward_rules.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
+            live=(receiver.ForwardVerdicts,),
             claim_gate=claims.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
             replaces_state_sections={"active_claims": claims.active_claims_with_remote},

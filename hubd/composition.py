@@ -7,9 +7,11 @@ from federation.config import FederationConfig
 from federation.plugin import Federation
 from hubd.config import HubConfig
 from hubd.core.plugin import Plugin
-from hubd.doors.broker.install import broker_plugin
-from hubd.doors.redsyn.install import redsyn_plugin
+from hubd.doors.broker.install import broker_door
+from hubd.doors.redsyn.install import redsyn_door
 from hubd.handlers import core_plugin
+from hubd.handlers.broker import broker_plugin
+from hubd.handlers.redsyn import redsyn_plugin
 from hubd.hub import Hub
 
 
@@ -17,10 +19,15 @@ def plugins_for(config: HubConfig) -> list[Plugin]:
     """The core, federation, the REDSYN mailbox and the broker, always (a hub
     without peers still replays forwards it journaled earlier and answers peer
     verbs with their refusals; one with --no-redsyn or --no-broker replays
-    those doors' events)."""
+    those doors' events); the REDSYN and broker doors when they serve."""
     federation = config.federation if config.federation is not None else FederationConfig()
-    return [core_plugin(), Federation(federation).plugin(), redsyn_plugin(config.redsyn),
-            broker_plugin(config.broker)]
+    plugins = [core_plugin(), Federation(federation).plugin(), redsyn_plugin(config.redsyn),
+               broker_plugin(config.broker)]
+    if config.redsyn:
+        plugins.append(redsyn_door())
+    if config.broker is not None:
+        plugins.append(broker_door(config.broker))
+    return plugins
 
 
 def build_hub(config: HubConfig) -> Hub:

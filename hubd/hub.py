@@ -28,10 +28,10 @@ from typing import Iterable
 
 from hubd.actors.identity import IdentityWatch
 from hubd.actors.journal_writer import JournalWriter
-from hubd.actors.outcome import Flush
+from hubd.actors.journal_writer import Flush
 from hubd.actors.router import Router
 from hubd.config import HubConfig
-from hubd.core.commands import Call
+from hubd.core.commands import TICK, ConfigReloaded
 from hubd.core.endpoints import Endpoints
 from hubd.core.message import CLOSE_GOING_AWAY
 from hubd.core.plugin import Installed, Plugin
@@ -41,6 +41,7 @@ from hubd.journal.store import (CorruptRow, JournalReader, JournalTooNew, NotAHu
                                 UnknownKinds)
 from hubd.metrics import HubMetrics
 from hubd.state.hub import HubState, apply
+from hubd.wire.envelope import PROTOCOL_VERSION
 
 log = structlog.get_logger("hubd.hub")
 
@@ -63,7 +64,7 @@ class Hub:
         # every open endpoint of every door, by id: where released messages go
         self.endpoints = Endpoints()
         self.writer = JournalWriter(config.db, self.metrics, self.endpoints,
-                                    self._journal_failed, self._journal_committed)
+                                    self._journal_failed)
         self.checkpointer = Checkpointer(config.db, self.metrics)
         # the principals: who each token is and which seats it may speak for
         self.identity = IdentityWatch(config)
@@ -129,8 +130,8 @@ class Hub:
         except (ValueError, OSError) as exc:
             self.refuse_reload(str(exc))
             return False
-        if self.router is not None:
-            self.router.config = self.config
+        if self.router is not None:  # the Router swaps it in its own task
+            self.router.post_control(ConfigReloaded(self.config))
         self.metrics.reloads += 1
         log.info("configuration reloaded", **changed)
         return True
@@ -140,11 +141,23 @@ class Hub:
         self.metrics.reload_failures += 1
         log.error("reload refused; the running configuration is kept", reason=reason)
 
-    def _journal_committed(self) -> None:
-        if self.router is not None:
-            self.router.journal_committed()
-        for committed in self.installed.committed:
-            committed()
+    def health_base(self) -> dict:
+        """The /health facts that are not the Router's (hubd/handlers/status.py
+        adds presence and the plugins' sections, inside the Router)."""
+        return {
+            "status": "degraded" if self.corrupt_rows or self.unknown_kinds.events else "ok",
+            "hub_id": self.hub_id,
+            "version": f"hubd {__import__('hubd').__version__}",
+            "protocol_version": PROTOCOL_VERSION,
+            "uptime_seconds": round(time.time() - self.started, 3),
+            "ready": self.ready,
+            "journal_seq": self.writer.committed_seq,
+            "journal_corrupt_rows": len(self.corrupt_rows),
+            # events of kinds this hubd does not know (a newer hubd wrote them)
+            "journal_unknown_events": self.unknown_kinds.events,
+            "journal_unknown_kinds": self.unknown_kinds.names(),
+            "identity": self.identity.summary(),
+        }
 
     def _journal_failed(self, failure) -> None:
         if self.router is not None:
@@ -198,7 +211,6 @@ class Hub:
     async def replay(self) -> None:
         started = time.perf_counter()
         state = await self.load_state()
-        state.extensions["redsyn"].woken.clear()  # nobody waits yet
         self.router = Router(self, state)
         self.identity.router = self.router
         for restored in self.installed.hooks("restored"):
@@ -284,8 +296,8 @@ class Hub:
         self._reader_thread.shutdown(wait=True)
 
     async def _sweep(self) -> None:
-        """Once a second: close endpoints whose writes cannot drain, and run the
-        Router's timers (lease expiry and the like) as ordinary commands."""
+        """Once a second: close endpoints whose writes cannot drain, and tick
+        the Router (the plugins' periodic work: lease expiry and the like)."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(SWEEP_SECONDS)
@@ -295,8 +307,7 @@ class Hub:
                     self.metrics.send_timeouts += 1
                     log.warning("write stalled; closing slow consumer", conn=endpoint.id)
                     endpoint.abort()
-            for timer in self.installed.periodic:
-                await self.router.inbox.put(Call(timer))
+            await self.router.inbox.put(TICK)
 
 
 class _Stop(Exception):

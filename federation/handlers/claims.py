@@ -130,7 +130,7 @@ def active_claims_with_remote(router: Router) -> list[dict]:
     if not remote:
         return local
     by_name = router.presence.by_name
-    offline = router.live.get(claim_handlers.OFFLINE) or {}
+    offline = claim_handlers.offline_since(router)
     started = router.hub.started
     for lease in remote:
         entry = cl.snapshot_entry(lease)

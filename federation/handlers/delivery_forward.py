@@ -47,7 +47,7 @@ from federation.delivery_forward_rules import (CANCEL, JOURNAL_RECOVERY_REQUIRED
                                                UNKNOWN_HUB, Answer, Route, read_answer,
                                                read_target, route_problem, routes_of)
 from hubd.handlers import delivery as dh
-from hubd.handlers.delivery import LIVE, refuse
+from hubd.handlers.delivery import live_sessions, refuse
 from hubd.state import delivery_rules as rules
 from hubd.state.delivery_intents import delivery_of
 from hubd.state.presence import Session
@@ -258,7 +258,7 @@ class _Figures:
 
 def roster_sessions(router, seats) -> dict:
     """The live delivery sessions of `seats` (a peer's roster answer)."""
-    live = router.live.get(LIVE) or {}
+    live = live_sessions(router)
     return {seat: {"incarnation": live[seat].incarnation,
                    "capabilities": dict(live[seat].capabilities)}
             for seat in seats if seat in live}
@@ -284,7 +284,7 @@ def serve(router, link_session: Session, origin: str, forward: dict, size: int) 
                  "delivery_status_request")
     if kind == REQUEST:
         frame["target"] = forward["target_seat"]
-    mark = len(router.out.sends)
+    mark = router.sends_queued()
     handler = {REQUEST: dh.delivery_request, STATUS: dh.delivery_status_request,
                CANCEL: dh.delivery_cancel}[kind]
     handler(router, requester, frame, size)
@@ -301,12 +301,5 @@ def serve(router, link_session: Session, origin: str, forward: dict, size: int) 
 def _take_answer(router, mark: int) -> dict | None:
     """Take the forwarded requester's private answer out of this command's
     sends (it goes back in the forward's result instead)."""
-    sends = router.out.sends
-    answer = None
-    for i in range(len(sends) - 1, mark - 1, -1):
-        dest, message, _ = sends[i]
-        if dest == VIRTUAL_ENDPOINT:
-            del sends[i]
-            if answer is None:
-                answer = message.frame
-    return answer
+    taken = router.withdraw(VIRTUAL_ENDPOINT, mark)
+    return taken[-1].frame if taken else None

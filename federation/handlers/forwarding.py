@@ -39,7 +39,7 @@ from federation.metrics import ForwardMetrics
 from federation.state import (PendingForward, outbox_of, pending_from_event, retries_of,
                               retry_payload)
 from hubd.actors.router import Router
-from hubd.handlers.chat import route_chat
+from hubd.handlers.routing import route_chat
 from hubd.handlers.mailbox import deliver_notifications
 from hubd.state import forward_table, receipt_table
 from hubd.state.forward_table import ACCEPTED, DUPLICATE

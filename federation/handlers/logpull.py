@@ -64,7 +64,7 @@ def _snapshot(router: Router, target: str, events: list, next_cursor: int,
     return Message(frame, orjson.dumps(frame))
 
 
-@verbs.handles("multihub_log_request", peers=True, reads_only=True)
+@verbs.handles("multihub_log_request", peers=True)
 def log_request(router: Router, session: Session, frame: dict, size: int) -> None:
     target = session.peer_hub or session.name or "all"
     sender = frame.get("sender")
@@ -75,13 +75,13 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
         log.info("log pull refused", sender=sender,
                  reason=decision.detail if decision else "no serving policy")
         cursor = after if after is not None and after >= 0 else 0
-        router.send_message(session.endpoint, _snapshot(router, target, [], cursor, None))
+        router.send(session.endpoint, _snapshot(router, target, [], cursor, None))
         return
     peer_alive(router, session)
     granted = _policy_of(router).granted_namespaces(sender, session.peer_cert, router.now)
     if after is None or after < 0 or (limit is not None and (strict_int(limit) is None
                                                              or limit <= 0)):
-        router.send_message(session.endpoint, _snapshot(router, target, [], 0, None))
+        router.send(session.endpoint, _snapshot(router, target, [], 0, None))
         return
     count = min(limit or MAX_EVENTS, MAX_EVENTS)
     endpoint, hub = session.endpoint, router.hub
@@ -89,7 +89,7 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
     if len(serving) >= IN_FLIGHT:
         log.warning("log pull answered 'nothing now': too many being read", peer=target,
                     in_flight=len(serving))
-        router.send_message(endpoint, _snapshot(router, target, [], after, None))
+        router.send(endpoint, _snapshot(router, target, [], after, None))
         return
 
     async def serve() -> None:

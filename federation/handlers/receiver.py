@@ -39,7 +39,7 @@ from hubd.actors.router import Router
 from hubd.core.message import CLOSE_AUTH
 from hubd.core.plugin import Verbs
 from hubd.handlers import receipts
-from hubd.handlers.chat import route_chat
+from hubd.handlers.routing import route_chat
 from hubd.state.presence import Session
 from hubd.wire import codec
 from hubd.wire.envelope import HUB_ID_RE
@@ -217,7 +217,7 @@ def forward_in(router: Router, session: Session, frame: dict, size: int) -> None
         verdicts_of(router).wait(forward_id, lambda router, result: router.send(
             session.endpoint, _result_frame(router, session, {**entry, "result": result})))
     else:
-        router.send_ahead(fan_out, session.endpoint, _result_frame(router, session, entry))
+        router.send(session.endpoint, _result_frame(router, session, entry), ahead_of=fan_out)
     if entry["disposition"] == "accepted":
         def failed() -> dict:
             # built only if the chat's commit failed: no verdict will come
@@ -253,7 +253,7 @@ def forward_batch_in(router: Router, session: Session, frame: dict, size: int) -
                             results=entries)
     waiting = [e for e in entries if undecided(e)]
     if not waiting:
-        router.send_ahead(fan_out, session.endpoint, answer())
+        router.send(session.endpoint, answer(), ahead_of=fan_out)
     else:
         left = [len(waiting)]
 
@@ -294,7 +294,7 @@ class ForwardVerdicts:
     MAX_WAITING_ANSWERS (the oldest is dropped, logged: its origin, having no
     answer, resends and gets the duplicate's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, router: Router) -> None:
         self.decided: OrderedDict[str, dict] = OrderedDict()
         self.waiting: OrderedDict[str, list[Callable[[Router, dict], None]]] = OrderedDict()
         self.dropped = 0
@@ -330,14 +330,8 @@ class ForwardVerdicts:
         return forward_id in self.waiting
 
 
-VERDICTS = "federation.forward_verdicts"
-
-
 def verdicts_of(router: Router) -> ForwardVerdicts:
-    found = router.live.get(VERDICTS)
-    if found is None:
-        found = router.live[VERDICTS] = ForwardVerdicts()
-    return found
+    return router.live_of(ForwardVerdicts)
 
 
 def _serving_refusal(router: Router, forward_id: str, origin) -> dict | None:

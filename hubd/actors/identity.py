@@ -17,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from hubd.actors.sessions import revalidate
+from hubd.core.commands import PRINCIPALS_CHANGED
 from hubd.journal.principals import JournalPrincipals
 from hubd.owner_only import open_to_others
 from hubd.state.principals import (PrincipalError, PrincipalTable, build_table,
@@ -139,7 +139,7 @@ class IdentityWatch:
                         before=self._mode(old), after=self._mode(table),
                         tokenless=self._tokenless(table))
         if self.router is not None:
-            self.router.post_control(revalidate)
+            self.router.post_control(PRINCIPALS_CHANGED)
 
     async def close(self) -> None:
         if self._journal is not None:

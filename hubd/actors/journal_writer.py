@@ -16,6 +16,10 @@ whose row is refused fails alone (its seqs hold journal_row_refused rows, so
 the log stays contiguous), and the Router, told with RowsRefused, rebuilds its
 state from the journal. The Router makes every row before it applies the
 event (Router.event), so text SQLite cannot store never gets this far.
+
+The writer's vocabulary is here: what the Router hands it (Outcome batches,
+Flush, Resync markers), what it tells the Router (JournalFailed,
+RowsRefused).
 """
 
 from __future__ import annotations
@@ -31,11 +35,11 @@ import structlog
 from hubd import faults
 from hubd.core.endpoints import Endpoints
 from hubd.core.message import CloseEndpoint, Message
+from hubd.core.refusals import CommitFailed
 from hubd.journal.store import JournalStore
 from hubd.journal.thread import DbThread
 from hubd.state.events import refused_row
 
-from .outcome import Flush, Outcome, Resync
 
 log = structlog.get_logger("hubd.journal")
 
@@ -47,11 +51,55 @@ ROW_ERRORS = (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError,
               sqlite3.ProgrammingError, ValueError, TypeError, OverflowError)
 
 
-class JournalFailed:
-    __slots__ = ("error",)
+class Outcome:
+    """The result of handling one command.
 
-    def __init__(self, error: BaseException):
+    `sends` are (destination, item, frame type): a destination is one
+    endpoint id or a tuple of them; an item is a core Message, or a
+    CloseEndpoint. If committing `events` fails, the `failure` entries go out
+    instead of `sends` (a private error to whoever asked); their items are
+    usually callables, so the message is built only then. `answers` are
+    (reply future, value): each future gets its value once the events are
+    committed, or CommitFailed if they are not. `after_release` runs once
+    the sends are on their endpoints' queues.
+    """
+
+    __slots__ = ("events", "sends", "failure", "answers", "after_release")
+
+    def __init__(self, events=None, sends=None, failure=None,
+                 after_release: Callable[[], None] | None = None):
+        self.events = events if events is not None else []
+        self.sends = sends if sends is not None else []
+        self.failure = failure if failure is not None else []
+        self.answers: list = []
+        self.after_release = after_release
+
+
+class Resync:
+    """Marks the point in the writer's queue after which the Router's state is
+    rebuilt from the journal again (end of a failed-commit episode)."""
+
+    __slots__ = ()
+
+
+class Flush:
+    """Resolved once everything queued before it is committed and released."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, done):
+        self.done = done
+
+
+class JournalFailed:
+    """For the Router: a commit failed. `recovered`: a commit succeeded since
+    the last failure it was told of (its refusal back-off starts short again)."""
+
+    __slots__ = ("error", "recovered")
+
+    def __init__(self, error: BaseException, recovered: bool = True):
         self.error = error
+        self.recovered = recovered
 
 
 class RowsRefused:
@@ -71,7 +119,8 @@ def release(outcomes: list[Outcome], use_failure: bool, endpoints: Endpoints,
     a Message, a callable that builds one (a failure reply, made only when
     needed) or a CloseEndpoint. An id whose endpoint has gone is skipped. An
     outcome with events sends its failure replies instead if use_failure, or
-    if it is one of `failing`."""
+    if it is one of `failing`, and its reply futures get CommitFailed
+    instead of their answers."""
     get = endpoints.get
     for outcome in outcomes:
         failed = (use_failure or (failing is not None and outcome in failing)) and outcome.events
@@ -95,20 +144,26 @@ def release(outcomes: list[Outcome], use_failure: bool, endpoints: Endpoints,
                 if endpoint is not None:
                     endpoint.deliver(item)
                 frames_out[type_] = frames_out.get(type_, 0) + 1
+        for future, value in outcome.answers:
+            if not future.done():
+                if failed:
+                    future.set_exception(CommitFailed())
+                else:
+                    future.set_result(value)
         if outcome.after_release is not None and not failed:
             outcome.after_release()
 
 
 class JournalWriter:
     def __init__(self, path: str | Path, metrics, endpoints: Endpoints,
-                 on_failure: Callable[[JournalFailed], None],
-                 on_commit: Callable[[], None] | None = None):
+                 on_failure: Callable[[JournalFailed], None]):
         self.path = Path(path)
         self.endpoints = endpoints
         self.inbox: asyncio.Queue = asyncio.Queue(QUEUE_BATCHES)
         self.metrics = metrics
         self._on_failure = on_failure
-        self._on_commit = on_commit
+        # a commit succeeded since the last JournalFailed
+        self._recovered = True
         self._thread = DbThread("journal-writer")
         self.store: JournalStore | None = None
         self.failed = False
@@ -228,12 +283,12 @@ class JournalWriter:
         self.metrics.journal_failures += 1
         log.error("journal commit failed; mutations refused until state is rebuilt",
                   events=len(events), first_seq=events[0].seq, error=repr(exc))
-        self._on_failure(JournalFailed(exc))
+        self._on_failure(JournalFailed(exc, self._recovered))
+        self._recovered = False
 
     def _committed(self, events: list, started: float) -> None:
         self.committed_seq = events[-1].seq
         if self._fault is not None:
             self._fault.reached("after", events)
         self.metrics.observe_commit(len(events), time.perf_counter() - started)
-        if self._on_commit is not None:
-            self._on_commit()
+        self._recovered = True

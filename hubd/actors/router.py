@@ -1,27 +1,22 @@
 """Router: owns the coordination state and decides what every command means.
 
-The Router reads commands (hubd/core/commands.py) from one bounded queue,
-hands each to the handler for its verb (hubd/handlers/), and collects the
-resulting events and messages. It knows endpoints by id only: which door an
-agent came through is the door's business (hubd/doors/).
-Everything it drained in one go becomes one batch for the JournalWriter, which
-commits it and only then releases the frames. Events are applied to the state
-as they are made, with the same `apply` that replays the journal at start.
+The Router reads commands (hubd/core/commands.py) from one bounded queue and
+dispatches each on its type through one table: its own (the tick, its
+timers, a reload), and the installed plugins' (hub-wire frames go to the
+verb named by their type; the shared verbs to the dialect of the endpoint's
+door; a plugin's own commands to its handlers). It knows endpoints by id
+only: which door an agent came through is the door's business (hubd/doors/).
+Everything it drained in one go becomes one batch for the JournalWriter,
+which commits it and only then releases the output. Events are applied to the
+state as they are made, with the same `apply` that replays the journal at
+start. Nothing outside this actor reads or writes its state: doors and other
+actors post commands; the probes ask with a Request.
 
-Recovery keeps the invariant "state is a projection of the journal"
-(docs/architecture.md, "Router"):
-- a command that fails leaves no trace: its events, replies and callbacks are
-  dropped, and only its endpoint hears of it (an unexpected exception closes
-  it 1011; an event that cannot be stored gets a typed error). The state is
-  rebuilt from the journal only when the command had applied an event, once
-  everything queued is committed, and the principal whose command it was may
-  not change state for a while (hubd/state/suspensions.py), so no client can
-  keep the hub replaying;
-- a row SQLite refuses at commit fails its own command only (the writer
-  keeps its seq with a journal_row_refused row), and the state is rebuilt
-  the same way;
-- a failed commit is answered by the writer with private errors, and the
-  Router rebuilds from the journal before new events are accepted again.
+A command that fails leaves no trace: its events, output and answers are
+dropped, and only its endpoint hears of it (an unexpected exception closes
+it 1011, or fails its reply future; an event that cannot be stored gets a
+typed error). How the state gets back to a projection of the journal after a
+failed command or commit is hubd/actors/recovery.py.
 """
 
 from __future__ import annotations
@@ -29,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, TypeVar
 
 import structlog
 
-from hubd.core.commands import WAKE, Call, Closed, Inbound, Opened, Wake
+from hubd.core.commands import TIMERS_DUE, WAKE, ConfigReloaded, Inbound, Tick, TimersDue, Wake
 from hubd.core.message import CLOSE_INTERNAL, CloseEndpoint, Message
+from hubd.core.refusals import (REFUSALS, JournalUnavailable, MutationsRefused,
+                                PrincipalSuspended)
 from hubd.state.events import Event, UnstorableEvent
 from hubd.state.hub import HubState, apply
 from hubd.state.presence import Presence, Session
@@ -43,56 +40,16 @@ from hubd.state.suspensions import Suspensions
 from hubd.wire import codec
 from hubd.wire.envelope import BROADCAST, error_frame, frame_type, hub_frame
 
-from . import sessions
-from .journal_writer import JournalFailed, RowsRefused
-from .outcome import Flush, Outcome, Resync
+from .journal_writer import JournalFailed, Outcome, RowsRefused
+from .recovery import REFUSAL_BACKOFF_START, Recovery
+from .timers import TimerHeap
 
 log = structlog.get_logger("hubd.router")
 
+T = TypeVar("T")
+
 INBOX_COMMANDS = 4096
 MAX_BATCH_COMMANDS = 2048
-# After a failed commit, mutations are refused up front for this long (doubling
-# while failures repeat), so a full disk costs one state rebuild per backoff
-# period rather than one per batch.
-REFUSAL_BACKOFF_START = 1.0
-REFUSAL_BACKOFF_MAX = 30.0
-
-class MutationsRefused(Exception):
-    """Raised by Router.event() when this command may not change state now;
-    `message` tells its sender why (nothing was changed)."""
-
-    error_code: str | None = None
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-
-class JournalUnavailable(MutationsRefused):
-    """The journal refuses writes (a failed commit's back-off, corrupt or
-    unknown rows)."""
-
-    def __init__(self, reason: str | None):
-        super().__init__(f"The hub cannot write its journal right now ({reason}); nothing "
-                         "was changed. Reads still work; retry later.")
-
-
-class PrincipalSuspended(MutationsRefused):
-    """A command of this principal made the hub rebuild its state a moment
-    ago (hubd/state/suspensions.py)."""
-
-    error_code = "mutations_suspended"
-
-    def __init__(self, principal: str | None, seconds: float):
-        who = f"principal {principal}" if principal is not None else "the hub's own work"
-        super().__init__(f"The hub refuses changes from {who} for {seconds:.1f} s more: one of "
-                         "its commands failed and made the hub rebuild its state. Nothing "
-                         "was changed; reads still work.")
-
-
-# what Router.event() raises to refuse a command, before anything is applied
-REFUSALS = (MutationsRefused, UnstorableEvent)
-
 
 class LazyError:
     """A private error message, built only if it is ever sent (most are not:
@@ -107,15 +64,17 @@ class LazyError:
         return Message(error_frame(self.hub_id, self.target, self.text, self.ts, **self.fields))
 
 
-class Router:
+class Router(Recovery):
     def __init__(self, hub, state: HubState):
         self.hub = hub
         self.endpoints = hub.endpoints
         # the verbs and hooks of the hub's plugins (hubd/core/plugin.py)
         self.installed = installed = hub.installed
+        # hub-wire verbs (Inbound frames) and Request verbs, by name
         self.handlers = installed.handlers
-        # the plugins' own command types (hubd/core/plugin.py `commands`)
-        self.commands = installed.commands
+        self.requests = installed.requests
+        # the hub wire's session rules (the core's: hubd/handlers/sessions.py)
+        self._sessions = installed.sessions
         self.config = hub.config
         self.hub_id: str = hub.hub_id
         self.metrics = hub.metrics
@@ -145,11 +104,20 @@ class Router:
         self.now = 0.0
         self.out = Outcome()
         # the principal whose command is being handled: its events record it
-        # (a door that decides inside a Call sets it for its caller)
+        # (a handler that decides for a door's caller sets it for its caller)
         self.acting: str | None = None
-        # Live, not journaled, bookkeeping of handler modules (like presence:
-        # rebuilt by clients reconnecting), keyed by module-chosen names.
-        self.live: dict = {}
+        self._timers = TimerHeap()
+        self._alarm: asyncio.TimerHandle | None = None
+        self._alarm_at: float | None = None
+        # the one dispatch table: command type -> fn(router, command)
+        self._table: dict[type, Callable] = {
+            Tick: Router._tick, TimersDue: Router._timers_due,
+            ConfigReloaded: Router._config_reloaded, Wake: Router._nothing,
+            JournalFailed: Router._commit_failed, RowsRefused: Router._rows_refused,
+            **installed.commands}
+        # live (not journaled) bookkeeping of the plugins, one typed home each
+        # (like presence: gone with the process, rebuilt by clients returning)
+        self._live = {cls: cls(self) for cls in installed.live}
 
     # -- the actor loop
 
@@ -207,48 +175,56 @@ class Router:
         self.now = time.time()
         self.out = Outcome()
         self._applied = False
-        if kind is Inbound:
+        if kind is Inbound:  # the hot path
             endpoint = command.endpoint
             session = self.presence.sessions.get(endpoint)
             if session is not None:
                 self.acting = session.principal
-                self._safely(endpoint, self._inbound, session, command.frame, command.size)
+                self._safely(endpoint, self.inbound, session, command.frame, command.size)
                 self.acting = None
-        elif kind is Opened:
-            self._safely(command.endpoint, self._opened, command)
-        elif kind is Closed:
-            self._safely(command.endpoint, self._closed, command.endpoint)
-        elif kind is JournalFailed:
-            self._journal_failed = True
-        elif kind is RowsRefused:
-            self._state_dirty("row_refused", command.principal)
-        elif kind is Wake:
-            pass
-        elif kind in self.commands:
-            self._safely(None, self.commands[kind], self, command)
-        elif kind is Call:
-            self._call(command)
-        elif callable(command):
-            self._safely(None, command, self)
         else:
-            raise TypeError(f"router got an unknown command {command!r}")
+            handler = self._table.get(kind)
+            if handler is None:
+                raise TypeError(f"router got an unknown command {command!r}")
+            self._command(handler, command)
+        self._keep()
+
+    def _keep(self) -> None:
+        """End of one command: its outcome joins the round's batch. Answers of
+        a command that changed nothing need no commit: they are given now."""
         out = self.out  # a failed handler's outcome was replaced by an empty one
+        if not out.events and out.answers:
+            for future, value in out.answers:
+                if not future.done():
+                    future.set_result(value)
+            out.answers = []
         if out.events or out.sends or out.after_release is not None:
             self._batch.append(out)
 
-    def _call(self, command: Call) -> None:
-        reply = command.reply
+    def _command(self, handler, command) -> None:
+        """Run one command that is not a hub-wire frame. A command with a
+        reply future hears a refusal or a failure through it; one naming an
+        endpoint without a future has that endpoint closed (1011) on a failure."""
         try:
-            result = self._safely(None, command.fn, self, reraise=reply is not None)
-        except Exception as exc:  # logged and counted by _safely; the caller hears it
-            if not reply.done():
+            handler(self, command)
+        except REFUSALS as refused:
+            text = self.refuse_command(refused)
+            reply = getattr(command, "reply", None)
+            if reply is not None and not reply.done():
+                reply.set_exception(refused)
+            else:
+                session = self.presence.sessions.get(getattr(command, "endpoint", None))
+                if session is not None:
+                    self._refused_privately(session, refused, text)
+        except Exception as exc:
+            reply = getattr(command, "reply", None)
+            endpoint = getattr(command, "endpoint", None) if reply is None else None
+            self._failed(endpoint)
+            if reply is not None and not reply.done():
                 reply.set_exception(exc)
-            return
-        if reply is not None and not reply.done():
-            reply.set_result(result)
 
-    def _safely(self, endpoint: int | None, fn, *args, reraise: bool = False):
-        """Run one handler. A refusal (MutationsRefused, UnstorableEvent)
+    def _safely(self, endpoint: int | None, fn, *args):
+        """Run one hub-wire handler. A refusal (MutationsRefused, UnstorableEvent)
         answers the session privately; an exception nobody expected closes
         only its endpoint (1011). Either way the command leaves no trace."""
         try:
@@ -257,22 +233,37 @@ class Router:
             text = self.refuse_command(refused)
             session = args[0] if args and isinstance(args[0], Session) else None
             if session is not None:
-                code = getattr(refused, "error_code", None)
-                if code is None:
-                    self.error(session, text)
-                else:
-                    self.error(session, text, error_code=code)
-                self._batch.append(self.out)
-                self.out = Outcome()
+                self._refused_privately(session, refused, text)
         except Exception:
-            log.exception("handler failed; closing its endpoint", endpoint=endpoint,
-                          state_rebuilt=self._applied)
-            self.metrics.handler_crashes += 1
-            self.abandon()
-            if endpoint is not None:
-                self.endpoints.close(endpoint, CLOSE_INTERNAL, "internal error")
-            if reraise:
-                raise
+            self._failed(endpoint)
+
+    def _refused_privately(self, session: Session, refused, text: str) -> None:
+        code = getattr(refused, "error_code", None)
+        if code is None:
+            self.error(session, text)
+        else:
+            self.error(session, text, error_code=code)
+        self._batch.append(self.out)
+        self.out = Outcome()
+
+    def _failed(self, endpoint: int | None) -> None:
+        log.exception("handler failed; closing its endpoint", endpoint=endpoint,
+                      state_rebuilt=self._applied)
+        self.metrics.handler_crashes += 1
+        self.abandon()
+        if endpoint is not None:
+            self.endpoints.close(endpoint, CLOSE_INTERNAL, "internal error")
+
+    def _isolated(self, handler, command) -> None:
+        """Run a command as if it came alone (a timer, one periodic hook): its
+        own outcome, its own failure. (What the command that runs these
+        queues itself is dropped: they are all it does.)"""
+        self.now = time.time()
+        self.out = Outcome()
+        self._applied = False
+        self._command(handler, command)
+        self._keep()
+        self.out = Outcome()
 
     def refuse_command(self, refused: MutationsRefused | UnstorableEvent) -> str:
         """Abandon the command being handled because event() refused it; the
@@ -291,8 +282,8 @@ class Router:
     def abandon(self) -> None:
         """Drop everything the command being handled did so far: its events
         (if one was applied, the state is rebuilt from the journal before the
-        next decision), its sends, failure replies and callbacks. What the
-        handler queues after this is its answer."""
+        next decision), its sends, failure replies, answers and callbacks. What
+        the handler queues after this is its answer."""
         if self._applied:
             self._state_dirty("handler_failure", self._applied_by)
             self._applied = False
@@ -303,7 +294,35 @@ class Router:
             self._dirty_reason, self._dirty_by = reason, principal
         self._needs_rebuild = True
 
-    def _inbound(self, session: Session, frame: dict, size: int) -> None:
+    # -- the Router's own commands
+
+    def _nothing(self, command) -> None:
+        pass
+
+    def _commit_failed(self, command: JournalFailed) -> None:
+        self._journal_failed = True
+        if command.recovered:  # a commit succeeded since: the back-off starts short
+            self._backoff = REFUSAL_BACKOFF_START
+
+    def _rows_refused(self, command: RowsRefused) -> None:
+        self._state_dirty("row_refused", command.principal)
+
+    def _tick(self, command: Tick) -> None:
+        """Once a second: each plugin's periodic work, each as its own command."""
+        for hook in self.installed.periodic:
+            self._isolated(_periodic, hook)
+
+    def _timers_due(self, command: TimersDue) -> None:
+        self._alarm = self._alarm_at = None
+        for due in self._timers.due(time.time()):
+            self._isolated(self._table[type(due)], due)
+        self._arm()
+
+    def _config_reloaded(self, command: ConfigReloaded) -> None:
+        self.config = command.config
+
+    def inbound(self, session: Session, frame: dict, size: int) -> None:
+        """One hub-wire frame from a session (the first one registers it)."""
         if session.peer_hub is not None:
             self._from_peer(session, frame, size)
             return
@@ -314,10 +333,10 @@ class Router:
                 if claim(self, session, frame):
                     self._from_peer(session, frame, size)
                     return
-            if not sessions.register(self, session, frame):
+            if not self._sessions.register(self, session, frame):
                 return
         elif sender != name:
-            sessions.refuse_name_switch(self, session, sender)
+            self._sessions.refuse_name_switch(self, session, sender)
             return
         type_ = frame_type(frame)
         # consume-live evidence (docs/receipts.md): a keepalive proves only the socket
@@ -338,7 +357,7 @@ class Router:
         """A peer hub's link: its identity is its certificate, bound at its first frame."""
         sender = frame.get("sender") or session.peer_hub
         if sender != session.peer_hub:
-            sessions.refuse_name_switch(self, session, sender)
+            self._sessions.refuse_name_switch(self, session, sender)
             return
         type_ = frame_type(frame)
         if type_ in self.installed.peer_verbs:
@@ -348,25 +367,45 @@ class Router:
                 "error", session.peer_hub,
                 f"A peer hub link speaks hub-to-hub verbs only, not '{type_}'."))
 
-    def _opened(self, command: Opened) -> None:
-        sessions.opened(self, command)
-
-    def _closed(self, endpoint: int) -> None:
-        session = self.presence.close(endpoint)
-        if session is None or session.name is None:
-            return
-        for hook in self.installed.on_unregister:
-            hook(self, session)
-        if self.presence.by_name.get(session.name) is None:
-            sessions.announce_presence(self, "left", session.name)
-
     def identity_changed(self) -> None:
         """Once the hub has principals of its own, directed chats go only to
         their recipients (the reference's --team-secure forces this too)."""
         self.private_directed = (self.config.private_directed
                                  or self.hub.identity.table.enforcing)
 
-    # -- the API handlers use
+    # -- live bookkeeping and timers
+
+    def live_of(self, cls: type[T]) -> T:
+        """A plugin's live bookkeeping (declared in its Plugin.live)."""
+        return self._live[cls]
+
+    def at(self, when: float, command) -> int:
+        """Dispatch `command` (a type in the dispatch table) once the hub's
+        clock reaches `when`; the key cancels it."""
+        key = self._timers.push(when, command)
+        if self._alarm_at is None or when < self._alarm_at:
+            self._arm()
+        return key
+
+    def cancel_timer(self, key: int | None) -> None:
+        self._timers.cancel(key)
+
+    def _arm(self) -> None:
+        """One loop alarm, for the earliest timer: it wakes this actor with a
+        message (TimersDue), it runs nothing itself."""
+        when = self._timers.next_at()
+        if when == self._alarm_at:
+            return
+        if self._alarm is not None:
+            self._alarm.cancel()
+        self._alarm = self._alarm_at = None
+        if when is not None:
+            loop = asyncio.get_running_loop()
+            self._alarm_at = when
+            self._alarm = loop.call_at(loop.time() + max(0.0, when - time.time()),
+                                       self.post_control, TIMERS_DUE)
+
+    # -- the API handlers use: state
 
     def mutations_refused(self) -> bool:
         if self.refusing_mutations is None:
@@ -406,35 +445,86 @@ class Router:
     def next_seq(self) -> int:
         return self.state.last_seq + 1
 
+    def has_events(self) -> bool:
+        """Did the command being handled make events (so its answers wait for a commit)?"""
+        return bool(self.out.events)
+
+    # -- the API handlers use: output, one way per kind. Everything here
+    # leaves the hub only after the command's events are committed; nothing
+    # outside hubd/actors touches an Outcome.
+
     def frame(self, type_: str, target: str, payload, **fields) -> dict:
         return hub_frame(self.hub_id, type_, target, payload, self.now, **fields)
 
-    def send(self, dest, frame: dict) -> None:
-        """Queue a frame to one endpoint id (or a tuple of them) for release.
-        It is encoded now: the frame may be changed after this call."""
-        self.out.sends.append((dest, Message(frame, codec.encode(frame)), frame["type"]))
+    def send(self, dest, item: dict | Message, kind: str | None = None,
+             ahead_of: int | None = None) -> None:
+        """Queue a frame (a dict: encoded now, so it may be changed after this
+        call) or a built Message (a chat, encoded once for the journal and
+        every recipient) to one endpoint id or a tuple of them. `kind` names
+        it on /metrics (default: its type); `ahead_of` (a mark from
+        sends_queued) puts it before what this command queued since then."""
+        if type(item) is dict:
+            message = Message(item, codec.encode(item))
+            entry = (dest, message, kind or item["type"])
+        else:
+            entry = (dest, item, kind or item.type)
+        if ahead_of is None:
+            self.out.sends.append(entry)
+        else:
+            self.out.sends.insert(ahead_of, entry)
 
     def sends_queued(self) -> int:
-        """How many sends this command has queued so far (a mark for send_ahead)."""
+        """How many sends this command has queued so far (a mark for ahead_of
+        and withdraw)."""
         return len(self.out.sends)
 
-    def send_ahead(self, mark: int, dest, frame: dict) -> None:
-        """As send, but the frame goes out before the sends this command
-        queued since sends_queued() said `mark`."""
-        self.out.sends.insert(mark, (dest, Message(frame, codec.encode(frame)), frame["type"]))
+    def withdraw(self, dest, mark: int) -> list[Message]:
+        """Take back what this command queued for `dest` since `mark`, oldest
+        first (a verb served for a requester that is not an endpoint: its
+        answer travels inside another answer)."""
+        sends = self.out.sends
+        kept, taken = sends[:mark], []
+        for entry in sends[mark:]:
+            (taken if entry[0] == dest else kept).append(entry)
+        self.out.sends = kept
+        return [item for _, item, _ in taken]
 
-    def send_message(self, dest, message: Message) -> None:
-        """Queue a message that is already built (a chat, encoded once for the
-        journal and every recipient)."""
-        self.out.sends.append((dest, message, message.type))
-
-    def send_on_failure(self, dest, type_: str, build: Callable[[], dict]) -> None:
-        """The frame `build` makes goes to dest instead of this command's
-        sends if its events cannot be committed (built only then)."""
+    def send_on_failure(self, dest, kind: str, build: Callable[[], dict | Message]) -> None:
+        """What `build` makes (a frame or a Message) goes to dest instead of
+        this command's sends if its events cannot be committed (built only then)."""
         def message() -> Message:
-            frame = build()
-            return Message(frame, codec.encode(frame))
-        self.out.failure.append((dest, message, type_))
+            item = build()
+            return item if type(item) is Message else Message(item, codec.encode(item))
+        self.out.failure.append((dest, message, kind))
+
+    def fail_privately(self, session: Session, text: str, **fields) -> None:
+        """The error if this command's events cannot be committed (built only then)."""
+        self.out.failure.append((session.endpoint, LazyError(
+            self.hub_id, session.name or BROADCAST, text, self.now, fields), "error"))
+
+    def answer(self, reply: asyncio.Future | None, value) -> None:
+        """A door's reply future gets `value`: at once if this command changed
+        nothing, else once its events are committed (CommitFailed if not)."""
+        if reply is not None:
+            self.out.answers.append((reply, value))
+
+    def close(self, endpoint: int, code: int, reason: str) -> None:
+        """Close the endpoint once what was queued for it before is out."""
+        self.out.sends.append((endpoint, CloseEndpoint(code, reason), "close"))
+
+    def after_release(self, fn: Callable[[], None]) -> None:
+        """Run fn once this command's sends are on their endpoints (not if its
+        events failed to commit): for work that may only start then."""
+        previous = self.out.after_release
+        if previous is None:
+            self.out.after_release = fn
+        else:
+            def both():
+                previous()
+                fn()
+            self.out.after_release = both
+
+    # conveniences over send
 
     def reply(self, session: Session, type_: str, payload, **fields) -> None:
         self.send(session.endpoint, self.frame(type_, session.name or BROADCAST, payload,
@@ -448,89 +538,7 @@ class Router:
         self.send(session.endpoint, error_frame(self.hub_id, session.name or BROADCAST, text,
                                                 self.now, **fields))
 
-    def fail_privately(self, session: Session, text: str, **fields) -> None:
-        """The reply if this command's events cannot be committed (built only then)."""
-        self.out.failure.append((session.endpoint, LazyError(
-            self.hub_id, session.name or BROADCAST, text, self.now, fields), "error"))
 
-    def close(self, endpoint: int, code: int, reason: str) -> None:
-        self.out.sends.append((endpoint, CloseEndpoint(code, reason), "close"))
+def _periodic(router: Router, hook) -> None:
+    hook(router)
 
-    def after_release(self, fn: Callable[[], None]) -> None:
-        previous = self.out.after_release
-        if previous is None:
-            self.out.after_release = fn
-        else:
-            def both():
-                previous()
-                fn()
-            self.out.after_release = both
-
-    # -- recovery
-
-    async def _wait_committed(self) -> None:
-        done = asyncio.get_running_loop().create_future()
-        await self.hub.writer.inbox.put(Flush(done))
-        await done
-
-    async def _rebuild(self, reason: str) -> float:
-        """Replace the state with a replay of the journal; the seconds it took."""
-        started = time.perf_counter()
-        self.state = await self.hub.load_state()
-        for restored in self.installed.hooks("restored"):
-            restored(self.state)
-        for rebuilt in self.installed.hooks("rebuilt"):
-            rebuilt(self)
-        seconds = time.perf_counter() - started
-        self.metrics.count_rebuild(reason, seconds)
-        return seconds
-
-    async def _rebuild_after_crash(self) -> None:
-        """The state may hold part of a failed command: once everything queued
-        is committed, replay the journal, and suspend whoever caused it."""
-        await self._wait_committed()
-        self._needs_rebuild = False
-        seconds = await self._rebuild(self._dirty_reason)
-        self._suspend_dirty_by(seconds)
-
-    def _suspend_dirty_by(self, rebuild_seconds: float) -> None:
-        principal = self._dirty_by
-        suspended = self.suspensions.suspend(principal, time.time(), rebuild_seconds)
-        if suspended:
-            self.metrics.suspensions += 1
-        log.warning("state rebuilt from the journal after a failed command",
-                    reason=self._dirty_reason,
-                    principal=principal if principal is not None else "(the hub)",
-                    rebuild_seconds=round(rebuild_seconds, 3),
-                    changes_refused_seconds=round(suspended, 3), last_seq=self.state.last_seq,
-                    # live suspensions dropped at the table's bound, ever
-                    suspensions_evicted=self.suspensions.evicted_live)
-
-    def refuse_permanently(self, reason: str) -> None:
-        self.refusing_mutations = reason
-        self._refusal_permanent = True
-
-    def journal_committed(self) -> None:
-        """A commit succeeded: a later failure starts from the short backoff."""
-        self._backoff = REFUSAL_BACKOFF_START
-
-    async def _recover_from_journal_failure(self) -> None:
-        self._journal_failed = False
-        dirty, self._needs_rebuild = self._needs_rebuild, False
-        try:
-            seconds = await self._rebuild("journal_failure")
-            if dirty:  # a failed command made it dirty too: this rebuild is its
-                self._suspend_dirty_by(seconds)
-        except Exception:
-            # The journal cannot even be read: keep serving reads from the
-            # last state and refuse mutations until an operator intervenes.
-            log.exception("journal unreadable after a failed commit; refusing mutations")
-            self.refuse_permanently("journal unreadable")
-        if not self._refusal_permanent:
-            self.refusing_mutations = "journal write failed"
-            self._refuse_until = time.time() + self._backoff
-            log.warning("state rebuilt from the journal after a failed commit; refusing "
-                        "mutations for a while", last_seq=self.state.last_seq,
-                        seconds=self._backoff)
-            self._backoff = min(self._backoff * 2, REFUSAL_BACKOFF_MAX)
-        await self.hub.writer.inbox.put(Resync())

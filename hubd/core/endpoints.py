@@ -46,6 +46,27 @@ class Endpoint(Protocol):
     # write stalls out first. A door without it counts delivery as written.
 
 
+class Listener:
+    """An endpoint inside the hub's process: a door's own ear for the Router's
+    messages (the REDSYN door's wake-ups, the broker's transcript watcher).
+    It writes nothing, so nothing stalls, and its owner ends it."""
+
+    def __init__(self) -> None:
+        self.id = next_endpoint_id()
+
+    def deliver(self, message: Message) -> None:
+        raise NotImplementedError
+
+    def close(self, code: int, reason: str) -> None:
+        pass
+
+    def write_stalled_for(self, now: float) -> float:
+        return 0.0
+
+    def abort(self) -> None:
+        pass
+
+
 class Endpoints:
     def __init__(self) -> None:
         self._by_id: dict[int, Endpoint] = {}

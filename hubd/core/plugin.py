@@ -30,23 +30,66 @@ if TYPE_CHECKING:  # the annotations only: plugins sit below the actors that run
 @dataclass(frozen=True, slots=True)
 class Verb:
     handler: "Handler"
-    # only reads: still served while the journal cannot be written
-    reads_only: bool = False
     # hub-to-hub: the only verbs a peer hub's link may use
     peers: bool = False
 
 
 class Verbs(dict):
-    """One module's verbs: type -> Verb."""
+    """One module's verbs: type -> Verb. (A verb that only reads needs no
+    mark: every mutation passes Router.event(), which refuses it, before
+    anything is applied, while the journal cannot be written; a verb that
+    mutates only sometimes, a non-persistent advertise or a claim forwarded
+    to its owner, is served as far as it reads.)"""
 
-    def handles(self, *types: str, reads_only: bool = False, peers: bool = False):
+    def handles(self, *types: str, peers: bool = False):
         def declare(fn):
             for type_ in types:
                 if type_ in self:
                     raise ValueError(f"verb {type_!r} declared twice")
-                self[type_] = Verb(fn, reads_only, peers)
+                self[type_] = Verb(fn, peers)
             return fn
         return declare
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What the shared verbs mean on the endpoints of one door (the door an
+    endpoint named in its Opened): each fn(router, session, command). A verb
+    a dialect leaves out is refused to that door; a door with no dialect of
+    its own speaks the core's (its Register takes a seat, its Send is a chat
+    from that seat: hubd/handlers/dialects.py)."""
+
+    # the endpoint was opened / went away
+    opened: Callable | None = None
+    closed: Callable | None = None
+    register: Callable | None = None
+    send: Callable | None = None
+    take: Callable | None = None
+    ack: Callable | None = None
+    # the door's own verbs (Requests by name): only its endpoints may ask them
+    requests: Mapping[str, Callable] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Mailbox:
+    """A kind of box a chat can land in besides a seat's (a REDSYN agent's,
+    a broker handle's), declared by its plugin. The routing service
+    (hubd/handlers/routing.py) asks each, once per directed chat, which of
+    the target's addresses it holds (`plan`, a decision made before the chat
+    is journaled) and journals the answer in the chat's route
+    (`route["boxes"][kind]`); the mailbox's applier reads its own entries
+    from there, and `delivered` makes the live effects (pushes, wake-ups)
+    inside the same command."""
+
+    kind: str
+    # the projection (HubState.extensions) its plan decides on
+    projection: str
+    # fn(router, projection, frame, sender, target, route_extra) -> Planned | None
+    plan: Callable
+    # fn(router, event, entries)
+    delivered: Callable
+    # asked only for a target with an item in this namespace (`<namespace>/...`)
+    namespace: str | None = None
 
 
 class RemoteHubs(Protocol):
@@ -95,6 +138,10 @@ class Plugin:
     on_unregister: Sequence[Callable[["Router", "Session"], None]] = ()
     # run as ordinary Router commands once a second (lease expiry and the like)
     periodic: Sequence[Callable[["Router"], None]] = ()
+    # the hub wire's session rules (exactly one plugin: the core's,
+    # hubd/handlers/sessions.py SESSIONS): register(router, session, frame)
+    # at an endpoint's first frame, refuse_name_switch(router, session, sender)
+    sessions: Any = None
     # asked at an endpoint's first frame: is this a peer hub's link?
     peer_claims: Sequence[Callable[["Router", "Session", dict], bool]] = ()
     # state_request sections: name -> fn(router, session, query)
@@ -106,15 +153,20 @@ class Plugin:
     replaces_state_sections: Mapping[str, Callable] = field(default_factory=dict)
     # /health sections: name -> fn(hub)
     health_sections: Mapping[str, Callable[[Any], object]] = field(default_factory=dict)
-    # a directed chat to seats this plugin serves outside presence (the broker's
-    # <ns>/<handle>), asked before the chat is journaled: fn(router, frame,
-    # sender, target) -> None, or a plan with `.seats` (added to the chat's
-    # recipients) and `.journal(router)` (records the plugin's side of it,
-    # right after the chat's event, in the same command)
-    directed_chat: Sequence[Callable[["Router", dict, str, Any], Any]] = ()
-    # the plugin's own commands (typed messages its actors post to the
-    # Router): command type -> fn(router, command), run as an ordinary command
+    # boxes a chat can land in besides a seat's (see Mailbox), in the order
+    # they are asked
+    mailboxes: Sequence[Mailbox] = ()
+    # door name -> what the shared verbs mean on that door's endpoints
+    dialects: Mapping[str, Dialect] = field(default_factory=dict)
+    # the plugin's own commands (typed messages its actors and timers post to
+    # the Router): command type -> fn(router, command), run as an ordinary command
     commands: Mapping[type, Callable[["Router", Any], None]] = field(default_factory=dict)
+    # Request verbs any endpoint (or none) may ask: name -> fn(router, session
+    # or None, request); a door's own are its dialect's
+    requests: Mapping[str, Callable] = field(default_factory=dict)
+    # the plugin's live (not journaled) bookkeeping, one typed home each:
+    # classes the Router makes once, `cls(router)`, found with router.live_of(cls)
+    live: Sequence[type] = ()
     # claim-family verbs first pass here; True when it handled the frame
     claim_gate: Callable[["Router", "Session", dict, str], bool] | None = None
     # targets on peer hubs
@@ -133,8 +185,6 @@ class Plugin:
     # the hub's HTTP application is being built: add this plugin's routes
     # (before the WebSocket door's catch-all)
     http_routes: Callable[[Any], None] | None = None
-    # after each successful journal commit, on the writer's side of the loop
-    committed: Callable[[], None] | None = None
     # the plugin's actors, in the hub's TaskGroup
     start: Callable[["Router", "asyncio.TaskGroup"], None] | None = None
     # SIGHUP: re-read files, as the proposed HubConfig (second argument)
@@ -157,8 +207,15 @@ class Installed:
         state_sections: dict = {}
         health_sections: dict = {}
         commands: dict = {}
+        requests: dict = {}
+        live: dict = {}
+        dialects: dict = {}
         for plugin in self.plugins:
             _merge_unique(commands, plugin.commands, f"command (plugin {plugin.name})")
+            _merge_unique(requests, plugin.requests, f"request verb (plugin {plugin.name})")
+            _merge_unique(live, {cls: None for cls in plugin.live},
+                          f"live home (plugin {plugin.name})")
+            _merge_unique(dialects, plugin.dialects, f"dialect (plugin {plugin.name})")
             _merge_unique(verbs, plugin.verbs, f"verb (plugin {plugin.name})")
             _merge_unique(projections, plugin.projections, f"projection (plugin {plugin.name})")
             _merge_unique(state_sections, plugin.state_sections,
@@ -174,21 +231,23 @@ class Installed:
                 appliers.setdefault(kind, []).extend(fns)
         self.verbs = verbs
         self.handlers: dict[str, Callable] = {t: v.handler for t, v in verbs.items()}
-        self.read_only = frozenset(t for t, v in verbs.items() if v.reads_only)
         self.peer_verbs = frozenset(t for t, v in verbs.items() if v.peers)
         self.appliers = {kind: tuple(fns) for kind, fns in appliers.items()}
         self.projections = projections
         self.state_sections = state_sections
         self.health_sections = health_sections
         self.commands = commands
+        self.requests = requests
+        self.live = tuple(live)
+        self.dialects = dialects
         self.on_register = self._all("on_register")
         self.on_unregister = self._all("on_unregister")
         self.periodic = self._all("periodic")
         self.peer_claims = self._all("peer_claims")
-        self.directed_chat = self._all("directed_chat")
+        self.mailboxes = self._all("mailboxes")
         self.claim_gate = self._one("claim_gate")
         self.remote_hubs = self._one("remote_hubs")
-        self.committed = tuple(self.hooks("committed"))
+        self.sessions = self._one("sessions")
 
     def _all(self, name: str) -> tuple:
         return tuple(fn for plugin in self.plugins for fn in getattr(plugin, name))

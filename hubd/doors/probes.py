@@ -1,18 +1,28 @@
 """The operator's HTTP probes: /health (JSON status), /readyz (journal
 replayed?) and /metrics (Prometheus). Each request passes the Host/Origin
-guard; /health and /metrics also need the bearer token when one is set."""
+guard; /health and /metrics also need the bearer token when one is set.
+
+/health and /metrics are the Router's answers to a Request (`hub.health`,
+`hub.metrics`: hubd/handlers/status.py), so this door reads no Router state.
+While the Router does not serve (the journal replay, the shutdown) they are
+made here from what is not the Router's: the hub's own facts, and the metrics
+registry (nothing else reads or writes it then).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import time
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from hubd.wire.envelope import PROTOCOL_VERSION
-
+from hubd.core.commands import Request
 from hubd.http.guard import guard
+
+# the Router answers between two commands; one stuck longer than this is
+# reported as such rather than holding the probe
+ANSWER_SECONDS = 5.0
 
 
 def add_probes(app: web.Application, hub) -> None:
@@ -32,19 +42,29 @@ def add_probes(app: web.Application, hub) -> None:
                 return refused
             if needs_token and not authorised(request):
                 return web.Response(status=401, text="Unauthorized\n")
-            return handler()
+            return await handler()
         return guarded
 
-    def health() -> web.Response:
-        return web.json_response(health_document(hub))
+    async def health() -> web.Response:
+        document = await ask_router(hub, "hub.health")
+        if document is _UNANSWERED:
+            return web.json_response({**hub.health_base(), "status": "router_unresponsive"},
+                                     status=503)
+        if document is None:  # the Router does not serve (yet, or any more)
+            document = {**hub.health_base(), "connections": 0, "online_agents": 0}
+        return web.json_response(document)
 
-    def readyz() -> web.Response:
+    async def readyz() -> web.Response:
         if hub.ready:
             return web.json_response({"ready": True, "journal_replayed": True})
         return web.json_response({"ready": False, "journal_replayed": False}, status=503)
 
-    def metrics() -> web.Response:
-        body = generate_latest(hub.metrics.registry)
+    async def metrics() -> web.Response:
+        body = await ask_router(hub, "hub.metrics")
+        if body is _UNANSWERED:
+            return web.Response(status=503, text="The hub's router did not answer.\n")
+        if body is None:
+            body = generate_latest(hub.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app.router.add_get("/health", probe(health, needs_token=True))
@@ -52,29 +72,17 @@ def add_probes(app: web.Application, hub) -> None:
     app.router.add_get("/metrics", probe(metrics, needs_token=True))
 
 
-def health_document(hub) -> dict:
+_UNANSWERED = object()
+
+
+async def ask_router(hub, verb: str):
+    """The Router's answer to a status request; None while it does not serve."""
     router = hub.router
-    presence = router.presence if router is not None else None
-    document = {
-        "status": "degraded" if hub.corrupt_rows or hub.unknown_kinds.events else "ok",
-        "hub_id": hub.hub_id,
-        "version": f"hubd {__import__('hubd').__version__}",
-        "protocol_version": PROTOCOL_VERSION,
-        "uptime_seconds": round(time.time() - hub.started, 3),
-        "ready": hub.ready,
-        "connections": len(presence.endpoints) if presence else 0,
-        "online_agents": len(presence.by_name) if presence else 0,
-        "journal_seq": hub.writer.committed_seq,
-        "journal_corrupt_rows": len(hub.corrupt_rows),
-        # events of kinds this hubd does not know (a newer hubd wrote them)
-        "journal_unknown_events": hub.unknown_kinds.events,
-        "journal_unknown_kinds": hub.unknown_kinds.names(),
-        "identity": hub.identity.summary(),
-    }
-    # the plugins' sections (federation's message_forward and multihub, the
-    # core's active_claims); a section with nothing to say is left out
-    for name, section in hub.installed.health_sections.items():
-        value = section(hub)
-        if value is not None:
-            document[name] = value
-    return document
+    if router is None or not hub.ready:
+        return None
+    reply = asyncio.get_running_loop().create_future()
+    router.post_control(Request(None, verb, {}, reply))  # never blocks, answered next round
+    try:
+        return await asyncio.wait_for(reply, ANSWER_SECONDS)
+    except TimeoutError:
+        return _UNANSWERED

@@ -20,13 +20,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from functools import partial
 
 import structlog
 from aiohttp import WSMsgType, web
 
-from hubd.actors.sessions import credit
-from hubd.core.commands import Call, Closed, Inbound, Opened
+from hubd.core.commands import Closed, Credit, Inbound, Opened
 from hubd.core.endpoints import next_endpoint_id
 from hubd.core.message import (CLOSE_AUTH, CLOSE_REGISTRATION_TIMEOUT, CLOSE_TRY_AGAIN,
                                Message)
@@ -322,9 +320,7 @@ class Connection:
                         # the principal the registration speaks as
                         if not self._authenticate(frame):
                             continue
-                        await inbox.put(Call(partial(credit, endpoint=endpoint,
-                                                     principal=self.principal,
-                                                     credential=self.credential)))
+                        await inbox.put(Credit(endpoint, self.principal, self.credential))
                     if not self._registered:
                         self._registered = True
                         deadline.cancel()

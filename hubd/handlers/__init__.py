@@ -3,6 +3,7 @@ installs them with the core's projections and hooks."""
 
 from __future__ import annotations
 
+from hubd.core.commands import Ack, Register, Request, Send, Take
 from hubd.core.plugin import Plugin
 from hubd.state import board as board_state
 from hubd.state import capabilities as capability_state
@@ -11,7 +12,8 @@ from hubd.state import delivery_intents as delivery_state
 from hubd.state import hub as hub_state
 from hubd.state import idem as idem_state
 
-from . import board, capabilities, chat, claims, delivery, mailbox, queries, receipts
+from . import (board, capabilities, chat, claims, delivery, dialects, mailbox, queries,
+               receipts, sessions, status)
 
 
 def core_plugin() -> Plugin:
@@ -40,6 +42,15 @@ def core_plugin() -> Plugin:
         on_unregister=(capabilities.on_unregister, claims.on_unregister,
                        delivery.on_unregister, receipts.on_unregister),
         periodic=(claims.sweep, delivery.sweep, receipts.sweep),
+        sessions=sessions.SESSIONS,
+        commands={**sessions.COMMANDS,
+                  Register: dialects.register, Send: dialects.send, Take: dialects.take,
+                  Ack: dialects.ack, Request: dialects.request,
+                  receipts.WritesReported: receipts.writes_reported,
+                  delivery.NotificationsReleased: delivery.released},
+        requests=status.REQUESTS,
+        live=(receipts.ReceiptDesk, receipts.DarkSeats, claims.ClaimsLive,
+              delivery.DeliveryLive, capabilities.LiveCards),
         rebuilt=receipts.rebuilt,
         state_sections=claims.STATE_SECTIONS,
         health_sections={"active_claims": claims.health_active_claims},

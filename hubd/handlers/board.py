@@ -126,7 +126,7 @@ def ledger_progress(router: Router, session: Session, frame: dict, size: int) ->
     router.fail_privately(session, "Progress note was not journalled; mutation rolled back.")
 
 
-@verbs.handles("board_request", reads_only=True)
+@verbs.handles("board_request")
 def board_request(router: Router, session: Session, frame: dict, size: int) -> None:
     router.reply(session, "board_snapshot", "Board snapshot",
                  board=bd.board_of(router.state).snapshot())

@@ -15,14 +15,15 @@ from hubd.state.presence import Session
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
 
-LIVE = "capabilities.live"  # agent -> (card, endpoint that advertised it)
+class LiveCards:
+    """Cards advertised without persist: agent -> (card, endpoint that advertised it)."""
+
+    def __init__(self, router: Router):
+        self.cards: dict = {}
 
 
 def _live(router: Router) -> dict:
-    store = router.live.get(LIVE)
-    if store is None:
-        store = router.live[LIVE] = {}
-    return store
+    return router.live_of(LiveCards).cards
 
 
 @verbs.handles("advertise")
@@ -48,7 +49,7 @@ def advertise(router: Router, session: Session, frame: dict, size: int) -> None:
                                   agent=advert.agent, card=shown))
 
 
-@verbs.handles("manifest_request", reads_only=True)
+@verbs.handles("manifest_request")
 def manifest_request(router: Router, session: Session, frame: dict, size: int) -> None:
     live = _live(router)
     registrations = cap.capabilities_of(router.state).current(router.now)
@@ -62,7 +63,7 @@ def manifest_request(router: Router, session: Session, frame: dict, size: int) -
 
 
 def on_unregister(router: Router, session: Session) -> None:
-    live = router.live.get(LIVE)
+    live = _live(router)
     if not live:
         return
     for agent in [a for a, (_, endpoint) in live.items() if endpoint == session.endpoint]:

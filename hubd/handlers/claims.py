@@ -25,6 +25,7 @@ from hubd.core.plugin import Verbs
 from hubd.state import board as bd
 from hubd.state import capabilities as cap
 from hubd.state import claims as cl
+from hubd.state import lease_rules as lr
 from hubd.state import idem
 from hubd.state.presence import Session
 
@@ -35,21 +36,26 @@ from . import grants, idempotency
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
 
-# Live (not journaled) bookkeeping kept on the Router, bounded.
-OFFLINE = "claims.offline_since"  # owner -> when its last socket went away
-WAITS = "claims.waits"  # waiter -> (task, epoch) it waits for (deadlock detection)
 MAX_WAITS = 10_000
+
+
+class ClaimsLive:
+    """Live (not journaled) bookkeeping of the claim verbs, bounded (MAX_WAITS each)."""
+
+    def __init__(self, router: Router):
+        # owner -> when its last socket went away
+        self.offline_since: OrderedDict = OrderedDict()
+        # waiter -> (task, epoch) it waits for (deadlock detection)
+        self.waits: OrderedDict = OrderedDict()
 
 
 def limits(router: Router) -> cl.LeaseLimits:
     return router.config.claims
 
 
-def _live(router: Router, name: str) -> dict | OrderedDict:
-    store = router.live.get(name)
-    if store is None:
-        store = router.live[name] = OrderedDict()
-    return store
+def offline_since(router: Router) -> OrderedDict:
+    """Owners whose last socket went away, and since when."""
+    return router.live_of(ClaimsLive).offline_since
 
 
 # -- claim
@@ -157,7 +163,7 @@ def release_refusal(router: Router, who: str, frame: dict) -> tuple[str, str | N
     if not task_id:
         return task_id, "Task ID is required.", None
     lease = cl.claims_of(router.state).live(task_id, router.now)
-    return task_id, cl.check_holder(lease, task_id, who, frame.get("epoch"),
+    return task_id, lr.check_holder(lease, task_id, who, frame.get("epoch"),
                                     not_claimed="Task '{task_id}' is not currently claimed.",
                                     owned="Task '{task_id}' is owned by {owner}, not {who}."), lease
 
@@ -166,7 +172,7 @@ def record_release(router: Router, name: str, lease: dict, frame: dict, bound: d
     """Journal and announce one release; returns the release_granted frame."""
     task_id = lease["task_id"]
     now = router.now
-    receipt, has_evidence = cl.build_receipt(frame, task_id, name)
+    receipt, has_evidence = lr.build_receipt(frame, task_id, name)
     router.event(cl.RELEASE, {"task_id": task_id, "owner": name, "epoch": lease["epoch"],
                               "released_at": now})
     granted = router.frame("release_granted", "all", f"Task '{task_id}' released by {name}.",
@@ -174,7 +180,7 @@ def record_release(router: Router, name: str, lease: dict, frame: dict, bound: d
     router.broadcast(granted)
     if has_evidence:
         note = {"task_id": task_id, "author": name, "kind": "assessment",
-                "text": cl.receipt_note_text(receipt), "posted_at": now}
+                "text": lr.receipt_note_text(receipt), "posted_at": now}
         router.event(bd.LEDGER_PROGRESS, note)
         router.broadcast(router.frame("ledger_progress_posted", "all",
                                       f"Release receipt from {name}", note=note))
@@ -253,7 +259,7 @@ def update_task(router: Router, who: str, frame: dict) -> Answer:
     if not task_id:
         return Answer(False, "error", "Task ID is required.", {})
     lease = cl.claims_of(router.state).live(task_id, router.now)
-    refusal = cl.check_holder(lease, task_id, who, frame.get("epoch"),
+    refusal = lr.check_holder(lease, task_id, who, frame.get("epoch"),
                               not_claimed="Task '{task_id}' not found.",
                               owned="Task '{task_id}' owned by {owner}, not {who}.")
     if refusal is None:
@@ -262,7 +268,7 @@ def update_task(router: Router, who: str, frame: dict) -> Answer:
             refusal = f"Task '{task_id}' version conflict (current {lease['version']})."
     status = cl.text_field(frame.get("status")).strip() if refusal is None else ""
     if refusal is None and status:
-        refusal = cl.transition_refusal(task_id, lease["status"], status)
+        refusal = lr.transition_refusal(task_id, lease["status"], status)
     if refusal is not None:
         return Answer(False, "error", refusal, {"task_id": task_id})
     updated = dict(lease)
@@ -293,7 +299,7 @@ def save_checkpoint(router: Router, who: str, frame: dict) -> Answer:
     expire_due(router)
     task_id = cl.task_id_of(frame, "id")
     lease = cl.claims_of(router.state).live(task_id, router.now) if task_id else None
-    refusal = "Task ID is required." if not task_id else cl.check_holder(
+    refusal = "Task ID is required." if not task_id else lr.check_holder(
         lease, task_id, who, frame.get("epoch"), not_claimed="Task '{task_id}' not found.",
         owned="Task '{task_id}' owned by {owner}, not {who}.")
     if refusal is not None:
@@ -354,7 +360,7 @@ def hand_off(router: Router, who: str, frame: dict, target_online: bool = False)
     elif to not in router.presence.by_name and not target_online:
         refusal = f"Handoff target '{to}' is not online."
     else:
-        refusal = cl.check_holder(lease, task_id, name, frame.get("epoch"),
+        refusal = lr.check_holder(lease, task_id, name, frame.get("epoch"),
                                   not_claimed="Task '{task_id}' is not currently claimed.",
                                   owned="Task '{task_id}' is owned by {owner}, not {who}.")
     if refusal is None and to == lease["owner"]:
@@ -393,7 +399,7 @@ def hand_off(router: Router, who: str, frame: dict, target_online: bool = False)
 
 # -- wait_request
 
-@verbs.handles("wait_request", reads_only=True)
+@verbs.handles("wait_request")
 def wait_request(router: Router, session: Session, frame: dict, size: int) -> None:
     if _gated(router, session, frame, "wait_request"):
         return
@@ -413,8 +419,8 @@ def wait_for_task(router: Router, who: str, frame: dict) -> Answer:
     if holder == name:
         return Answer(False, "wait_denied", f"You already hold '{task_id}'.",
                       {"task_id": task_id})
-    waits = _live(router, WAITS)
-    if cl.deadlock(claims, waits, name, holder, now):
+    waits = router.live_of(ClaimsLive).waits
+    if lr.deadlock(claims, waits, name, holder, now):
         return Answer(False, "wait_denied", f"Waiting for '{task_id}' held by {holder} would "
                                             "deadlock.", {"task_id": task_id, "holder": holder})
     waits.pop(name, None)
@@ -460,7 +466,7 @@ def sweep(router: Router) -> None:
     if ttl is None:
         return
     claims = cl.claims_of(router.state)
-    offline = _live(router, OFFLINE)
+    offline = offline_since(router)
     by_name = router.presence.by_name
     started = router.hub.started
     now = router.now
@@ -507,7 +513,7 @@ def health_active_claims(hub) -> int:
 
 
 def on_register(router: Router, session: Session, frame: dict) -> None:
-    offline = router.live.get(OFFLINE)
+    offline = offline_since(router)
     if offline:
         offline.pop(session.name, None)
 
@@ -517,11 +523,11 @@ def on_unregister(router: Router, session: Session) -> None:
     if name in router.presence.by_name:
         return  # another socket still holds the name
     if name in cl.claims_of(router.state).by_owner:
-        offline = _live(router, OFFLINE)
+        offline = offline_since(router)
         offline[name] = router.now
         while len(offline) > MAX_WAITS:
             offline.popitem(last=False)
-    waits = router.live.get(WAITS)
+    waits = router.live_of(ClaimsLive).waits
     if waits:
         waits.pop(name, None)
 
@@ -533,7 +539,7 @@ def active_claims(router: Router) -> list[dict]:
     now = router.now
     claims = cl.claims_of(router.state)
     by_name = router.presence.by_name
-    offline = router.live.get(OFFLINE) or {}
+    offline = offline_since(router)
     started = router.hub.started
     out = []
     for task_id in sorted(claims.leases):

@@ -11,25 +11,26 @@ as its events, so nothing leaves the hub before the transition is durable.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import structlog
 
 from hubd.actors.router import Router
-from hubd.core.message import Message
 from hubd.core.plugin import Verbs
 from hubd.state import claims as cl
 from hubd.state import delivery_intents as di
 from hubd.state import delivery_rules as rules
 from hubd.state import principals as pr
 from hubd.state.presence import Session
-from hubd.wire import codec
 from hubd.wire.envelope import HUB_SENDER, frame_type
+
+from . import routing
 
 log = structlog.get_logger("hubd.delivery")
 
 verbs = Verbs()
 
 CLOSE_DELIVERY_SESSION = 4020  # the reference's close code for a refused delivery session
-LIVE = "delivery.sessions"  # name -> LiveSession (presence-like: rebuilt by reconnecting)
 
 
 class LiveSession:
@@ -39,11 +40,18 @@ class LiveSession:
         self.endpoint, self.incarnation, self.capabilities = endpoint, incarnation, capabilities
 
 
-def _live(router: Router) -> dict:
-    store = router.live.get(LIVE)
-    if store is None:
-        store = router.live[LIVE] = {}
-    return store
+class DeliveryLive:
+    """Live delivery bookkeeping (presence-like: rebuilt by reconnecting)."""
+
+    def __init__(self, router: Router):
+        self.sessions: dict[str, LiveSession] = {}  # name -> its delivery session
+        # audience -> {notification_id: None}: released, not yet journaled (below)
+        self.settle: dict[str, dict] = {}
+
+
+def live_sessions(router: Router) -> dict:
+    """name -> its live delivery session (LiveSession)."""
+    return router.live_of(DeliveryLive).sessions
 
 
 def _state(router: Router) -> di.DeliveryState:
@@ -68,7 +76,7 @@ def refuse(router: Router, session: Session, refusal: rules.Refusal) -> None:
 
 
 def status_fields(router: Router, op: di.Operation) -> dict:
-    live = _live(router).get(op.target)
+    live = live_sessions(router).get(op.target)
     current = live is not None and live.incarnation == op.target_incarnation
     online = router.presence.session_of(op.target)
     reachable = current and online is not None and online.endpoint == live.endpoint
@@ -107,7 +115,7 @@ def _notification(op: di.Operation, audience: str, source: str, stage: str, numb
 
 def _send_offer(router: Router, endpoint: int, op: di.Operation) -> None:
     frame = offer_frame(op)
-    router.out.sends.append((endpoint, Message(frame, codec.encode(frame)), "delivery_offer"))
+    router.send(endpoint, frame)
 
 
 # -- notifications: journaled with their transition, released after it, settled
@@ -116,14 +124,21 @@ def _send_offer(router: Router, endpoint: int, op: di.Operation) -> None:
 # A settlement is not worth a commit of its own: journaled on its own, it took
 # one more fsync after every stage, in front of the next stage's commit (seven
 # serial commits per request -> completed round trip instead of four). Released
-# ids are held in `router.live[SETTLE]` and journaled in the next delivery
+# ids are held in `DeliveryLive.settle` and journaled in the next delivery
 # transaction that commits anyway (an admission, a transition), before a
 # replay to their audience when it registers again, or by the once-a-second
 # sweep. Until then they are still in the outbox, so a crash re-sends them
 # with the same ids: at least once, as before, over a window of at most about
 # a second rather than one commit.
 
-SETTLE = "delivery.settle"  # audience -> {notification_id: None}, released, not yet journaled
+
+
+class NotificationsReleased(NamedTuple):
+    """These notifications are on their audience's endpoint: settle them
+    with the next delivery commit."""
+
+    audience: str
+    ids: list
 
 
 def deliver_pending(router: Router, audience: str, endpoint: int) -> None:
@@ -134,25 +149,25 @@ def deliver_pending(router: Router, audience: str, endpoint: int) -> None:
     for _, frame in waiting:
         router.send(endpoint, frame)
     ids = [nid for nid, _ in waiting]
-    router.after_release(lambda: router.post_control(lambda r: _released(r, audience, ids)))
+    _settle_once_released(router, audience, ids)
 
 
-def _released(router: Router, audience: str, ids: list[str]) -> None:
+def _settle_once_released(router: Router, audience: str, ids: list[str]) -> None:
+    released = NotificationsReleased(audience, ids)
+    router.after_release(lambda: router.post_control(released))
+
+
+def released(router: Router, command: NotificationsReleased) -> None:
     """A control command after the release: remember what to settle (no commit)."""
-    held = router.live.get(SETTLE)
-    if held is None:
-        held = router.live[SETTLE] = {}
-    box = held.get(audience)
-    if box is None:
-        box = held[audience] = {}
-    for nid in ids:
+    box = router.live_of(DeliveryLive).settle.setdefault(command.audience, {})
+    for nid in command.ids:
         box[nid] = None
 
 
 def _journal_settled(router: Router, audience: str | None = None) -> None:
     """Journal the held settlements (of one audience, or all) in this command's
     outcome: one delivery_notified event per audience."""
-    held = router.live.get(SETTLE)
+    held = router.live_of(DeliveryLive).settle
     if not held or router.mutations_refused():
         return
     names = [audience] if audience is not None else list(held)
@@ -182,8 +197,7 @@ def _transition(router: Router, op: di.Operation, kind: str, stage: str, source:
     online = _v3_session(router, audience)
     if online is not None:
         router.send(online.endpoint, note)
-        nid = note["notification_id"]
-        router.after_release(lambda: router.post_control(lambda r: _released(r, audience, [nid])))
+        _settle_once_released(router, audience, [note["notification_id"]])
 
 
 # -- delivery sessions (the registering heartbeat)
@@ -201,9 +215,9 @@ def on_register(router: Router, session: Session, frame: dict) -> None:
     if advert is not None:
         _register_session(router, session, advert)
     else:
-        held = _live(router).get(name)
+        held = live_sessions(router).get(name)
         if held is not None and held.endpoint != session.endpoint:
-            del _live(router)[name]  # taken over by a session without delivery
+            del live_sessions(router)[name]  # taken over by a session without delivery
     if (session.protocol_version or 0) >= rules.WIRE_VERSION:
         deliver_pending(router, name, session.endpoint)
 
@@ -211,7 +225,7 @@ def on_register(router: Router, session: Session, frame: dict) -> None:
 def _register_session(router: Router, session: Session, advert: rules.SessionAdvert) -> None:
     name = session.name
     incarnation = rules.incarnation_of(router.hub_id, name, advert.token)
-    _live(router)[name] = LiveSession(session.endpoint, incarnation, advert.capabilities)
+    live_sessions(router)[name] = LiveSession(session.endpoint, incarnation, advert.capabilities)
     router.reply(session, "delivery_session", "Delivery session registered.",
                  incarnation=incarnation, capabilities=advert.capabilities,
                  protocol_version=rules.WIRE_VERSION)
@@ -232,7 +246,7 @@ def _register_session(router: Router, session: Session, advert: rules.SessionAdv
 
 
 def on_unregister(router: Router, session: Session) -> None:
-    live = router.live.get(LIVE)
+    live = live_sessions(router)
     if live:
         held = live.get(session.name)
         if held is not None and held.endpoint == session.endpoint:
@@ -246,7 +260,7 @@ def who_sessions(router: Router, session: Session) -> dict | None:
         return None
     return {name: {"incarnation": s.incarnation, "capabilities": dict(s.capabilities),
                    "hub_id": router.hub_id}
-            for name, s in sorted(_live(router).items())}
+            for name, s in sorted(live_sessions(router).items())}
 
 
 # -- delivery_request
@@ -266,14 +280,6 @@ def _control_refusal(router: Router, session: Session, target: str, mode: str,
                              task_claimed=lease is not None and lease["owner"] == session.name)
 
 
-def _remote_hook(router: Router, session: Session, name: str):
-    """The federation plugin's hook for delivery across hubs
-    (federation/handlers/delivery_forward.py), for a local requester; None without one."""
-    if session.peer_hub is not None:
-        return None  # a forwarded requester is served here, never forwarded on
-    return getattr(router.installed.remote_hubs, name, None)
-
-
 @verbs.handles("delivery_request")
 def delivery_request(router: Router, session: Session, frame: dict, size: int) -> None:
     if not rules.speaks_v3(session.protocol_version, frame):
@@ -282,11 +288,8 @@ def delivery_request(router: Router, session: Session, frame: dict, size: int) -
             rules.UNSUPPORTED_PROTOCOL, "peer did not negotiate delivery version 3",
             rid if isinstance(rid, str) else ""))
         return
-    target = frame.get("target")
-    forward = _remote_hook(router, session, "forward_delivery")
-    if forward is not None and isinstance(target, str) and "@" in target:
-        forward(router, session, frame)  # PROJECT/seat@HUB: admitted by that hub
-        return
+    if routing.forward_delivery(router, session, frame):
+        return  # PROJECT/seat@HUB: admitted by that hub (federation/handlers/delivery_forward.py)
     request = rules.read_request(frame, router.now)
     if isinstance(request, rules.Refusal):
         refuse(router, session, request)
@@ -307,7 +310,7 @@ def delivery_request(router: Router, session: Session, frame: dict, size: int) -
         return
     def no(code: str, text: str) -> None:
         refuse(router, session, rules.Refusal(code, text, request.request_id))
-    live = _live(router).get(request.target)
+    live = live_sessions(router).get(request.target)
     if live is None or router.presence.session_of(request.target) is None:
         no(rules.UNAVAILABLE_RECIPIENT, "recipient has no active delivery session")
         return
@@ -362,8 +365,7 @@ def _lookup(router: Router, session: Session, frame: dict) -> di.Operation | Non
     if not rules.is_digest(key):
         refuse(router, session, rules.Refusal(rules.INVALID_SHAPE, "operation key is malformed"))
         return None
-    follow_up = _remote_hook(router, session, "routed_delivery")
-    if follow_up is not None and follow_up(router, session, frame, key):
+    if routing.routed_delivery(router, session, frame, key):
         return None  # an operation on a peer hub: asked there
     op = _state(router).ops.get(key)
     if op is None:
@@ -372,7 +374,7 @@ def _lookup(router: Router, session: Session, frame: dict) -> di.Operation | Non
     return op
 
 
-@verbs.handles("delivery_status_request", reads_only=True)
+@verbs.handles("delivery_status_request")
 def delivery_status_request(router: Router, session: Session, frame: dict, size: int) -> None:
     op = _lookup(router, session, frame)
     if op is None:
@@ -445,7 +447,7 @@ def delivery_report(router: Router, session: Session, frame: dict, size: int) ->
         else:
             no(rules.ID_CONFLICT, "mutation identity was reused with new content")
         return
-    live = _live(router).get(session.name)
+    live = live_sessions(router).get(session.name)
     if op.unfinished and (live is None or live.endpoint != session.endpoint
                           or live.incarnation != op.target_incarnation):
         no(rules.STALE_INCARNATION, "recipient session changed")
@@ -500,7 +502,7 @@ def register_gauges(router: Router) -> None:
           lambda: d().outbox_size)
     gauge("hubd_delivery_outbox_dropped", "Delivery notifications dropped past the outbox "
           "bound (since this process replayed its journal).", lambda: d().dropped_notifications)
-    gauge("hubd_delivery_sessions", "Live delivery sessions.", lambda: len(_live(router)))
+    gauge("hubd_delivery_sessions", "Live delivery sessions.", lambda: len(live_sessions(router)))
     gauge("hubd_delivery_settlements_held", "Released delivery notifications whose settlement "
           "waits for the next delivery commit or the once-a-second sweep.",
-          lambda: sum(len(ids) for ids in router.live.get(SETTLE, {}).values()))
+          lambda: sum(len(ids) for ids in router.live_of(DeliveryLive).settle.values()))

@@ -21,6 +21,7 @@ from hubd.state import idem
 from hubd.state.presence import Session
 from hubd.core.message import Message
 from hubd.wire import codec
+from hubd.wire.digests import canonical_sha256
 from hubd.wire.envelope import error_frame
 
 
@@ -58,8 +59,8 @@ def begin(router: Router, session: Session, verb: str, frame: dict) -> Keyed | N
     # the original verdict, as it was sent (target and timestamp included), to
     # the requester only
     response = remembered.response
-    router.out.sends.append((session.endpoint, Message(response, codec.encode(response)),
-                             response.get("type", "replay")))
+    router.send(session.endpoint, Message(response, codec.encode(response)),
+                response.get("type", "replay"))
     return HANDLED
 
 
@@ -76,5 +77,5 @@ def remember(router: Router, session: Session, keyed: Keyed | None, response: di
         "key": idem.operation_key(session.name, keyed.verb, keyed.key),
         "request_digest": keyed.digest,
         "response": response,
-        "response_sha256": idem.canonical_sha256(response),
+        "response_sha256": canonical_sha256(response),
     })

@@ -76,7 +76,7 @@ async def replay(hub, endpoint: int, seqs: list[int]) -> None:
     frames_out["chat"] = frames_out.get("chat", 0) + len(rows)
 
 
-@verbs.handles("heartbeat", reads_only=True)
+@verbs.handles("heartbeat")
 def heartbeat(router: Router, session: Session, frame: dict, size: int) -> None:
     # Keepalives are never answered; a heartbeat that asks for the mailbox
     # gets its replay.

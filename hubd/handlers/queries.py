@@ -14,7 +14,7 @@ from hubd.state.presence import RX_SUFFIX, Session
 from hubd.wire.envelope import strict_int
 from hubd.wire.targets import parse_target
 
-from . import delivery, inbox, receipts
+from . import delivery, inbox, receipts, routing
 
 # this module's verbs (its plugin installs them)
 verbs = Verbs()
@@ -41,15 +41,11 @@ def mailbox_pending(router: Router) -> dict[str, int]:
             for name in names[:MAILBOX_PENDING_IDENTITIES]}
 
 
-@verbs.handles("who_request", reads_only=True)
+@verbs.handles("who_request")
 def who(router: Router, session: Session, frame: dict, size: int) -> None:
     hub = frame.get("hub")
     if isinstance(hub, str) and hub and hub != router.hub_id:
-        remote = router.installed.remote_hubs
-        if remote is None:
-            router.error(session, f"Hub '{hub}' is not a configured message peer of this hub.")
-        else:
-            remote.remote_who(router, session, frame, hub)
+        routing.remote_who(router, session, frame, hub)
         return
     presence = router.presence
     by_name = presence.by_name
@@ -69,7 +65,7 @@ def who(router: Router, session: Session, frame: dict, size: int) -> None:
         **extra)
 
 
-@verbs.handles("state_request", reads_only=True)
+@verbs.handles("state_request")
 def state_request(router: Router, session: Session, frame: dict, size: int) -> None:
     fields = {}
     request_id = frame.get("request_id")
@@ -121,7 +117,7 @@ def visible_history(router: Router, session: Session) -> list[dict]:
     return visible
 
 
-@verbs.handles("history_request", reads_only=True)
+@verbs.handles("history_request")
 def history(router: Router, session: Session, frame: dict, size: int) -> None:
     if "inbox_query" in frame:
         inbox.serve(router, session, frame)
@@ -151,7 +147,7 @@ def history(router: Router, session: Session, frame: dict, size: int) -> None:
                  requested_limit=requested)
 
 
-@verbs.handles("resume_request", reads_only=True)
+@verbs.handles("resume_request")
 def resume(router: Router, session: Session, frame: dict, size: int) -> None:
     since = strict_int(frame.get("since"))
     if since is None or since < 0:

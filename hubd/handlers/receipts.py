@@ -13,14 +13,15 @@ Every verdict is an outbox row: the sender gets it after the commit, and the
 row is settled (receipt_notified) only once the write to the sender
 completed; a crash in between sends it again when the sender next registers.
 
-The in-flight bookkeeping lives in `router.live` (like presence: not
-journaled, gone with the process; an aggregate left at `requested` by a
-crash stays honestly there).
+The in-flight bookkeeping is the Router's live `ReceiptDesk` (like presence:
+not journaled, gone with the process; an aggregate left at `requested` by a
+crash stays honestly there). Write results reach it from the endpoints'
+callbacks and are handled in one Router round per burst (`WritesReported`).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import structlog
 
@@ -51,6 +52,13 @@ class Awaiting:
         self.written: set[str] = set(written)
 
 
+class WritesReported(NamedTuple):
+    """The desk holds write results to decide (posted once per burst)."""
+
+
+WRITES_REPORTED = WritesReported()
+
+
 class ReceiptDesk:
     """The Router's live receipt bookkeeping: chats awaiting writes, write
     results not yet decided, and sender notifications in flight per endpoint.
@@ -75,7 +83,7 @@ class ReceiptDesk:
     def _post(self) -> None:
         if not self._posted:
             self._posted = True
-            self.router.post_control(self._round)
+            self.router.post_control(WRITES_REPORTED)
 
     def write_result(self, seq: int, name: str, ok: bool) -> None:
         self.results.append((seq, name, ok))
@@ -86,7 +94,7 @@ class ReceiptDesk:
         self.sent.append((sender, endpoint, notification_id, ok))
         self._post()
 
-    def _round(self, router: Router) -> None:
+    def round(self, router: Router) -> None:
         """Decide every chat whose writes have all reported, and settle every
         notification whose write completed: one round, one batch."""
         self._posted = False
@@ -129,10 +137,18 @@ class ReceiptDesk:
 
 
 def desk(router: Router) -> ReceiptDesk:
-    found = router.live.get("receipts")
-    if found is None or found.router is not router:
-        found = router.live["receipts"] = ReceiptDesk(router)
-    return found
+    return router.live_of(ReceiptDesk)
+
+
+def writes_reported(router: Router, command: WritesReported) -> None:
+    desk(router).round(router)
+
+
+class DarkSeats:
+    """The dark-seat watch's open episodes: identity -> (since, alerted)."""
+
+    def __init__(self, router: Router):
+        self.episodes: dict = {}
 
 
 def policy(router: Router) -> rules.LivenessPolicy:
@@ -337,28 +353,20 @@ def deliver_notifications(router: Router, session: Session) -> None:
 def rebuilt(router: Router) -> None:
     """The state was rebuilt from the journal: chats that never committed
     (a failed commit) will never report writes."""
-    found = router.live.get("receipts")
-    if found is not None:
-        last = router.state.last_seq
-        for seq in [s for s in found.awaiting if s > last]:
-            del found.awaiting[seq]
+    found = desk(router)
+    last = router.state.last_seq
+    for seq in [s for s in found.awaiting if s > last]:
+        del found.awaiting[seq]
 
 
 def on_unregister(router: Router, session: Session) -> None:
-    found = router.live.get("receipts")
-    if found is not None:
-        found.forget_endpoint(session.endpoint)
-
-
-DARK_SEATS = "receipts.dark_seats"  # router.live: identity -> (since, alerted)
+    desk(router).forget_endpoint(session.endpoint)
 
 
 def sweep(router: Router) -> None:
     """Once a second: write results held back by a refusing journal, and the
     dark-seat watch."""
-    found = router.live.get("receipts")
-    if found is not None:
-        found.retry()
+    desk(router).retry()
     dark_seat_sweep(router)
 
 
@@ -380,9 +388,10 @@ def dark_seat_sweep(router: Router) -> None:
         waiter = by_name.get(identity + RX_SUFFIX)
         return waiter is not None and now - waiter.last_heard <= pol.waiter_window
 
-    episodes, alerts = rules.dark_seat_round(router.live.get(DARK_SEATS, {}), work,
-                                             fresh_waiter, now, router.config.dark_seat_after)
-    router.live[DARK_SEATS] = episodes
+    watch = router.live_of(DarkSeats)
+    episodes, alerts = rules.dark_seat_round(watch.episodes, work, fresh_waiter, now,
+                                             router.config.dark_seat_after)
+    watch.episodes = episodes
     for seat, missing in alerts:
         router.metrics.dark_seat_alerts += 1
         log.warning("dark seat: owns live work without a fresh -rx waiter",

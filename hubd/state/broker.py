@@ -21,6 +21,12 @@ Events (payload fields; `ts` is the event's hub time):
 - broker_deliveries {handle, ids, state}  deliveries advanced (never backwards)
 - broker_group     {action: create|add|remove|delete, name, members}
 - broker_prune     {handles}
+
+A chat from the hub side to local/<handle> carries the broker messages it
+makes in its own route (`boxes.broker`: [{message, states}], each a
+broker_message payload and its route states), decided by the routing
+service before the chat was journaled; the chat event applies them here.
+(Hubs before that journaled each as a broker_message event after the chat.)
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from hubd.state.events import CHAT
 from hubd.state.hub import Appliers
 
 PEER = "broker_peer"
@@ -385,5 +392,15 @@ def _apply_event(hub_state, event) -> None:
     hub_state.extensions["broker"].apply(event.kind, event.payload, event.route, event.ts)
 
 
+def _apply_chat_event(hub_state, event) -> None:
+    """The broker messages a chat to local/<handle> made (see above)."""
+    boxes = (event.route or {}).get("boxes")
+    if boxes:
+        state = hub_state.extensions["broker"]
+        for entry in boxes.get("broker", ()):
+            _apply_message(state, entry["message"], {"states": entry["states"]}, event.ts)
+
+
 for _kind in KINDS:
     appliers.applies(_kind)(_apply_event)
+appliers.applies(CHAT)(_apply_chat_event)

@@ -336,15 +336,25 @@ def decide_reply(state: BrokerState, sender: str, via: str | None, fields: dict,
 
 
 def decide_hub_chat(state: BrokerState, seat: str, handle: str, body: str, now: float,
-                    listening: Container[str] = (), limits: Limits = DEFAULT_LIMITS) -> Decision:
+                    listening: Container[str] = (), limits: Limits = DEFAULT_LIMITS,
+                    earlier: dict | None = None) -> Decision:
     """A chat from the hub side (a WebSocket seat, or seat@HUB) to local/<handle>
-    that is not a reply: a new thread from the seat to the handle."""
+    that is not a reply: a new thread from the seat to the handle. `earlier`
+    counts the new threads this same chat opens before this one, by handle
+    (one chat to several handles opens one thread each, in order, all
+    decided before it is journaled)."""
+    earlier = earlier or {}
     if handle not in state.peers:
         raise Refusal(wire.UNKNOWN_HANDLE, f"No handle '{handle}' on this broker.")
+    cap = limits.unread_cap
     _check_limits(state, seat, None, [handle], None, now, Limits(rate_sends=None,
-                                                                 unread_cap=limits.unread_cap))
-    message_id = state.last_message_id + 1
-    thread_id = state.last_thread_id + 1
+                                                                 unread_cap=cap))
+    if state.unread_of(handle) + earlier.get(handle, 0) >= cap:
+        raise Refusal(wire.CAP_INBOX, f"'{handle}' has {cap} unacknowledged messages, its "
+                                      "cap; nothing was sent.")
+    ordinal = sum(earlier.values())
+    message_id = state.last_message_id + 1 + ordinal
+    thread_id = state.last_thread_id + 1 + ordinal
     states = _initial_states([handle], {handle}, "push", listening)
     payload = {"id": message_id, "threadId": thread_id, "seq": 1, "from": seat, "via": None,
                "to": [handle], "body": _cut(body), "bodyLength": len(body), "verdict": None,

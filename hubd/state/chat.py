@@ -19,6 +19,24 @@ def same_content(a: dict, b: dict) -> bool:
     return all(a.get(name) == b.get(name) for name in CONTENT_FIELDS)
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A mailbox's part of one chat (hubd/core/plugin.py Mailbox): the route
+    entries it journals, and the seats they reach (added to the chat's
+    recipients: its receipt counts them)."""
+
+    entries: list
+    seats: tuple = ()
+
+
+def is_directed(frame: dict, target) -> bool:
+    """A chat to named seats of this hub: not a broadcast, not on a channel,
+    and not to a seat on a peer hub (local names never hold '@'; those
+    recipients and mailboxes are there). The routing service and the chat
+    projection both ask this."""
+    return not target.is_broadcast and not frame.get("channel") and "@" not in target.raw
+
+
 @dataclass(slots=True)
 class Remembered:
     """The first accepted copy of a (sender, client_msg_id). Its frame is kept

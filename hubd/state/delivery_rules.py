@@ -18,12 +18,12 @@ where hubd chose differently and why.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from dataclasses import dataclass
 
-import orjson
+from hubd.wire.digests import canonical_json, canonical_sha256
+
 
 WIRE_VERSION = 3
 
@@ -124,46 +124,6 @@ def operation_key(origin_hub: str, sender: str, request_id: str) -> str:
     return hashlib.sha256(canonical_json([origin_hub, sender, request_id])).hexdigest()
 
 
-def canonical_digest(value) -> str:
-    return hashlib.sha256(canonical_json(value)).hexdigest()
-
-
-def canonical_json(value) -> bytes:
-    """`json.dumps(value, sort_keys=True, separators=(",", ":"))` (ASCII, escaped),
-    the text the digests and operation keys are made of, byte for byte: they
-    are journaled and the reference client computes operation keys itself.
-
-    orjson's text is taken when it is plain ASCII without a backslash (no
-    escape, whose spelling could differ) or a DEL (json.dumps escapes it,
-    orjson does not) and every float in the value prints
-    as its repr does; anything else takes json.dumps itself. json.dumps was
-    ~9% of the event loop's time at 1,000 round trips/s; this, float check
-    included, makes a request's digest about twice as fast."""
-    try:
-        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-    except TypeError:  # an unpaired surrogate, an integer past 64 bits
-        text = None
-    if text is None or not text.isascii() or b"\\" in text or b"\x7f" in text \
-            or not _floats_as_repr(value):
-        text = json.dumps(value, sort_keys=True, separators=(",", ":")).encode("ascii")
-    return text
-
-
-_PLAIN = frozenset({str, int, bool, type(None)})
-
-
-def _floats_as_repr(value) -> bool:
-    t = type(value)
-    if t in _PLAIN:
-        return True
-    if t is float:
-        return orjson.dumps(value) == repr(value).encode()
-    for item in (value.values() if t is dict else value):
-        if type(item) not in _PLAIN and not _floats_as_repr(item):
-            return False
-    return True
-
-
 def notification_id(op_key: str, n: int) -> str:
     """Stable per operation: the offer is 1, each later notification the next."""
     return f"delivery:{op_key}:{n}"
@@ -237,7 +197,7 @@ class Request:
                 "body": self.body, "deadline": self.deadline}
 
     def digest(self) -> str:
-        return canonical_digest(self.content())
+        return canonical_sha256(self.content())
 
 
 RETRY, NEW = "retry", "new"
@@ -422,7 +382,7 @@ class Report:
     evidence: dict
 
     def digest(self) -> str:
-        return canonical_digest({"stage": self.stage, "evidence": self.evidence,
+        return canonical_sha256({"stage": self.stage, "evidence": self.evidence,
                                  "request_id": self.request_id, "task_id": self.task_id})
 
 

@@ -15,7 +15,7 @@ from typing import Callable
 from hubd.wire.targets import parse_target
 
 from . import events as ev
-from .chat import AgentsSeen, ChatState, Remembered
+from .chat import AgentsSeen, ChatState, Remembered, is_directed
 from .events import Event
 from .mailbox import MailboxState
 from .principals import ACL_DENIAL
@@ -96,10 +96,8 @@ def _apply_chat(state: HubState, event: Event) -> None:
     state.agents.touch(sender, event.ts)
 
     target = parse_target(frame.get("target", ""))
-    # a seat on a peer hub (local names never hold '@'): its recipients and
-    # mailbox are there
     remote = "@" in target.raw
-    directed = not target.is_broadcast and not frame.get("channel") and not remote
+    directed = is_directed(frame, target)
     recipients = route.get("recipients", ())
     if directed:
         state.mailbox.index(event.seq, sender, target)

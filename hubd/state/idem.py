@@ -20,10 +20,10 @@ go first. A retry of an evicted key is decided afresh.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+from hubd.wire.digests import canonical_sha256
 
 from .events import Event
 from .hub import Appliers, HubState
@@ -46,14 +46,7 @@ def request_digest(frame: dict) -> str:
     separators, ASCII escapes, without timestamp, client_timestamp, auth and
     signature. The reference client computes the same value over the frame it
     sent and checks it on release_granted."""
-    semantic = {k: v for k, v in frame.items() if k not in _NOT_SEMANTIC}
-    text = json.dumps(semantic, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
-
-
-def canonical_sha256(value) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
+    return canonical_sha256({k: v for k, v in frame.items() if k not in _NOT_SEMANTIC})
 
 
 def idem_key_of(frame: dict) -> str | None:

@@ -26,6 +26,14 @@ from hubd.wire.codec import nests_deeper
 from hubd.wire.utf8 import utf8_problem
 
 PROTOCOL_VERSION = 2
+# the door names (Opened.door) of the broker's connections and of its
+# transcript watcher: whose dialect their commands are (hubd/handlers/broker/)
+DOOR = "broker"
+PROOFS_DOOR = "broker-proofs"
+# the broker's verbs that are verbs of the shared vocabulary (each line
+# becomes that command; the others are Requests named broker.<verb>)
+SHARED_VERBS = {"register": "register", "session": "register", "send": "send",
+                "reply": "send", "fetch-push": "take", "delivered": "ack", "ack": "ack"}
 MAX_LINE_BYTES = 1024 * 1024
 MAX_DEPTH = 32
 

@@ -11,6 +11,9 @@ import math
 import re
 
 HUB_SENDER = "SynapseHub"
+# the door name (Opened.door) of endpoints that speak the hub wire: whose
+# dialect their commands are (hubd/core/commands.py)
+HUB_WIRE = "hub"
 BROADCAST = "all"
 SYSTEM = "System"
 

@@ -30,7 +30,7 @@ MAX_LIST_ITEMS = 1024
 _REFERENCE_PAYLOAD = "relayed as sent; the reference checks no payload"
 _DELIVERY = ("hubd/state/delivery_rules.py: delivery_refused with the reference's reason "
              "codes, in its check order")
-_PEER = "federation/receiver.py: a refusal the origin hub reads (result or error)"
+_PEER = "federation/handlers/receiver.py: a refusal the origin hub reads (result or error)"
 
 # Fields any frame may carry: the routing fields (the reference's rule) and the
 # registration fields (read from the frame that registers, whatever its type).
@@ -193,11 +193,11 @@ VERB_FIELDS: dict[str, dict[str, Rule]] = {
     },
     "multihub_message_forward_batch": {"forwards": passed_on(_PEER)},
     "multihub_log_request": {
-        "after_seq": passed_on("federation/logpull.py: an empty snapshot"),
-        "limit": passed_on("federation/logpull.py: an empty snapshot"),
+        "after_seq": passed_on("federation/handlers/logpull.py: an empty snapshot"),
+        "limit": passed_on("federation/handlers/logpull.py: an empty snapshot"),
     },
     "multihub_claim_request": {
-        name: passed_on("federation/claim_forwarding.py: 'Malformed multi-hub claim request'")
+        name: passed_on("federation/handlers/claims.py: 'Malformed multi-hub claim request'")
         for name in ("namespace", "claimant", "task_id", "claim", "request_id")},
 }
 

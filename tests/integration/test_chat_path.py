@@ -19,8 +19,8 @@ LIBRARIES = ("wire", "state", "journal")
 # the outermost hub function of each task or callback that carries a chat
 CARRIERS = {("websocket.py", "run"), ("router.py", "run"), ("journal_writer.py", "run"),
             ("websocket.py", "_flush")}
-# commands of the Router that are not this chat (the once-a-second sweep)
-NOT_THE_CHAT = {("router.py", "_call")}
+# commands of the Router that are not this chat (the once-a-second tick)
+NOT_THE_CHAT = {("router.py", "_tick")}
 
 
 def record(way: set, libraries: set):

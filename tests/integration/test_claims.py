@@ -8,7 +8,8 @@ import json
 import sqlite3
 import time
 
-from hubd.actors.outcome import Flush
+from hubd.actors.journal_writer import Flush
+from hubd.core.commands import TICK
 from hubd.state.claims import LeaseLimits
 from tests.support.inproc import running_hub
 from tests.support.wsprobe import joined
@@ -470,8 +471,7 @@ async def test_health_and_metrics_show_the_claim_stores(tmp_path):
     async with running_hub(tmp_path) as server:
         alice = await joined(server.url, "p/alice")
         await claim(alice, "p/alice", "h", worktree="/w", paths=["h"])
-        await server.hub.router.inbox.put(__import__("hubd.handlers.claims",
-                                                     fromlist=["sweep"]).sweep)
+        await server.hub.router.inbox.put(TICK)  # the sweep registers the claim gauges
         await send(alice, "p/alice", "who_request")
         await alice.recv_type("who_snapshot")
         base = server.url.replace("ws://", "http://")

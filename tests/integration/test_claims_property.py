@@ -16,8 +16,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hubd.actors.outcome import Flush
-from hubd.handlers.claims import sweep
+from hubd.actors.journal_writer import Flush
+from hubd.core.commands import TICK, Request
 from hubd.state import claims as cl
 from hubd.state import scope as sc
 from tests.support.inproc import running_hub
@@ -108,7 +108,7 @@ class Run:
         # commands queued without a socket (the sweep) are handled, and their
         # outcome handed to the writer, before this resolves
         handled = asyncio.get_running_loop().create_future()
-        await self.server.hub.router.inbox.put(lambda router: handled.set_result(None))
+        await self.server.hub.router.inbox.put(Request(None, "hub.health", {}, handled))
         await handled
         done = asyncio.get_running_loop().create_future()
         await self.server.hub.writer.inbox.put(Flush(done))
@@ -183,7 +183,7 @@ class Run:
         soonest = [t for t in soonest if t - time.time() < 1.0]
         if soonest:
             await asyncio.sleep(max(0.0, max(soonest) - time.time()) + 0.01)
-        await self.server.hub.router.inbox.put(sweep)
+        await self.server.hub.router.inbox.put(TICK)  # the lease sweep among the periodic work
 
 
 async def scenario(folder: Path, steps):

@@ -70,6 +70,12 @@ async def test_journal_write_failure_refuses_mutations_and_keeps_reads(tmp_path)
             bob = await joined(server.url, "p/bob")
             await alice.chat("p/alice", "p/bob", "fits", client_msg_id="a1", receipt_requested=True)
             assert (await alice.recv_type("delivery_receipt"))["delivered"] is True
+            # the receipt's settlement (receipt_notified, once its write to
+            # alice completed) commits before the disk fills, or it is the
+            # commit that fails and a2 meets the refusal it caused
+            while server.hub.router.state.receipts.notifications_for("p/alice") or \
+                    server.hub.writer.committed_seq < server.hub.router.state.last_seq:
+                await asyncio.sleep(0.01)
             committed = server.hub.router.state.last_seq
             filler = _fill(mnt)
 

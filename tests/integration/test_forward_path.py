@@ -73,9 +73,9 @@ LIBRARIES = ("federation/state.py", "federation/clock.py", "federation/metrics.p
 CARRIERS = {("hubd/doors/websocket.py", "run"), ("hubd/doors/websocket.py", "_flush"),
             ("hubd/actors/router.py", "run"), ("hubd/actors/journal_writer.py", "run"),
             ("federation/actors/outbox.py", "run"), ("federation/actors/link.py", "run")}
-# work inside a carrier that is not this chat: the Router's timers (and the
-# outbox's journal reads) come as Calls; the outbox's sweep runs on its Tick
-NOT_THE_CHAT = {("hubd/actors/router.py", "_call"), ("federation/actors/outbox.py", "_sweep")}
+# work inside a carrier that is not this chat: the Router's timers fire in its
+# _tick; the outbox's sweep runs on its Tick
+NOT_THE_CHAT = {("hubd/actors/router.py", "_tick"), ("federation/actors/outbox.py", "_sweep")}
 
 EXPECTED_SEND = ("federation/plugin.py", "federation/handlers/forwarding.py",
                  "federation/actors/outbox.py", "federation/actors/link.py")

@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hubd.actors.outcome import Flush
+from hubd.actors.journal_writer import Flush
 from tests.support.inproc import running_hub
 from tests.support.wsprobe import WsProbe
 
@@ -115,3 +115,34 @@ async def scenario(folder: Path, steps):
 def test_projection_equals_replay(steps):
     with tempfile.TemporaryDirectory() as folder:
         asyncio.run(scenario(Path(folder), steps))
+
+
+async def test_a_journal_from_before_the_routing_service_replays_to_the_same_state(tmp_path):
+    """hubd 66f4a31's journal (tests/integration/data/journal_66f4a31): chats
+    whose routes name seats only, a REDSYN box filled from such a chat, a
+    broker handle's inbox from broker_message events after the chat. Today's
+    hubd replays it to the state that hubd did, projection by projection."""
+    import json
+    import os
+    import sqlite3
+
+    from hubd.composition import build_hub
+    from tests.support.inproc import test_config
+    from tests.support.old_journal import plain_state
+
+    data = Path(__file__).parent / "data" / "journal_66f4a31"
+    db = tmp_path / "hub.db"
+    os.close(os.open(db, os.O_CREAT | os.O_WRONLY, 0o600))  # owner-only, as a journal is
+    connection = sqlite3.connect(db)
+    connection.executescript((data / "journal.sql").read_text())
+    connection.close()
+    hub = build_hub(test_config(tmp_path, db=db))
+    state = await hub.load_state()
+    assert plain_state(state) == json.loads((data / "state.json").read_text())
+    # what the old routes meant: the seat's chat was the REDSYN agent's request
+    # (and its reply closed it); the seat's chat back closed ana's request; a
+    # thread of three broker messages from separate broker_message events
+    redsyn = state.extensions["redsyn"]
+    assert redsyn.messages["chat.2"].closed and redsyn.messages["to-ws-1"].closed
+    assert redsyn.messages["chat.8"].envelope["reply_to"] == "to-ws-1"
+    assert state.extensions["broker"].threads[1].messages == [1, 2, 3]

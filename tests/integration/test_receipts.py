@@ -9,6 +9,7 @@ import asyncio
 import json
 import sqlite3
 
+from hubd.handlers.receipts import DarkSeats
 from hubd.state.receipt_rules import LivenessPolicy
 from tests.support.inproc import running_hub
 from tests.support.procs import hubd_process
@@ -271,7 +272,7 @@ async def test_a_seat_owning_work_without_a_waiter_gets_one_dark_seat_alert(tmp_
         assert by_identity["p/carol"]["target"] == "all"
         # re-arming the waiter ends carol's episode: no second alert meanwhile
         waiter = await joined(server.url, "p/carol-rx")
-        while "p/carol" in server.hub.router.live.get("receipts.dark_seats", {}):
+        while "p/carol" in server.hub.router.live_of(DarkSeats).episodes:
             await waiter.send_json({"sender": "p/carol-rx", "target": "System",
                                     "type": "heartbeat", "payload": "online"})
             await asyncio.sleep(0.2)

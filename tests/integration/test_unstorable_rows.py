@@ -21,7 +21,7 @@ import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from hubd.actors.outcome import Flush
+from hubd.actors.journal_writer import Flush
 from tests.support.inproc import running_hub
 from tests.support.procs import hubd_process
 from tests.support.redsyn_client import Client, login

@@ -9,6 +9,7 @@ import pytest
 from hubd.state import board as bd
 from hubd.state import capabilities as cap
 from hubd.state import claims as cl
+from hubd.state import lease_rules as lr
 from hubd.state import idem
 from hubd.state.events import Event
 from hubd.handlers import core_plugin
@@ -149,30 +150,30 @@ def test_request_digest_matches_the_reference_client():
      ["known failures declared", "positive evidence present"]),
 ])
 def test_receipt_epistemic_status(extra, status, reasons):
-    receipt, _ = cl.build_receipt(extra, "t", "p/a")
+    receipt, _ = lr.build_receipt(extra, "t", "p/a")
     assert receipt["epistemic_status"] == status and receipt["epistemic_reasons"] == reasons
 
 
 def test_receipt_shapes_and_note():
-    receipt, evidence = cl.build_receipt(
+    receipt, evidence = lr.build_receipt(
         {"evidence": [1, "", " x "], "artifacts": "one", "confidence": 5,
          "freshness_seconds": -1, "changed_files": {"not": "a list"}}, "t", "p/a")
     assert receipt["evidence"] == ["1", "x"] and receipt["artifacts"] == ["one"]
     assert receipt["changed_files"] == [] and receipt["confidence"] == "5"
     assert receipt["freshness_seconds"] == 0.0 and evidence
-    assert cl.receipt_note_text(receipt) == (
+    assert lr.receipt_note_text(receipt) == (
         "release receipt: evidence=1, x; artifacts=one; confidence=5; freshness_seconds=0.0; "
         "epistemic_status=unverified; epistemic_reasons=positive evidence present, fresh "
         "evidence present but unverified")
-    _, none = cl.build_receipt({"freshness_seconds": True}, "t", "p/a")
+    _, none = lr.build_receipt({"freshness_seconds": True}, "t", "p/a")
     assert not none
 
 
 def test_transitions_table():
-    assert cl.transition_refusal("t", "claimed", "working") is None
-    assert cl.transition_refusal("t", "working", "input_required") is None
-    assert cl.transition_refusal("t", "done", "working") == "Task 't' cannot transition done -> working."
-    assert cl.transition_refusal("t", "claimed", "in_progress") is not None
+    assert lr.transition_refusal("t", "claimed", "working") is None
+    assert lr.transition_refusal("t", "working", "input_required") is None
+    assert lr.transition_refusal("t", "done", "working") == "Task 't' cannot transition done -> working."
+    assert lr.transition_refusal("t", "claimed", "in_progress") is not None
 
 
 def test_deadlock_detection():
@@ -181,10 +182,10 @@ def test_deadlock_detection():
     grant(state, {"task_id": "B", "paths": ["b"]}, who="p/bob")
     epoch = state.leases["A"]["epoch"]
     waits = {"p/bob": ("A", epoch)}  # bob waits for alice's task
-    assert cl.deadlock(state, waits, "p/alice", "p/bob", 1000.0)  # alice waiting for bob closes it
-    assert not cl.deadlock(state, {}, "p/alice", "p/bob", 1000.0)
+    assert lr.deadlock(state, waits, "p/alice", "p/bob", 1000.0)  # alice waiting for bob closes it
+    assert not lr.deadlock(state, {}, "p/alice", "p/bob", 1000.0)
     # a wait on a lease that has since ended (or been renewed) no longer counts
-    assert not cl.deadlock(state, {"p/bob": ("A", epoch - 1)}, "p/alice", "p/bob", 1000.0)
+    assert not lr.deadlock(state, {"p/bob": ("A", epoch - 1)}, "p/alice", "p/bob", 1000.0)
 
 
 def test_lease_events_replay_to_the_same_state():

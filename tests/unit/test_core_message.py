@@ -2,7 +2,7 @@
 wire however many endpoints get it; ids whose endpoint has gone are skipped."""
 
 from hubd.actors.journal_writer import release
-from hubd.actors.outcome import Outcome
+from hubd.actors.journal_writer import Outcome
 from hubd.core.endpoints import Endpoints
 from hubd.core.message import CloseEndpoint, Message
 from hubd.wire import codec

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from hubd.state import delivery_rules as r
+from hubd.wire import digests
 
 NOW = 1_000_000.0
 INC = "a" * 64
@@ -327,12 +328,12 @@ _values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4)
 @example({"deadline": 1764633600.123456, "target": "p/\x7f", "big": 2 ** 64})
 def test_canonical_json_is_json_dumps_sorted_compact_ascii(value):
     want = json.dumps(value, sort_keys=True, separators=(",", ":")).encode("ascii")
-    assert r.canonical_json(value) == want
+    assert digests.canonical_json(value) == want
 
 
 def test_operation_key_and_digest_are_sha256_of_that_text():
     assert r.operation_key("h", "p/s", "r\u00e91") == hashlib.sha256(
         json.dumps(["h", "p/s", "r\u00e91"], separators=(",", ":")).encode()).hexdigest()
     content = {"target": "p/r", "deadline": 1764633600.5, "allowed_fallbacks": []}
-    assert r.canonical_digest(content) == hashlib.sha256(json.dumps(
+    assert digests.canonical_sha256(content) == hashlib.sha256(json.dumps(
         content, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()).hexdigest()

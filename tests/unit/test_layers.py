@@ -2,7 +2,11 @@
 (every import, also the ones inside functions, which would otherwise hide a
 cycle): no cycles, the core never imports federation except through the
 composition root and the command line, and every import points down the
-layers below."""
+layers below. And what the door model promises, read from the code (issue
+26): the Router dispatches on command types only, doors only translate, one
+module asks the federation plugin where a target lives, nothing outside the
+actors touches the Router's pending output or live bookkeeping, and no source
+file passes 600 lines."""
 
 from __future__ import annotations
 
@@ -50,9 +54,11 @@ def all_modules() -> dict[str, Path]:
     return found
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+def imports_of(name: str, path: Path, modules: dict[str, Path],
+               type_checking: bool = False) -> set[str]:
     """The project modules `name` imports (a `from X import y` names X.y when
-    that is a module, else X)."""
+    that is a module, else X); with type_checking, also those imported for
+    annotations only (under `if TYPE_CHECKING:`)."""
     is_package = path.name == "__init__.py"
     package = name if is_package else name.rpartition(".")[0]
     out = set()
@@ -71,7 +77,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 source = node.module or ""
             if source.split(".")[0] not in ("hubd", "federation"):
                 continue
-            if _in_type_checking(node, path):
+            if not type_checking and _in_type_checking(node, path):
                 continue
             for alias in node.names:
                 candidate = f"{source}.{alias.name}"
@@ -97,9 +103,10 @@ def _in_type_checking(node: ast.AST, path: Path) -> bool:
     return node.lineno in lines
 
 
-def graph() -> dict[str, set[str]]:
+def graph(type_checking: bool = False) -> dict[str, set[str]]:
     modules = all_modules()
-    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+    return {name: imports_of(name, path, modules, type_checking)
+            for name, path in modules.items()}
 
 
 def layer_of(name: str) -> int:
@@ -181,6 +188,12 @@ def test_no_import_cycle():
     assert cycles(graph()) == []
 
 
+def test_no_import_cycle_even_through_annotations():
+    # an import for annotations only still says who knows whom: the Router and
+    # the session rules used to import each other that way
+    assert cycles(graph(type_checking=True)) == []
+
+
 def test_only_the_composition_root_and_the_command_line_import_federation():
     offenders = sorted(f"{name} -> {target}" for name, targets in graph().items()
                        if name.startswith("hubd") and name not in FEDERATION_IMPORTERS
@@ -219,3 +232,71 @@ def test_importing_the_hub_imports_no_federation_and_replay_needs_no_import():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+# -- the door model, read from the code (issue 26)
+
+def _trees() -> dict[str, ast.AST]:
+    return {name: ast.parse(path.read_text(), str(path)) for name, path in all_modules().items()}
+
+
+def _names_called(tree: ast.AST) -> set[str]:
+    return {node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+            for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Name, ast.Attribute))}
+
+
+def test_the_router_dispatches_on_command_types_only():
+    called = _names_called(_trees()["hubd.actors.router"])
+    assert "callable" not in called
+    commands = ast.parse((REPO / "hubd/core/commands.py").read_text())
+    # no command carries a function to run
+    assert not [node.name for node in ast.walk(commands)
+                if isinstance(node, ast.ClassDef) and node.name == "Call"]
+
+
+def test_doors_only_translate():
+    graph_ = graph(type_checking=True)
+    doors = [name for name in graph_ if name.startswith(("hubd.doors", "hubd.http"))]
+    assert doors
+    reaching = sorted(f"{name} -> {target}" for name in doors for target in graph_[name]
+                      if target.startswith(("hubd.handlers", "hubd.actors", "federation")))
+    assert reaching == []
+    trees = _trees()
+    routing = sorted(name for name in doors if "route_chat" in _names_called(trees[name]))
+    assert routing == []
+
+
+def test_one_module_asks_the_federation_plugin_where_a_target_lives():
+    asking = sorted(name for name, tree in _trees().items()
+                    if any(isinstance(node, ast.Attribute) and node.attr == "remote_hubs"
+                           and isinstance(node.ctx, ast.Load) for node in ast.walk(tree)))
+    assert asking == ["hubd.handlers.routing"]
+
+
+def _is_router(node: ast.AST) -> bool:
+    """`router`, `self.router`, `hub.router`, ... (the Router, from outside it)."""
+    return (isinstance(node, ast.Name) and node.id == "router") or \
+        (isinstance(node, ast.Attribute) and node.attr == "router")
+
+
+def test_nothing_outside_the_actors_touches_pending_output_or_live_bookkeeping():
+    private = {"out", "live", "_live", "_batch", "_control", "_timers"}
+    touching = sorted(f"{name}: router.{node.attr}" for name, tree in _trees().items()
+                      if not name.startswith("hubd.actors")
+                      for node in ast.walk(tree)
+                      if isinstance(node, ast.Attribute) and node.attr in private
+                      and _is_router(node.value))
+    assert touching == []
+
+
+# split on the peerlink branch (issue 26 item 5: federation's own splits)
+SPLIT_ELSEWHERE = {"federation/policy.py", "federation/merge.py"}
+
+
+def test_no_source_file_passes_600_lines():
+    long = sorted(f"{path.relative_to(REPO)}: {lines}"
+                  for path in all_modules().values()
+                  if (lines := len(path.read_text().splitlines())) > 600
+                  and str(path.relative_to(REPO)) not in SPLIT_ELSEWHERE)
+    assert long == []

@@ -1,19 +1,14 @@
-"""The local broker as a plugin: its projection and appliers
-(hubd/state/broker.py), the hub side of chats to <ns>/<handle> seats, the
-notification tick, and the door itself (the Unix socket and its transcript
-watcher, hubd/doors/broker/server.py).
-
-The projection is installed whether or not the door serves (`--no-broker`):
-replaying a journal must give the same state either way. A hub without a
-broker configuration serves no socket and reaches no broker handle.
+"""The broker door as a plugin of the hub's lifetime (installed with a broker
+configuration, not with --no-broker): its Unix socket and token file, its
+connections and its transcript watcher (server.py, proof.py). What a line
+means is the broker mailbox plugin's (hubd/handlers/broker/), which the
+composition root installs beside it.
 """
 
 from __future__ import annotations
 
 from hubd.config import BrokerConfig
 from hubd.core.plugin import Plugin
-from hubd.handlers import broker as verbs
-from hubd.state import broker as bs
 
 from .server import BrokerDoor, TokenFileError
 
@@ -22,9 +17,7 @@ class BrokerStartError(ValueError):
     """The broker cannot serve (its socket or token file): the hub must not start."""
 
 
-def broker_plugin(config: BrokerConfig | None) -> Plugin:
-    if config is None:
-        return Plugin("broker", appliers=bs.appliers, projections=bs.PROJECTIONS)
+def broker_door(config: BrokerConfig) -> Plugin:
     door: dict = {}  # the door, once the hub is built
 
     def bind(hub) -> None:
@@ -40,9 +33,4 @@ def broker_plugin(config: BrokerConfig | None) -> Plugin:
         if "door" in door:
             await door["door"].close()
 
-    def start(router, group) -> None:
-        verbs.live_of(router).proofs = door["door"].proofs
-
-    return Plugin("broker", appliers=bs.appliers, projections=bs.PROJECTIONS,
-                  directed_chat=(verbs.plan_hub_chat,), periodic=(verbs.tick,),
-                  bind=bind, opening=opening, closing=closing, start=start)
+    return Plugin("broker-door", bind=bind, opening=opening, closing=closing)

@@ -7,6 +7,10 @@ the proof poll (120 s). A tag found moves the delivery to `delivered` through
 the Router (journaled like a `delivered` line); one not found leaves it `sent`.
 Bounded: at most MAX_PENDING proofs are watched (past it the oldest is dropped
 and counted), and only the last TAIL_BYTES of a transcript are read.
+
+The watcher is an endpoint of the hub (door "broker-proofs"): the Router
+sends it what to look for once the push is out (a message); a tag it finds
+goes back as an Ack of that handle's delivery.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import OrderedDict
-from functools import partial
-
 import structlog
 
-from hubd.core.commands import Call
+from hubd.core.commands import Ack, Opened
+from hubd.core.endpoints import Listener
+from hubd.core.message import Message
 from hubd.state import broker as bs
+from hubd.wire import broker as wire
 
 log = structlog.get_logger("hubd.broker")
 
@@ -45,13 +50,23 @@ def found_tags(text: str, message_ids) -> set[int]:
     return present & set(message_ids)
 
 
-class ProofWatcher:
+class ProofWatcher(Listener):
     def __init__(self, hub, poll_seconds: float = bs.PROOF_POLL_SECONDS):
+        super().__init__()
         self.hub = hub
         self.poll_seconds = poll_seconds
         # (handle, message id) -> (transcript path, deadline on the loop clock)
         self.pending: OrderedDict = OrderedDict()
         self.dropped = 0
+
+    async def open(self, principal: str) -> None:
+        self.hub.endpoints.add(self)
+        await self.hub.router.inbox.put(Opened(self.id, principal, "local", door=wire.PROOFS_DOOR))
+
+    # Endpoint: the Router's "watch for this" (after the push's commit)
+    def deliver(self, message: Message) -> None:
+        frame = message.frame
+        self.expect(frame["handle"], frame["messageId"], frame["path"])
 
     def expect(self, handle: str, message_id: int, path: str) -> None:
         loop = asyncio.get_running_loop()
@@ -81,7 +96,5 @@ class ProofWatcher:
                     if message_id in hits:
                         self.pending.pop((handle, message_id), None)
                         proven.setdefault(handle, []).append(message_id)
-            if proven and self.hub.router is not None:
-                from hubd.handlers import broker as verbs
-
-                await self.hub.router.inbox.put(Call(partial(verbs.proven, proven=proven)))
+            for handle, ids in proven.items():
+                await self.hub.router.inbox.put(Ack(self.id, handle, ids, {}))

@@ -1,9 +1,15 @@
 """The broker door's IO: the Unix socket, its token, and one reader per connection.
 
-A connection's lines are handled strictly in order: each request goes to the
-Router as a command carrying a future, and the next line is read only after
-its answer is written. Pushes and notifications are written by the Router's
-release path through `BrokerConnection.send`, independently of the reader.
+The door translates and nothing else. A connection that authenticates is an
+endpoint of the hub (Opened, door "broker"); each request line becomes a
+command of the shared vocabulary on the Router's inbox (`command_for`:
+register and session are Register, send and reply Send, fetch-push Take,
+delivered and ack Ack, the rest Requests named `broker.<verb>`), carrying a
+future that hears only of a failure; the answer itself, and pushes and
+notifications, are door-neutral messages the Router's release path hands to
+`BrokerConnection.deliver`, each written as one line. A connection's lines
+are handled in order (up to PIPELINE in flight, answered in that order).
+What a line means is decided inside the Router (hubd/handlers/broker/).
 
 Bounds: connections are admitted by `Admission` (admission.py: one bound for
 authenticated connections, another for those not yet authenticated); a
@@ -22,19 +28,19 @@ import socket
 import stat
 import struct
 from collections import deque
-from functools import partial
 from pathlib import Path
 
 import orjson
 import structlog
 
 from hubd.config import BrokerConfig
-from hubd.core.commands import Call
+from hubd.core.commands import Ack, Closed, Opened, Register, Request, Send, Take
 from hubd.core.endpoints import next_endpoint_id
 from hubd.core.message import Message
 from hubd.owner_only import open_to_others
 from hubd.wire import broker as wire
-from hubd.wire.broker import LineSplitter, LineTooLong, Request, WireError, parse_line
+from hubd.wire.broker import LineSplitter, LineTooLong, WireError, parse_line
+from hubd.wire.broker import Request as Line
 
 from . import admission
 
@@ -88,13 +94,14 @@ class BrokerConnection:
     pushes and notifications arrive through `deliver` after their commit; an
     answer also releases the reader, which waits for it before the next line."""
 
-    __slots__ = ("id", "writer", "door", "closed", "last_id", "inflight")
+    __slots__ = ("id", "writer", "door", "closed", "last_id", "inflight", "opened")
 
     def __init__(self, writer: asyncio.StreamWriter, door: "BrokerDoor"):
         self.id = next_endpoint_id()
         self.writer = writer
         self.door = door
         self.closed = False
+        self.opened = False  # an endpoint of the Router (after it authenticated)
         self.last_id = 0
         # requests handed to the Router whose answers are not written yet, oldest
         # first: (id, future resolved when its answer is written)
@@ -157,20 +164,24 @@ class BrokerConnection:
 
 class NativeEndpoint:
     """A CLI's own socket (native-register): pushes for its handle are written to
-    it after an auth line carrying its token."""
+    it after an auth line carrying its token. A push-only endpoint of the hub:
+    the Router names it to the handle in presence, sends it pushes and closes
+    it when it is replaced or its handle's last connection goes."""
 
-    __slots__ = ("handle", "path", "writer")
+    __slots__ = ("id", "handle", "path", "writer", "endpoints")
 
-    def __init__(self, handle: str, path: str, writer: asyncio.StreamWriter):
-        self.handle, self.path, self.writer = handle, path, writer
+    def __init__(self, handle: str, path: str, writer: asyncio.StreamWriter, endpoints):
+        self.id = next_endpoint_id()
+        self.handle, self.path, self.writer, self.endpoints = handle, path, writer, endpoints
+        endpoints.add(self)
 
     @classmethod
-    async def connect(cls, handle: str, path: str, token: str) -> "NativeEndpoint":
+    async def connect(cls, handle: str, path: str, token: str, endpoints) -> "NativeEndpoint":
         async with asyncio.timeout(NATIVE_CONNECT_SECONDS):
             _, writer = await asyncio.open_unix_connection(path)
         writer.write(orjson.dumps({"v": wire.PROTOCOL_VERSION, "id": 1, "type": "auth",
                                    "token": token}) + b"\n")
-        return cls(handle, path, writer)
+        return cls(handle, path, writer, endpoints)
 
     def deliver(self, message: Message) -> None:
         transport = self.writer.transport
@@ -178,8 +189,15 @@ class NativeEndpoint:
             return
         self.writer.write(message.encoded(broker_line))
 
-    def close(self) -> None:
+    def close(self, code: int = 0, reason: str = "") -> None:
+        self.endpoints.remove(self)
         self.writer.close()
+
+    def write_stalled_for(self, now: float) -> float:
+        return 0.0  # bounded by MAX_WRITE_BUFFER instead
+
+    def abort(self) -> None:
+        self.close()
 
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -239,6 +257,7 @@ class BrokerDoor:
         finally:
             os.umask(old_umask)
         os.chmod(path, 0o600)
+        await self.proofs.open(self.config.principal)
         self._tasks.add(asyncio.get_running_loop().create_task(self.proofs.run(),
                                                                name="broker-proof"))
         log.info("broker listening", socket=str(path), namespace=self.config.namespace)
@@ -301,11 +320,9 @@ class BrokerDoor:
             self.admission.leave(conn)
             self.hub.endpoints.remove(conn)
             conn.close()
-            if self.hub.router is not None and not self.closing:
-                from hubd.handlers import broker as verbs
-
-                self.hub.router.post_control(Call(partial(verbs.endpoint_closed,
-                                                          endpoint=conn.id)))
+            if conn.opened and not self.closing and self.hub.ready:
+                # after the connection's own commands, which may still be queued
+                await self.hub.router.inbox.put(Closed(conn.id))
 
     async def _read(self, conn: BrokerConnection, reader: asyncio.StreamReader) -> None:
         splitter = LineSplitter()
@@ -345,6 +362,10 @@ class BrokerDoor:
                     continue
                 if not authenticated:
                     authenticated = self._authenticate(conn, parsed)
+                    if authenticated:
+                        conn.opened = True
+                        await self.hub.router.inbox.put(Opened(
+                            conn.id, self.config.principal, "local", door=wire.DOOR))
                     continue
                 if parsed.id <= conn.last_id:
                     await conn.settled()
@@ -355,7 +376,7 @@ class BrokerDoor:
                 conn.last_id = parsed.id
                 await self._answer(conn, parsed)
 
-    def _authenticate(self, conn: BrokerConnection, request: Request) -> bool:
+    def _authenticate(self, conn: BrokerConnection, request: Line) -> bool:
         if request.type != "auth":
             conn.write(wire.encode_error(request.id, wire.AUTH_REQUIRED,
                                         "The first line must be auth with the broker's token."))
@@ -374,14 +395,12 @@ class BrokerDoor:
         conn.write(wire.encode_ok(request.id, {}))
         return True
 
-    async def _answer(self, conn: BrokerConnection, request: Request) -> None:
+    async def _answer(self, conn: BrokerConnection, request: Line) -> None:
         """Hand one request to the Router. Requests are handled in line order by
         the Router and their answers are written in that order (they are released
         in journal order), so a connection may have up to PIPELINE of them in
         flight; a wait, and a request that first connects a native socket, go
         alone (a wait answers later than the lines behind it would)."""
-        from hubd.handlers import broker as verbs
-
         native_spec = request.fields.get("native") if request.type == "session" else None
         alone = request.type in SEQUENTIAL or native_spec is not None
         if alone or self.closing:
@@ -395,7 +414,8 @@ class BrokerDoor:
             spec = native_spec or request.fields
             try:
                 native = await NativeEndpoint.connect(request.fields.get("handle") or "",
-                                                      spec["socketPath"], spec["token"])
+                                                      spec["socketPath"], spec["token"],
+                                                      self.hub.endpoints)
             except (OSError, TimeoutError) as exc:
                 self.metrics.broker_errors[wire.NATIVE_FAILED] = \
                     self.metrics.broker_errors.get(wire.NATIVE_FAILED, 0) + 1
@@ -429,8 +449,8 @@ class BrokerDoor:
             self._tasks.add(loop.create_task(answer_internal()))
 
         handled.add_done_callback(failed)
-        command = Call(partial(verbs.handle, endpoint=conn.id, request=request, native=native),
-                       handled)
+        command = command_for(conn.id, request, native.id if native is not None else None,
+                              handled)
         try:
             self.hub.router.inbox.put_nowait(command)
         except asyncio.QueueFull:
@@ -439,6 +459,23 @@ class BrokerDoor:
             await answered
         elif len(conn.inflight) > PIPELINE:
             await conn.inflight[0][1]
+
+
+def command_for(endpoint: int, request: Line, native: int | None, reply: asyncio.Future):
+    """One request line as a command of the shared vocabulary (the line's own
+    fields travel as they are, beside its verb and id)."""
+    fields = request.fields
+    line = {"verb": request.type, "id": request.id, "request": fields, "native": native}
+    kind = wire.SHARED_VERBS.get(request.type)
+    if kind == "register":
+        return Register(endpoint, fields.get("handle") or "", line, reply)
+    if kind == "send":
+        return Send(endpoint, "", fields.get("to"), fields.get("body"), line, reply)
+    if kind == "take":
+        return Take(endpoint, fields["handle"], fields["limit"], None, line, reply)
+    if kind == "ack":
+        return Ack(endpoint, "", fields["ids"], line, reply)
+    return Request(endpoint, f"broker.{request.type}", line, reply)
 
 
 def _socket_answers(path: Path) -> bool:

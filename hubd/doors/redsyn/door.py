@@ -1,16 +1,19 @@
 """The REDSYN HTTP door: /redsyn/v1 on the hub's own listener.
 
-This module translates HTTP to commands and answers back, and nothing else:
-what a call means is decided by hubd/state/redsyn.py inside the Router (the
-only owner of the state), and what an envelope may look like by
-hubd/wire/redsyn/. Each call becomes one command on the Router's bounded
-inbox carrying a future; the Router journals the decision's events, and the
-future is resolved only after the commit (an accepted message is durable
-before its 2xx), or with a 503 if the commit failed.
+This module translates HTTP to commands and answers back, and nothing else.
+Each call becomes one command of the shared vocabulary on the Router's
+bounded inbox (hubd/core/commands.py), carrying the calling node and a
+future: PUT an agent is Register, POST a message is Send, GET the inbox is
+Take (one look of a long poll), POST an ack is Ack, the rest are Requests
+(`redsyn.*`). What a call means is decided inside the Router
+(hubd/handlers/redsyn/, by the pure rules of hubd/state/redsyn/); the future
+gets the answer once its events are committed (an accepted message is
+durable before its 2xx), a RedsynError, or CommitFailed (503).
 
-Live, door-local bookkeeping (not journaled, rebuilt by agents coming back):
-presence (each take is a heartbeat), the long polls waiting per agent, and
-how many polls each node holds open.
+The door is one endpoint of the hub: the Router's wake-ups for an agent's
+box (door-neutral messages, after the commit) wake the long polls waiting on
+that agent here, and the webhook pusher. The polls waiting, and how many each
+node holds open, are the door's own bookkeeping; it reads no Router state.
 """
 
 from __future__ import annotations
@@ -24,15 +27,15 @@ from collections import defaultdict
 import structlog
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from hubd.actors.router import REFUSALS
-from hubd.core.endpoints import next_endpoint_id
-from hubd.handlers.chat import route_chat
-from hubd.state.events import UnstorableEvent
+from hubd.core.commands import Ack, Opened, Register, Request, Send, Take
+from hubd.core.endpoints import Listener
+from hubd.core.message import Message
+from hubd.core.refusals import CommandRefused, CommitFailed, MutationsRefused
 from hubd.http.guard import guard
-from hubd.wire.targets import parse_remote
 from hubd.state import redsyn as mb
+from hubd.state.events import UnstorableEvent
 from hubd.wire.redsyn import envelope as wire
-from hubd.wire.redsyn.envelope import API_VERSION, KNOWN_VERSIONS, RedsynError
+from hubd.wire.redsyn.envelope import API_VERSION, DOOR, KNOWN_VERSIONS, RedsynError
 from hubd.wire.redsyn.json_text import decode_body
 from hubd.wire.redsyn.webhook import signature_header
 
@@ -55,50 +58,27 @@ WEBHOOK_LEASE = 60.0
 WEBHOOK_PARALLEL = 32
 
 
-class _Replies:
-    """The door's one endpoint. A call whose events fail to commit gets the
-    JournalWriter's failure delivery here (its future), and answers 503."""
-
-    def __init__(self):
-        self.id = next_endpoint_id()
-
-    def deliver(self, future) -> None:
-        if not future.done():
-            future.set_exception(_journal_failed())
-
-    def close(self, code: int, reason: str) -> None:
-        pass
-
-    def write_stalled_for(self, now: float) -> float:
-        return 0.0
-
-    def abort(self) -> None:
-        pass
-
-
 def _journal_failed() -> RedsynError:
     return RedsynError(503, "the hub could not journal this; nothing was changed, retry "
                             "with the same id")
 
 
-class RedsynDoor:
+class RedsynDoor(Listener):
     def __init__(self, hub):
+        super().__init__()
         self.hub = hub
-        config = hub.config
-        self.limits: mb.Limits = config.redsyn_limits
-        self.allow_loopback_webhooks: bool = config.redsyn_allow_loopback_webhooks
-        self.webhook_first_retry: float = config.redsyn_webhook_first_retry
-        self.presence: dict[str, tuple[float, str]] = {}  # agent -> (last seen, node)
-        self.webhook_seen: dict[str, float] = {}
+        self.allow_loopback_webhooks: bool = hub.config.redsyn_allow_loopback_webhooks
         self._waiters: dict[str, asyncio.Event] = {}
         self._polls: dict[str, int] = defaultdict(int)
         self._webhook_wake = asyncio.Event()
-        self._replies = _Replies()
 
     # -- lifetime
 
     async def open(self) -> None:
-        self.hub.endpoints.add(self._replies)
+        """After the replay: the door's endpoint opens (the Router learns where
+        this door's wake-ups go)."""
+        self.hub.endpoints.add(self)
+        await self.hub.router.inbox.put(Opened(self.id, "redsyn-door", "local", door=DOOR))
 
     def start(self, group: asyncio.TaskGroup) -> None:
         group.create_task(self._webhooks(), name="redsyn-webhooks")
@@ -106,110 +86,44 @@ class RedsynDoor:
     def add_routes(self, app: web.Application) -> None:
         app.router.add_route("*", PREFIX + "/{tail:.*}", self.handle)
 
-    # -- the Router side
+    # -- the Router side: commands out, wake-ups in
 
-    @property
-    def state(self) -> mb.RedsynState:
-        return self.hub.router.state.extensions["redsyn"]
+    async def ask(self, command) -> object:
+        """Put one command on the Router's inbox; its answer, or the RedsynError
+        that says why not."""
+        try:
+            await self.hub.router.inbox.put(command)
+            return await command.reply
+        except RedsynError:
+            raise
+        except CommitFailed:
+            raise _journal_failed() from None
+        except MutationsRefused as refused:
+            raise RedsynError(503, refused.message) from None
+        except UnstorableEvent as refused:
+            raise RedsynError(400, f"This cannot be stored in the hub's journal ({refused}); "
+                                   "nothing was changed.") from None
+        except CommandRefused as refused:
+            raise RedsynError(503, refused.text) from None
+        except Exception:  # the Router logged it and kept nothing of the call
+            raise RedsynError(500, "internal error") from None
 
-    async def call(self, decide) -> object:
-        """Run decide(state, now) -> Decision inside the Router; the answer
-        once its events are committed."""
-        router = self.hub.router
-        future = asyncio.get_running_loop().create_future()
+    def _future(self) -> asyncio.Future:
+        return asyncio.get_running_loop().create_future()
 
-        def command(router):
-            if router.mutations_refused():
-                future.set_exception(RedsynError(503, f"the hub cannot write its journal now "
-                                                      f"({router.refusing_mutations})"))
-                return
-            try:
-                decision = decide(router.state.extensions["redsyn"], router.now)
-            except RedsynError as exc:
-                future.set_exception(exc)
-                return
-            except BaseException as exc:
-                future.set_exception(RedsynError(500, "internal error"))
-                raise exc
-            if not decision.events:
-                future.set_result(decision.answer)
-                return
-            remote_hubs = router.installed.remote_hubs
-            for chat in decision.chats:
-                remote = parse_remote(chat["frame"]["target"])
-                if remote is not None:
-                    refused = remote_hubs.refusal(router, remote.hub) if remote_hubs else \
-                        f"hub '{remote.hub}' is not a message peer of this hub"
-                    if refused is not None:
-                        future.set_exception(RedsynError(503, refused))
-                        return
-            woken = set()
-            try:
-                for kind, payload in decision.events:
-                    router.event(kind, payload)
-                    if kind == mb.MESSAGE:
-                        woken.update(d["agent"] for d in payload["deliveries"])
-                for chat in decision.chats:
-                    # the WebSocket side: journaled and sent like any chat from this seat,
-                    # or forwarded to the peer hub that owns the address's namespace
-                    remote = parse_remote(chat["frame"]["target"])
-                    if remote is None:
-                        route_chat(router, chat["frame"], chat["sender"], {"redsyn": 1})
-                    else:
-                        remote_hubs.forward_from(router, chat["sender"], chat["frame"], remote,
-                                                 False)
-            except REFUSALS as refused:  # nothing of this call is kept
-                text = router.refuse_command(refused)
-                unstorable = isinstance(refused, UnstorableEvent)
-                future.set_exception(RedsynError(400 if unstorable else 503, text))
-                return
-            except BaseException:
-                future.set_exception(RedsynError(500, "internal error"))
-                raise  # the Router logs it and drops what the call did
-            router.out.failure.append((self._replies.id, lambda: future, "redsyn"))
+    def request(self, verb: str, node: mb.Node, **fields) -> Request:
+        return Request(self.id, verb, {"node": node, **fields}, self._future())
 
-            def released():
-                if not future.done():
-                    future.set_result(decision.answer)
-                self.wake(woken)
-            router.after_release(released)
-
-        await router.inbox.put(command)
-        return await future
-
-    def wake(self, agents) -> None:
-        webhook = False
-        for agent in agents:
+    # its endpoint (Listener)
+    def deliver(self, message: Message) -> None:
+        """A wake-up (after the commit): mail for these agents' boxes."""
+        frame = message.frame
+        for agent in frame["agents"]:
             waiter = self._waiters.pop(agent, None)
             if waiter is not None:
                 waiter.set()
-            if not webhook:
-                record = self.state.agents.get(agent)
-                webhook = record is not None and record.webhook is not None
-        if webhook:
+        if frame["webhook"]:
             self._webhook_wake.set()
-
-    def _seat_of(self, address: str, state: mb.RedsynState) -> str | None:
-        """The seat a WebSocket agent holds for an address (inside the Router):
-        a WebSocket agent online under that name; else one seen on this hub
-        before, unless the address is a REDSYN agent (then its inbox)."""
-        router = self.hub.router
-        remote_hubs = self.hub.installed.remote_hubs
-        seat = remote_hubs.seat_on_owner(address) if remote_hubs is not None else None
-        if seat is not None:
-            return seat  # its namespace belongs to a peer hub
-        if address in router.presence.by_name:
-            return address
-        if address in router.state.agents.last_seen and not mb.known_here(state, address):
-            return address
-        return None
-
-    def committed(self) -> None:
-        """After each journal commit: wake the polls of agents a chat reached."""
-        state = self.hub.router.state.extensions["redsyn"] if self.hub.router else None
-        if state is not None and state.woken:
-            woken, state.woken = state.woken, []
-            self.wake(woken)
 
     # -- HTTP
 
@@ -272,77 +186,54 @@ class RedsynDoor:
         method = request.method
         parts = path.split("/")
         if parts[0] == "agents" and len(parts) >= 5:
+            address = "/".join(parts[1:5])
             if len(parts) == 6 and parts[5] == "key" and method == "GET":
-                return self._key(node, "/".join(parts[1:5]))
+                return web.json_response(await self.ask(self.request(
+                    "redsyn.agent_key", node, address=address)))
             if len(parts) == 5 and method == "PUT":
-                return await self._announce(request, node, "/".join(parts[1:5]))
+                doc, _ = await self._json(request)
+                return web.json_response(await self.ask(Register(
+                    self.id, address, {"node": node, "doc": doc}, self._future())))
             if len(parts) == 5 and method == "GET":
-                return self._agent(node, "/".join(parts[1:5]))
+                return web.json_response(await self.ask(self.request(
+                    "redsyn.agent", node, address=address)))
         elif path == "nodes/key" and method == "PUT":
             doc, _ = await self._json(request)
-            answer = await self.call(lambda state, now: mb.decide_key(state, node, doc))
-            return web.json_response(answer)
+            return web.json_response(await self.ask(self.request("redsyn.key", node, doc=doc)))
         elif path == "messages" and method == "POST":
             return await self._post(request, node)
         elif parts[0] == "messages" and len(parts) == 3 and parts[2] == "files" \
                 and method == "GET":
-            data = mb.files_of(self.state, node, parts[1])
+            data = await self.ask(self.request("redsyn.files", node, id=parts[1]))
             return web.Response(body=data, content_type="application/zip")
         elif parts[0] == "messages" and len(parts) == 2 and method == "DELETE":
-            answer = await self.call(lambda state, now: mb.decide_cancel(state, node, parts[1]))
-            return web.json_response(answer)
+            return web.json_response(await self.ask(self.request("redsyn.cancel", node,
+                                                                 id=parts[1])))
         elif parts[0] == "inbox" and len(parts) == 5 and method == "GET":
             return await self._take(request, node, "/".join(parts[1:5]))
         elif parts[0] == "inbox" and len(parts) == 6 and parts[5] == "ack" and method == "POST":
             doc, _ = await self._json(request)
-            agent = "/".join(parts[1:5])
-            answer = await self.call(lambda state, now: mb.decide_ack(state, node, agent, doc))
-            return web.json_response(answer)
+            agent = mb.own_agent(node, "/".join(parts[1:5])).agent_address
+            return web.json_response(await self.ask(Ack(
+                self.id, agent, mb.ack_ids(doc), {"node": node}, self._future())))
         elif parts[0] == "topics" and len(parts) == 5 and \
                 parts[4] in ("subscribe", "unsubscribe") and method == "POST":
             doc, _ = await self._json(request)
             if isinstance(doc, dict):
                 doc = {**doc, "subscribe": parts[4] == "subscribe"}
             topic = "topic:" + "/".join(parts[1:4])
-            answer = await self.call(
-                lambda state, now: mb.decide_subscribe(state, node, topic, doc))
-            return web.json_response(answer)
+            return web.json_response(await self.ask(self.request(
+                "redsyn.subscribe", node, topic=topic, doc=doc)))
         raise RedsynError(404, f"no endpoint {method} {PREFIX}/{path}")
-
-    async def _announce(self, request, node, address) -> web.Response:
-        doc, _ = await self._json(request)
-        answer = await self.call(lambda state, now: mb.decide_announce(
-            state, node, address, doc, self.allow_loopback_webhooks))
-        if answer["listening"]:
-            self.presence[answer["agent"]] = (time.time(), node.id)
-        return web.json_response(answer)
-
-    def _agent(self, node, address) -> web.Response:
-        agent = wire.parse_address(address, what="agent address")
-        key = agent.agent_address
-        if agent.org != node.person.split("/")[0]:
-            raise RedsynError(403, f"{key} is not visible outside {agent.org}")
-        record = self.state.agents.get(key)
-        seen = max(self.presence.get(key, (0.0, ""))[0], self.webhook_seen.get(key, 0.0))
-        if record is None and not seen:
-            raise RedsynError(404, f"no agent {key}")
-        record = record or mb.Agent()
-        return web.json_response({
-            "agent": key, "online": time.time() - seen < mb.PRESENCE_SECONDS,
-            "last_seen": int(seen) if seen else None, "listening": record.listening,
-            "description": record.description, "policy": record.policy,
-            "webhook": record.webhook is not None, "node": record.node,
-            "waiting": len(self.state.boxes.get(key, ()))})
-
-    def _key(self, node, address) -> web.Response:
-        return web.json_response(mb.key_of(self.state, node, address))
 
     async def _post(self, request, node) -> web.Response:
         doc, size = await self._json(request)
         incoming = wire.validate(doc, node.person, size)
-        answer = await self.call(lambda state, now: mb.decide_post(
-            state, node, incoming, now, self.limits, new_id=lambda: "m" + uuid.uuid4().hex,
-            seat_of=self._seat_of))
+        answer = await self.ask(Send(
+            self.id, incoming.sender.agent_address,
+            str(incoming.to) if incoming.to is not None else None, incoming.fields["body"],
+            {"node": node, "incoming": incoming, "new_id": "m" + uuid.uuid4().hex},
+            self._future()))
         return web.json_response(answer, status=200 if answer["duplicate"] else 201)
 
     async def _take(self, request, node, address) -> web.Response:
@@ -366,12 +257,11 @@ class RedsynDoor:
         deadline = loop.time() + wait
         try:
             while True:
-                self.presence[agent] = (time.time(), node.id)
                 waiter = self._waiters.get(agent)
                 if waiter is None:
                     waiter = self._waiters[agent] = asyncio.Event()
-                items, ready_at = await self.call(lambda state, now: mb.decide_poll(
-                    state, node, agent, lease, limit, now))
+                items, ready_at = await self.ask(Take(self.id, agent, limit, lease,
+                                                      {"node": node}, self._future()))
                 remaining = deadline - loop.time()
                 if items or remaining <= 0:
                     return web.json_response({"items": items})
@@ -405,14 +295,18 @@ class RedsynDoor:
                 except TimeoutError:
                     pass
                 self._webhook_wake.clear()
-                if self.hub.router is None:
+                if not self.hub.ready:
                     continue
-                for agent, record in list(self.state.agents.items()):
-                    if record.webhook is None or agent in busy or agent not in self.state.boxes:
-                        continue
+                try:
+                    due = await self.ask(Request(self.id, "redsyn.webhooks",
+                                                 {"busy": frozenset(busy)}, self._future()))
+                except RedsynError as exc:
+                    log.warning("webhook round refused", error=exc.error)
+                    continue
+                for agent, hook in due:
                     busy.add(agent)
                     task = asyncio.get_running_loop().create_task(
-                        self._push(http, slots, agent, record.webhook, busy))
+                        self._push(http, slots, agent, hook, busy))
                     self.hub.track(task)
 
     async def _push(self, http, slots, agent, hook, busy) -> None:
@@ -422,12 +316,13 @@ class RedsynDoor:
         whose deliveries all wait must not keep the loop turning."""
         person = agent.rsplit("/", 1)[0]
         node = mb.Node(WEBHOOK_NODE, person)
+        fields = {"node": node, "webhook": True}
         items, ready_at = [], None
         self.hub.metrics.redsyn_webhook_rounds += 1
         try:
             async with slots:
-                items, ready_at = await self.call(lambda state, now: mb.decide_poll(
-                    state, node, agent, WEBHOOK_LEASE, 16, now))
+                items, ready_at = await self.ask(Take(self.id, agent, 16, WEBHOOK_LEASE, fields,
+                                                      self._future()))
                 for item in items:
                     body = json.dumps(item).encode()
                     t = int(time.time())
@@ -448,37 +343,19 @@ class RedsynDoor:
                     attempts = self.hub.metrics.redsyn_webhook_attempts
                     attempts[ok] = attempts.get(ok, 0) + 1
                     if ok:
-                        self.webhook_seen[agent] = time.time()
-                        await self.call(lambda state, now, i=item["id"]: mb.decide_ack(
-                            state, node, agent, {"ids": [i]}))
+                        await self.ask(Ack(self.id, agent, [item["id"]], fields, self._future()))
                     else:
                         log.info("webhook delivery failed", agent=agent, id=item["id"],
                                  outcome=outcome)
-                        await self.call(lambda state, now, i=item["id"]: mb.Decision(
-                            mb.webhook_failed(state, agent, i, now, self.webhook_first_retry)
-                            if i in state.boxes.get(agent, {}) else []))
+                        await self.ask(Request(self.id, "redsyn.webhook_failed",
+                                               {"agent": agent, "id": item["id"]},
+                                               self._future()))
         except RedsynError as exc:
             log.warning("webhook round refused", agent=agent, error=exc.error)
         finally:
             busy.discard(agent)
-        if items and agent in self.state.boxes:
+        if items:
             self._webhook_wake.set()  # more may be ready now
         elif ready_at is not None:
             asyncio.get_running_loop().call_later(
                 max(0.0, ready_at - time.time()) + LAPSE_SLACK_SECONDS, self._webhook_wake.set)
-
-
-def sweep(door: RedsynDoor, router) -> None:
-    """Once a second (a Router timer): give up what expired or was taken ten
-    times untouched, and tell the senders."""
-    state = router.state.extensions.get("redsyn")
-    if state is None or router.mutations_refused():
-        return
-    events = mb.sweep(state, router.now)
-    woken = set()
-    for kind, payload in events:
-        router.event(kind, payload)
-        if kind == mb.MESSAGE:
-            woken.update(d["agent"] for d in payload["deliveries"])
-    if woken:
-        router.after_release(lambda: door.wake(woken))

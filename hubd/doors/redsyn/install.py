@@ -1,24 +1,18 @@
-"""The REDSYN mailbox and door as a plugin: its projection and appliers
-(hubd/state/redsyn.py) always, and unless --no-redsyn the door itself
-(hubd/doors/redsyn/door.py): its routes under /redsyn/v1, its webhook tasks,
-the wake after each commit, and its expiry sweep.
-
-The projection is installed whether or not the door serves: replaying a
-journal must give the same state either way.
+"""The REDSYN door as a plugin of the hub's lifetime: with --no-redsyn it is
+not installed. Its routes under /redsyn/v1, its endpoint (opened after the
+replay) and its webhook pusher. What REDSYN calls mean is the REDSYN
+mailbox plugin's (hubd/handlers/redsyn/), which the composition root
+installs beside it.
 """
 
 from __future__ import annotations
 
 from hubd.core.plugin import Plugin
-from hubd.state import redsyn as mb
 
-from .door import RedsynDoor, sweep
+from .door import RedsynDoor
 
 
-def redsyn_plugin(serving: bool) -> Plugin:
-    # its chat applier runs after the core's (the core plugin is installed first)
-    if not serving:
-        return Plugin("redsyn", appliers=mb.appliers, projections=mb.PROJECTIONS)
+def redsyn_door() -> Plugin:
     door: dict = {}  # the door, once the hub is built
 
     def bind(hub) -> None:
@@ -27,9 +21,6 @@ def redsyn_plugin(serving: bool) -> Plugin:
     async def opening(hub) -> None:
         await door["door"].open()
 
-    return Plugin("redsyn", appliers=mb.appliers, projections=mb.PROJECTIONS,
-                  periodic=(lambda router: sweep(door["door"], router),),
-                  bind=bind, opening=opening,
+    return Plugin("redsyn-door", bind=bind, opening=opening,
                   http_routes=lambda app: door["door"].add_routes(app),
-                  committed=lambda: door["door"].committed(),
                   start=lambda router, group: door["door"].start(group))

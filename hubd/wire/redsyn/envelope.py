@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from .canonical import NotCanonicalizable, canonical_bytes
 
 API_VERSION = "2026-09-25"
+# the door name (Opened.door) of the REDSYN door's endpoint: whose dialect
+# its commands are (hubd/handlers/redsyn/)
+DOOR = "redsyn"
 KNOWN_VERSIONS = (API_VERSION,)
 
 KINDS = frozenset({"request", "progress", "reply", "event"})

@@ -1,14 +1,22 @@
-"""Sessions, as the Router opens and ends them: the welcome, registration (the
-first frame with a sender binds the name), name conflicts and presence
-announcements. Which door an endpoint came through does not matter here."""
+"""Sessions, as endpoints open and end: the welcome, registration (the first
+hub-wire frame with a sender binds the name), name conflicts, presence
+announcements, a token proved late (Credit), and the re-check when the
+principals change. Which door an endpoint came through does not matter here,
+except that a door with a dialect of its own welcomes its endpoints itself.
+
+The core plugin installs these: the commands by type (Opened, Closed,
+Credit, PrincipalsChanged) and, for the Router's hub-wire path, `SESSIONS`
+(a first frame registers; a frame naming another sender is refused).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from types import SimpleNamespace
 
 import structlog
 
-from hubd.core.commands import Opened
+from hubd.actors.router import Router
+from hubd.core.commands import Closed, Credit, Opened, PrincipalsChanged
 from hubd.core.message import CLOSE_AUTH, CLOSE_CAPACITY, CLOSE_NAME_CONFLICT, CLOSE_PER_HOST
 from hubd.state.presence import Session
 from hubd.state.principals import (admission_refusal, session_refusal, speak_refusal,
@@ -16,9 +24,6 @@ from hubd.state.principals import (admission_refusal, session_refusal, speak_ref
 from hubd.wire.envelope import PROTOCOL_VERSION, reserved_name_reason, strict_int
 
 log = structlog.get_logger("hubd.sessions")
-
-if TYPE_CHECKING:
-    from .router import Router
 
 WELCOME_TEXT = "Welcome to hubd"
 # hubd extensions a peer hub may use on this connection (the reference ignores
@@ -29,11 +34,20 @@ HUB_FEATURES = ["forward_batch", "delivery_forward"]
 
 
 def opened(router: Router, command: Opened) -> None:
+    """A door's endpoint opens. One of a door with a dialect of its own (the
+    broker's connections, the REDSYN door) is that dialect's to welcome; any
+    other is an agent's: bounded by the hub's capacity and per-host limits,
+    welcomed, and reached by broadcasts."""
     presence = router.presence
     config = router.config
     endpoint, host = command.endpoint, command.peer_host
+    dialect = router.installed.dialects.get(command.door)
     session = presence.open(endpoint, command.principal, host, command.peer_cert,
-                            command.credential)
+                            command.credential, command.door, broadcast=dialect is None)
+    if dialect is not None:
+        if dialect.opened is not None:
+            dialect.opened(router, session, command)
+        return
     if len(presence.endpoints) > config.max_clients:
         router.send(endpoint, router.frame("error", "self", "Hub at capacity."))
         router.close(endpoint, CLOSE_CAPACITY, "hub at capacity")
@@ -52,7 +66,22 @@ def opened(router: Router, command: Opened) -> None:
         online_agents=presence.online(),
         protocol_version=PROTOCOL_VERSION,
         hubd_features=HUB_FEATURES))
-    del session  # registered by the first frame that names a sender
+
+
+
+def closed(router: Router, command: Closed) -> None:
+    session = router.presence.close(command.endpoint)
+    if session is None:
+        return
+    dialect = router.installed.dialects.get(session.door)
+    if dialect is not None and dialect.closed is not None:
+        dialect.closed(router, session)
+    if session.name is None:
+        return
+    for hook in router.installed.on_unregister:
+        hook(router, session)
+    if router.presence.by_name.get(session.name) is None:
+        announce_presence(router, "left", session.name)
 
 
 def _name_conflict(router: Router, session: Session, name: str, text: str, reason: str) -> None:
@@ -107,17 +136,17 @@ def register(router: Router, session: Session, frame: dict) -> bool:
     return True
 
 
-def credit(router: Router, endpoint: int, principal: str, credential: str) -> None:
+def credit(router: Router, command: Credit) -> None:
     """An endpoint admitted without a token at connect (a hub without --token
     welcomes every connection, as an open hub does) proved a token in its
     first frame: its session speaks as that principal from its registration
     on, which comes next on the same inbox."""
-    session = router.presence.sessions.get(endpoint)
+    session = router.presence.sessions.get(command.endpoint)
     if session is not None and session.name is None:
-        session.principal, session.credential = principal, credential
+        session.principal, session.credential = command.principal, command.credential
 
 
-def revalidate(router: Router) -> None:
+def revalidate(router: Router, command: PrincipalsChanged) -> None:
     """The principals changed: close every session they no longer admit (a
     revoked token, a seat its principal lost, an open session once the hub
     requires a token)."""
@@ -143,3 +172,8 @@ def refuse_name_switch(router: Router, session: Session, sender: str) -> None:
 def announce_presence(router: Router, event: str, name: str) -> None:
     router.broadcast(router.frame("presence_update", "all", "Presence update",
                                   online_agents=router.presence.online(), event=event, agent=name))
+
+
+# the Router's session commands, and its hub-wire path's rules
+COMMANDS = {Opened: opened, Closed: closed, Credit: credit, PrincipalsChanged: revalidate}
+SESSIONS = SimpleNamespace(register=register, refuse_name_switch=refuse_name_switch)

@@ -1,0 +1,81 @@
+"""The REDSYN boxes on the Router's side: chats that land in them (a mailbox
+of the routing service), waking whoever waits on them, and the sweep.
+
+Wake-ups are door-neutral messages to the REDSYN door's endpoint, released
+after the commit like any other output: the door wakes its long polls and its
+webhook pusher; the Router never calls into the door.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from hubd.actors.router import Router
+from hubd.core.message import Message
+from hubd.core.plugin import Mailbox
+from hubd.state import redsyn as mb
+from hubd.wire.redsyn.envelope import DOOR
+
+WAKE = "redsyn_wake"
+MAX_WEBHOOK_SEEN = 100_000
+
+
+class RedsynLive:
+    """The REDSYN door's live bookkeeping on the Router (not journaled)."""
+
+    def __init__(self, router: Router):
+        self.door: int | None = None  # the door's endpoint: where wake-ups go
+        # agent -> when its webhook last took a delivery (GET agent's last_seen)
+        self.webhook_seen: OrderedDict = OrderedDict()
+
+    def webhook_took(self, agent: str, now: float) -> None:
+        seen = self.webhook_seen
+        seen.pop(agent, None)
+        seen[agent] = now
+        while len(seen) > MAX_WEBHOOK_SEEN:
+            seen.popitem(last=False)
+
+
+def state_of(router: Router) -> mb.RedsynState:
+    return router.state.extensions["redsyn"]
+
+
+def wake(router: Router, agents) -> None:
+    """After the commit: the door wakes what waits on these agents' boxes
+    (their long polls; the webhook pusher if one of them has a webhook)."""
+    door = router.live_of(RedsynLive).door
+    if door is None or not agents:
+        return
+    records = state_of(router).agents
+    webhook = any((record := records.get(agent)) is not None and record.webhook is not None
+                  for agent in agents)
+    router.send(door, Message({"type": WAKE, "agents": sorted(agents), "webhook": webhook}),
+                WAKE)
+
+
+def journal(router: Router, events: list) -> None:
+    """Journal REDSYN events and wake the agents a message reached."""
+    woken = set()
+    for kind, payload in events:
+        router.event(kind, payload)
+        if kind == mb.MESSAGE:
+            woken.update(d["agent"] for d in payload["deliveries"])
+    wake(router, woken)
+
+
+def delivered(router: Router, event, entries: list) -> None:
+    """Chats landed in these REDSYN boxes: wake who waits on them."""
+    wake(router, {entry["agent"] for entry in entries})
+
+
+# a chat to a REDSYN agent lands in its box (mb.plan_chat decides where; the
+# chat's route records it)
+MAILBOX = Mailbox(DOOR, "redsyn", mb.plan_chat, delivered)
+
+
+def sweep(router: Router) -> None:
+    """Once a second: give up what expired or was taken ten times untouched,
+    and tell the senders."""
+    if router.mutations_refused():
+        return
+    journal(router, mb.sweep(state_of(router), router.now))

@@ -1,0 +1,237 @@
+"""The routing service: where a message goes, decided once, for every door.
+
+Every message to a target comes through here, whichever door it came from:
+a WebSocket chat, a REDSYN post to a seat, a broker send to a hub target, a
+chat forwarded from a peer hub, a door that speaks only the shared
+vocabulary. Its target resolves to:
+- seats in presence: a directed chat's recipients (a `-rx` sidecar stands in
+  for its seat), everyone online for a broadcast;
+- boxes of the installed mailboxes (a REDSYN agent's inbox, a broker
+  handle's), each asked once; the chat's route records their entries
+  (`route["boxes"][kind]`), so each mailbox's applier reads its own
+  recipients from the journaled chat and a replay lands every chat in the
+  same boxes. (A chat journaled before this service has no `boxes`: its
+  mailboxes read it as the hubd that wrote it did.)
+- a seat on a peer hub (`PROJECT/seat@HUB`, or an address whose namespace a
+  peer owns), through the federation plugin (`remote_hubs`): this is the
+  only module that asks it where a target lives.
+
+Then the chat is journaled once, with its recipients, and the one message
+made of its journal payload goes to the recipients' endpoints after commit.
+"Delivery" in this code base means session-bound delivery (the delivery_*
+verbs); this is routing.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from hubd.actors.router import Router
+from hubd.core.message import Message
+from hubd.state import events as ev
+from hubd.state.chat import is_directed
+from hubd.state.presence import RX_SUFFIX, Presence, Session
+from hubd.wire.envelope import finite_number
+from hubd.wire.targets import RemoteSeat, RemoteTargetError, Target, parse_remote, parse_target
+
+
+# -- a chat to this hub's seats and boxes
+
+def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | None = None):
+    """Stamp, resolve, journal and fan out one chat from `sender` (a local
+    seat, a REDSYN agent, local/<handle>, or seat@HUB for a forwarded one).
+    Returns (event, recipients, directed)."""
+    stamp_chat(router, frame, sender)
+    target = parse_target(frame.get("target") or "all")
+    directed = is_directed(frame, target)
+    presence = router.presence
+    boxes: dict = {}
+    mailboxes = router.installed.mailboxes
+    if directed:
+        recipients = resolve_recipients(presence, target, sender)
+        reached: tuple = ()
+        extensions = router.state.extensions
+        for mailbox in mailboxes:
+            namespace = mailbox.namespace
+            if namespace is not None and not _names(target, namespace):
+                continue
+            planned = mailbox.plan(router, extensions[mailbox.projection], frame, sender, target,
+                                   route_extra)
+            if planned is not None:
+                boxes[mailbox.kind] = planned.entries
+                reached += planned.seats
+        if reached:  # seats a mailbox serves outside presence (the broker's <ns>/<handle>)
+            recipients = sorted(set(recipients).union(reached))
+    elif "@" in target.raw:
+        recipients = []  # a seat on a peer hub: its recipients are there
+    else:
+        recipients = [n for n in presence.by_name if n != sender]
+    text = ev.encode_payload(ev.CHAT, frame)
+    route = {"recipients": recipients if directed else [], "boxes": boxes}
+    if route_extra:
+        route.update(route_extra)  # copied: the callers' route constants are shared
+    event = router.event(ev.CHAT, frame, route, payload_text=text)
+    if boxes:
+        for mailbox in mailboxes:
+            entries = boxes.get(mailbox.kind)
+            if entries:
+                mailbox.delivered(router, event, entries)
+    message = Message(frame, text)
+    metrics = router.metrics
+    metrics.chats_routed += 1
+    if (directed or "@" in target.raw) and router.private_directed:
+        dests = recipient_endpoints(presence, recipients)
+        if dests:
+            router.send(dests, message, "chat")
+    elif presence.endpoints:
+        router.send(presence.endpoints, message, "chat")
+    if directed and not recipients:
+        metrics.dead_letters += 1
+    return event, recipients, directed
+
+
+def _names(target: Target, namespace: str) -> bool:
+    """Does the target name an item of `namespace` (<namespace>/...)?"""
+    prefix = namespace + "/"
+    return any(item.startswith(prefix) for item in target.items)
+
+
+def stamp_chat(router: Router, frame: dict, sender: str) -> None:
+    """Hub time is the only order; a finite client time is kept as metadata."""
+    frame.pop("token", None)
+    client_ts = finite_number(frame.get("timestamp"))
+    if client_ts is not None:
+        frame["client_timestamp"] = client_ts
+    else:
+        frame.pop("client_timestamp", None)
+    frame["sender"] = sender
+    frame["timestamp"] = router.now
+    frame["hub_id"] = router.hub_id
+    frame["msg_id"] = router.state.chat.last_msg_id + 1
+    frame["seq"] = router.next_seq()
+
+
+def resolve_recipients(presence: Presence, target: Target, sender: str) -> list[str]:
+    """Online names a directed target reaches (a -rx sidecar stands in for its
+    seat), excluding the sender."""
+    by_name = presence.by_name
+    items = target.items
+    if len(items) == 1 and not target.globs[0] and "/" in items[0] and not presence.by_role:
+        # the common case: one exact seat
+        item = items[0]
+        if item != sender and (item in by_name or (item + RX_SUFFIX) in by_name):
+            return [item]
+        return []
+    found: set[str] = set()
+    for item, glob in zip(items, target.globs):
+        if glob:
+            found.update(n for n in by_name if fnmatchcase(n, item))
+            continue
+        if item in by_name or (item + RX_SUFFIX) in by_name:
+            found.add(item)
+        holders = presence.by_role.get(item)
+        if holders:
+            found.update(holders)
+        if "/" not in item:
+            prefix = item + "/"
+            found.update(n for n in by_name if n.startswith(prefix))
+    found.discard(sender)
+    return sorted(found)
+
+
+def recipient_endpoints(presence: Presence, recipients: list[str]) -> tuple:
+    """Private routing: each recipient's endpoint and its -rx sidecar's."""
+    by_name = presence.by_name
+    endpoints = []
+    for name in recipients:
+        session = by_name.get(name)
+        if session is not None:
+            endpoints.append(session.endpoint)
+        sidecar = by_name.get(name + RX_SUFFIX)
+        if sidecar is not None:
+            endpoints.append(sidecar.endpoint)
+    return tuple(endpoints)
+
+
+# -- any target, from a door's own sender (REDSYN, the broker)
+
+def send_chat(router: Router, frame: dict, sender: str,
+              route_extra: dict | None = None) -> None:
+    """A chat from `sender` to the frame's target, wherever that lives: this
+    hub's seats and boxes, or a seat on a peer hub (forwarded; the caller
+    checked `hub_refusal` before it journaled anything)."""
+    remote = parse_remote(frame["target"])
+    if remote is None:
+        route_chat(router, frame, sender, route_extra)
+    else:
+        router.installed.remote_hubs.forward_from(router, sender, frame, remote, False)
+
+
+# -- seats on peer hubs (the federation plugin, when installed)
+
+def remote_target(target: str) -> RemoteSeat | RemoteTargetError | None:
+    """`PROJECT/seat@HUB` as a seat on a peer hub (or why it cannot be one);
+    None for a target on this hub."""
+    return parse_remote(target) if "@" in target else None
+
+
+def knows_hub(router: Router, hub_id: str) -> bool:
+    """May this hub address seats on `hub_id` (a configured message peer)?"""
+    remote_hubs = router.installed.remote_hubs
+    return remote_hubs is not None and remote_hubs.knows(hub_id)
+
+
+def hub_refusal(router: Router, hub_id: str) -> str | None:
+    """Why a chat to a seat on `hub_id` cannot be accepted now (not a peer, a
+    full forward backlog), or None."""
+    remote_hubs = router.installed.remote_hubs
+    if remote_hubs is None:
+        return f"hub '{hub_id}' is not a message peer of this hub"
+    return remote_hubs.refusal(router, hub_id)
+
+
+def owner_seat(router: Router, address: str) -> str | None:
+    """`address@HUB` when a peer hub owns the address's namespace, else None."""
+    remote_hubs = router.installed.remote_hubs
+    return remote_hubs.seat_on_owner(address) if remote_hubs is not None else None
+
+
+def forward_chat(router: Router, session: Session, frame: dict, remote: RemoteSeat,
+                 retry: bool) -> None:
+    """A chat verb to a seat on a peer hub: forwarded, or refused to the sender."""
+    remote_hubs = router.installed.remote_hubs
+    if remote_hubs is None:
+        router.error(session, f"Hub '{remote.hub}' is not a configured message peer of "
+                              "this hub.")
+        return
+    remote_hubs.forward_chat(router, session, frame, remote, retry)
+
+
+def remote_who(router: Router, session: Session, frame: dict, hub_id: str) -> None:
+    """who_request naming a peer hub: asked there."""
+    remote_hubs = router.installed.remote_hubs
+    if remote_hubs is None:
+        router.error(session, f"Hub '{hub_id}' is not a configured message peer of this hub.")
+    else:
+        remote_hubs.remote_who(router, session, frame, hub_id)
+
+
+def forward_delivery(router: Router, session: Session, frame: dict) -> bool:
+    """A delivery_request to `PROJECT/seat@HUB` from a local requester: asked
+    there or refused (True); False when it is for this hub."""
+    target = frame.get("target")
+    remote_hubs = router.installed.remote_hubs
+    if remote_hubs is None or session.peer_hub is not None or not isinstance(target, str) \
+            or "@" not in target:
+        return False  # a forwarded requester is served here, never forwarded on
+    remote_hubs.forward_delivery(router, session, frame)
+    return True
+
+
+def routed_delivery(router: Router, session: Session, frame: dict, key: str) -> bool:
+    """A delivery status request or cancel for an operation routed to a peer:
+    asked there or refused (True); False when it is this hub's."""
+    remote_hubs = router.installed.remote_hubs
+    if remote_hubs is None or session.peer_hub is not None:
+        return False
+    return remote_hubs.routed_delivery(router, session, frame, key)
