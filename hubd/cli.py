@@ -22,7 +22,7 @@ from hubd import __version__, config_file, logs
 from hubd.config_file import ConfigProblems, Layers
 from hubd.config import (BROKER_SOCKET_SUFFIX, BROKER_TOKEN_SUFFIX, DEFAULT_DB, DEFAULT_PORT,
                          DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS, DEFAULT_QUOTA_WINDOW,
-                         BrokerConfig, HubConfig, broker_files_beside)
+                         DEFAULT_SNAPSHOT_EVENTS, BrokerConfig, HubConfig, broker_files_beside)
 from federation.config import (DEFAULT_ROSTER_TIMEOUT, FederationConfigError,
                                build_federation_config)
 from hubd.http.host_trust import AuthorityError, parse_advertised
@@ -88,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stable hub id (default: generated once, then kept in the journal)")
     store.add_argument("--max-history", type=int, default=1000,
                        help="chats kept in memory for history/resume (default 1000)")
+    store.add_argument("--snapshot-every", type=int, default=DEFAULT_SNAPSHOT_EVENTS,
+                       metavar="EVENTS",
+                       help="snapshot the projection once this many events were committed since "
+                            "the newest snapshot, so a restart replays only the events after it "
+                            f"(default {DEFAULT_SNAPSHOT_EVENTS:,}; 0: never; docs/journal.md)")
+    store.add_argument("--snapshot-interval", type=float, default=30.0, metavar="SECONDS",
+                       help="at most one snapshot per this many seconds (default 30)")
+    store.add_argument("--snapshot-keep", type=int, default=2, metavar="N",
+                       help="snapshots kept beside the journal, the newest (default 2)")
     auth = parser.add_argument_group("authentication")
     auth.add_argument("--token", help="shared-secret connect token (off by default)")
     auth.add_argument("--token-file", help="read the connect token from this file")
@@ -296,7 +305,9 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
     if args.max_connections_per_host < 0:  # a negative cap would refuse every socket
         problems.append("--max-connections-per-host must be 0 (no cap) or positive")
     positive("durable_ingress_window", "recipient_liveness_window", "waiter_liveness_window",
-             "pending_receipts", "dark_seat_after")
+             "pending_receipts", "dark_seat_after", "snapshot_keep")
+    if args.snapshot_every < 0 or args.snapshot_interval < 0:
+        problems.append("--snapshot-every and --snapshot-interval must be 0 or positive")
     advertised = frozenset()
     try:
         advertised = frozenset(parse_advertised(value) for value in args.advertised_host)
@@ -356,7 +367,9 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
         redsyn_limits=redsyn_limits, broker=broker,
         liveness=LivenessPolicy(args.warn_stale_recipients, args.recipient_liveness_window,
                                 args.waiter_liveness_window),
-        pending_receipts=args.pending_receipts, dark_seat_after=args.dark_seat_after)
+        pending_receipts=args.pending_receipts, dark_seat_after=args.dark_seat_after,
+        snapshot_events=args.snapshot_every, snapshot_interval=args.snapshot_interval,
+        snapshot_keep=args.snapshot_keep)
 
 
 def _broker_config(args: argparse.Namespace, problems: list[str]) -> BrokerConfig | None:

@@ -21,6 +21,10 @@ DEFAULT_QUOTA_EVENTS = 6000
 DEFAULT_QUOTA_BYTES = 64 * 1024 * 1024
 DEFAULT_QUOTA_WINDOW = 60.0
 
+# A restart replays at most about this many events after the newest snapshot
+# (~10 us each): half a second.
+DEFAULT_SNAPSHOT_EVENTS = 50_000
+
 
 # The broker's default socket and token file are named after the journal and
 # sit beside it, as SQLite's own -wal and -shm do: two hubs whose journals
@@ -93,4 +97,12 @@ class HubConfig:
     liveness: LivenessPolicy = field(default_factory=LivenessPolicy)
     pending_receipts: int = PENDING_RECEIPTS
     dark_seat_after: float = DARK_SEAT_AFTER_SECONDS
+    # snapshots of the projection (docs/journal.md, "Snapshots"): one is taken
+    # once snapshot_events events were committed since the newest (0: never),
+    # at most one per snapshot_interval seconds; the newest snapshot_keep are
+    # kept, none larger than snapshot_max_bytes
+    snapshot_events: int = DEFAULT_SNAPSHOT_EVENTS
+    snapshot_interval: float = 30.0
+    snapshot_keep: int = 2
+    snapshot_max_bytes: int = 1 << 30
 

@@ -30,17 +30,20 @@ from hubd.actors.identity import IdentityWatch
 from hubd.actors.journal_writer import JournalWriter
 from hubd.actors.journal_writer import Flush
 from hubd.actors.router import Router
+from hubd.actors.snapshotter import Snapshotter
 from hubd.config import HubConfig
 from hubd.core.commands import TICK, ConfigReloaded
 from hubd.core.endpoints import Endpoints
 from hubd.core.message import CLOSE_GOING_AWAY
 from hubd.core.plugin import Installed, Plugin
+from hubd.journal import snapshots
 from hubd.journal.checkpoint import Checkpointer
+from hubd.journal.restore import Projection, SnapshotPolicy, policy_for, project
 from hubd.journal.files import JournalFileError
 from hubd.journal.store import (CorruptRow, JournalReader, JournalTooNew, NotAHubdJournal,
                                 UnknownKinds)
 from hubd.metrics import HubMetrics
-from hubd.state.hub import HubState, apply
+from hubd.state.hub import HubState
 from hubd.wire.envelope import PROTOCOL_VERSION
 
 log = structlog.get_logger("hubd.hub")
@@ -72,6 +75,11 @@ class Hub:
         self.ready = False
         self.started = time.time()
         self.corrupt_rows: list[CorruptRow] = []
+        # set by open(): which snapshots this hub may start from, and who takes them
+        self.snapshot_policy: SnapshotPolicy | None = None
+        self.snapshotter: Snapshotter | None = None
+        # the last projection loaded (where it started from, how many events it applied)
+        self.projected: Projection | None = None
         self.unknown_kinds = UnknownKinds()
         self._reader_thread = ThreadPoolExecutor(2, thread_name_prefix="journal-reader")
         self._reader: JournalReader | None = None
@@ -88,33 +96,27 @@ class Hub:
             return getattr(self._reader, method)(*args)
         return await asyncio.get_running_loop().run_in_executor(self._reader_thread, run)
 
-    def _replay(self) -> tuple[HubState, list[CorruptRow], UnknownKinds, int]:
-        installed = self.installed
-        known = installed.appliers
-        state = HubState.fresh(known, installed.projections,
-                               history_limit=self.config.max_history,
-                               pending_receipts=self.config.pending_receipts)
-        corrupt: list[CorruptRow] = []
-        unknown = UnknownKinds()
-        applied = 0
+    def fresh_state(self) -> HubState:
+        return fresh_state(self.installed, self.config)
+
+    def _project(self, use_snapshots: bool) -> Projection:
         reader = JournalReader(self.config.db)
         try:
-            for event in reader.replay(corrupt=corrupt):
-                if event.kind not in known:
-                    unknown.count(event)
-                apply(state, event)
-                applied += 1
+            return project(reader, self.fresh_state,
+                           self.snapshot_policy if use_snapshots else None)
         finally:
             reader.close()
-        return state, corrupt, unknown, applied
 
-    async def load_state(self) -> HubState:
-        state, corrupt, unknown, applied = await asyncio.get_running_loop().run_in_executor(
-            self._reader_thread, self._replay)
-        self.corrupt_rows = corrupt
-        self.unknown_kinds = unknown
-        self.metrics.replayed_events += applied
-        return state
+    async def load_state(self, use_snapshots: bool = True) -> HubState:
+        """The journal's projection: the newest usable snapshot plus the
+        events after it (or, use_snapshots=False, a replay from the start)."""
+        projection = await asyncio.get_running_loop().run_in_executor(
+            self._reader_thread, self._project, use_snapshots)
+        self.corrupt_rows = projection.corrupt
+        self.unknown_kinds = projection.unknown
+        self.metrics.replayed_events += projection.applied
+        self.projected = projection
+        return projection.state
 
     async def reload(self, config: HubConfig | None = None) -> bool:
         """SIGHUP: each plugin re-reads its files (pins, peers, the serving
@@ -207,6 +209,11 @@ class Hub:
         if stored != self.hub_id:
             await self.writer.call(store.set_meta, "hub_id", self.hub_id)
         await self.identity.open()
+        self.snapshot_policy = policy_for(self.config.db, self.hub_id, self.fresh_state,
+                                          self.config.snapshot_max_bytes)
+        # a snapshot writer that died (with its hub) left its temporary file
+        snapshots.remove_temporaries(self.snapshot_policy.directory)
+        self.snapshotter = Snapshotter(self)
 
     async def replay(self) -> None:
         started = time.perf_counter()
@@ -240,6 +247,7 @@ class Hub:
                            "commands made the hub rebuild its state).",
                            lambda: self.router.suspensions.live(time.time()))
         log.info("journal replayed", events=state.last_seq,
+                 from_snapshot=self.projected.from_snapshot, applied=self.projected.applied,
                  seconds=round(time.perf_counter() - started, 3), hub_id=self.hub_id)
 
     async def open_doors(self) -> None:
@@ -261,6 +269,7 @@ class Hub:
             group.create_task(self._sweep(), name="sweeper")
             group.create_task(self.checkpointer.run(), name="wal-checkpoint")
             group.create_task(self.identity.run(), name="identity")
+            group.create_task(self.snapshotter.run(), name="snapshotter")
             for start in self.installed.hooks("start"):
                 start(self.router, group)
             self.ready = True
@@ -308,6 +317,13 @@ class Hub:
                     log.warning("write stalled; closing slow consumer", conn=endpoint.id)
                     endpoint.abort()
             await self.router.inbox.put(TICK)
+
+
+def fresh_state(installed: Installed, config: HubConfig) -> HubState:
+    """An empty projection of a hub with these plugins and this configuration."""
+    return HubState.fresh(installed.appliers, installed.projections,
+                          history_limit=config.max_history,
+                          pending_receipts=config.pending_receipts)
 
 
 class _Stop(Exception):

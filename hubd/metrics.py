@@ -47,6 +47,10 @@ class HubMetrics:
         self.state_rebuilds: dict[str, int] = {}
         self.state_rebuild_seconds = 0.0
         self.replayed_events = 0
+        # snapshots of the projection (hubd/actors/snapshotter.py): taken, by
+        # outcome (written, failed, too_large, refused); their time
+        self.snapshots: dict[str, int] = {"written": 0, "failed": 0}
+        self.snapshot_seconds = 0.0
         self.suspensions = 0
         self.unstorable_events = 0
         self.rows_refused = 0
@@ -228,6 +232,11 @@ class _Collector:
         yield CounterMetricFamily("hubd_state_rebuild_seconds",
                                   "Time spent rebuilding the Router's state from the journal.",
                                   value=m.state_rebuild_seconds)
+        yield _by_label("hubd_snapshots", "Snapshots of the projection attempted, by outcome: "
+                        "written, failed, too_large, refused.", "outcome", m.snapshots)
+        yield CounterMetricFamily("hubd_snapshot_seconds",
+                                  "Time the snapshot worker processes ran.",
+                                  value=m.snapshot_seconds)
         yield CounterMetricFamily("hubd_journal_replayed_events",
                                   "Events applied by journal replays, at start and in rebuilds.",
                                   value=m.replayed_events)

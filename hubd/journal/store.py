@@ -226,6 +226,11 @@ class JournalReader:
     def replay(self, after_seq: int = 0, corrupt: list[CorruptRow] | None = None) -> Iterator[Event]:
         return replay_events(self.conn, after_seq, corrupt=corrupt)
 
+    def row_at(self, seq: int) -> tuple | None:
+        """(seq, ts, kind, payload) of the row at seq, or None."""
+        return self.conn.execute("SELECT seq, ts, kind, payload FROM events WHERE seq = ?",
+                                 (seq,)).fetchone()
+
     def payloads(self, seqs: list[int]) -> list[tuple[int, str]]:
         out: list[tuple[int, str]] = []
         for start in range(0, len(seqs), 500):

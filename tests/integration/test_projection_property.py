@@ -54,14 +54,18 @@ async def check(server):
     assert server.hub.ready
 
 
-async def scenario(folder: Path, steps):
+async def scenario(folder: Path, steps, hooks: dict | None = None, check=check):
+    """Run `steps`; an action of a kind in `hooks` is `await hook(server, sockets, step)`."""
+    hooks = hooks or {}
     sockets: dict[str, WsProbe] = {}
     server_cm = running_hub(folder)
     server = await server_cm.__aenter__()
     try:
         for step in steps:
             kind = step[0]
-            if kind == "connect":
+            if kind in hooks:
+                await hooks[kind](server, sockets, step)
+            elif kind == "connect":
                 name = NAMES[step[1]]
                 if name in sockets:
                     continue

@@ -1,0 +1,113 @@
+"""Snapshotter: takes snapshots of the projection, off the hot path
+(docs/journal.md, "Snapshots").
+
+Once `snapshot_events` events were committed since the newest snapshot (and
+no sooner than `snapshot_interval` after the last attempt), it starts a child
+process (hubd/snapshot_worker.py) that reads the journal on its own read-only
+connection, builds the projection from the newest snapshot plus the rows
+after it, and writes the next snapshot. Nothing of the Router's state is
+touched or copied, the writer's connection is never waited on, and the
+child's CPU (replaying, pickling) is not the event loop's. One child at a
+time; one that runs past WORKER_DEADLINE_SECONDS is killed; a failure is
+logged and counted (hubd_snapshots_total{outcome}) and the next attempt
+waits for the next interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import sys
+import time
+
+import orjson
+import structlog
+
+from hubd.journal import snapshots
+
+log = structlog.get_logger("hubd.snapshots")
+
+CHECK_SECONDS = 1.0
+WORKER_DEADLINE_SECONDS = 600.0
+# what a worker may print on stdout (its one JSON line)
+MAX_REPORT_BYTES = 64 * 1024
+WORKER_MODULE = "hubd.snapshot_worker"
+# the worker's exit codes
+EXIT_WRITTEN, EXIT_FAILED, EXIT_REFUSED, EXIT_TOO_LARGE = 0, 1, 2, 3
+OUTCOMES = {EXIT_WRITTEN: "written", EXIT_REFUSED: "refused", EXIT_TOO_LARGE: "too_large"}
+
+
+class Snapshotter:
+    def __init__(self, hub):
+        self.hub = hub
+        self.config = hub.config
+        newest = snapshots.listed(snapshots.snapshot_dir(self.config.db))
+        # the seq of the newest snapshot on disk (usable or not: a fresh one
+        # is taken after snapshot_events more either way)
+        self.seq = newest[0].seq if newest else 0
+        self._last_attempt = float("-inf")
+
+    def due(self, committed: int, now: float) -> bool:
+        events = self.config.snapshot_events
+        return (events > 0 and committed - self.seq >= events
+                and now - self._last_attempt >= self.config.snapshot_interval)
+
+    async def run(self) -> None:
+        if self.config.snapshot_events <= 0:
+            return
+        while True:
+            await asyncio.sleep(CHECK_SECONDS)
+            if self.due(self.hub.writer.committed_seq, time.monotonic()):
+                await self.take()
+
+    async def take(self) -> dict:
+        """Run one worker to its end; its report (outcome, seq, bytes, seconds)."""
+        self._last_attempt = time.monotonic()
+        started = time.perf_counter()
+        request = pickle.dumps({"config": self.config, "hub_id": self.hub.hub_id,
+                                "fingerprint": self.hub.snapshot_policy.fingerprint})
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", WORKER_MODULE, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE)
+        try:
+            out, _ = await asyncio.wait_for(worker.communicate(request), WORKER_DEADLINE_SECONDS)
+        except TimeoutError:
+            _kill(worker)
+            await worker.wait()
+            out = b""
+        except BaseException:  # the hub stops: its worker stops with it
+            _kill(worker)
+            raise
+        seconds = time.perf_counter() - started
+        report = _report(out[:MAX_REPORT_BYTES])
+        outcome = OUTCOMES.get(worker.returncode, "failed")
+        metrics = self.hub.metrics
+        metrics.snapshots[outcome] = metrics.snapshots.get(outcome, 0) + 1
+        metrics.snapshot_seconds += seconds
+        if outcome == "written":
+            self.seq = max(self.seq, int(report.get("seq") or 0))
+            log.info("snapshot written", seq=report.get("seq"), bytes=report.get("bytes"),
+                     seconds=round(seconds, 3), replayed=report.get("applied"),
+                     from_snapshot=report.get("from_snapshot"))
+        else:
+            log.error("snapshot not written; the next attempt follows the next interval",
+                      outcome=outcome, exit_code=worker.returncode,
+                      reason=report.get("error", "the worker died (see its log lines above)"),
+                      seconds=round(seconds, 3))
+        return {"outcome": outcome, "seconds": seconds, **report}
+
+
+def _kill(worker: asyncio.subprocess.Process) -> None:
+    if worker.returncode is None:
+        try:
+            worker.kill()
+        except ProcessLookupError:
+            pass
+
+
+def _report(out: bytes) -> dict:
+    try:
+        report = orjson.loads(out.strip() or b"{}")
+    except orjson.JSONDecodeError:
+        return {"error": f"unreadable worker report {out[:200]!r}"}
+    return report if isinstance(report, dict) else {"error": "worker report is not an object"}
