@@ -23,8 +23,6 @@ import time
 import orjson
 import structlog
 
-from hubd.journal import snapshots
-
 log = structlog.get_logger("hubd.snapshots")
 
 CHECK_SECONDS = 1.0
@@ -41,10 +39,10 @@ class Snapshotter:
     def __init__(self, hub):
         self.hub = hub
         self.config = hub.config
-        newest = snapshots.listed(snapshots.snapshot_dir(self.config.db))
-        # the seq of the newest snapshot on disk (usable or not: a fresh one
-        # is taken after snapshot_events more either way)
-        self.seq = newest[0].seq if newest else 0
+        # the seq of the newest usable snapshot: the one the hub started from
+        # (the next is due once snapshot_events more are committed; at once
+        # if the hub found none it could use and the journal is that long)
+        self.seq = 0
         self._last_attempt = float("-inf")
 
     def due(self, committed: int, now: float) -> bool:
@@ -55,6 +53,7 @@ class Snapshotter:
     async def run(self) -> None:
         if self.config.snapshot_events <= 0:
             return
+        self.seq = self.hub.projected.from_snapshot
         while True:
             await asyncio.sleep(CHECK_SECONDS)
             if self.due(self.hub.writer.committed_seq, time.monotonic()):

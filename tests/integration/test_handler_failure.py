@@ -56,7 +56,7 @@ def sample(text: str, name: str) -> float:
 
 async def replays_from_zero(server) -> None:
     """The live state is what a replay of the whole journal makes."""
-    assert await server.hub.load_state() == server.hub.router.state
+    assert await server.hub.load_state(use_snapshots=False) == server.hub.router.state
 
 
 async def test_a_command_that_fails_before_applying_anything_replays_nothing(
@@ -113,6 +113,41 @@ async def test_an_applier_that_fails_midway_is_undone_by_one_rebuild(tmp_path, m
         metrics = await scrape(server)
         assert 'hubd_state_rebuilds_total{reason="handler_failure"} 1.0' in metrics
         assert sample(metrics, "hubd_journal_replayed_events_total") == 2 * HISTORY
+        await replays_from_zero(server)
+        await bystander.close()
+
+
+async def test_a_rebuild_replays_only_the_rows_after_the_newest_snapshot(tmp_path, monkeypatch):
+    """Issue 29: the rebuild after a handler failure starts from the newest
+    snapshot (written here by the code the hub's snapshot worker runs)."""
+    import asyncio
+
+    from hubd.journal.restore import take
+
+    write_history(tmp_path / "hub.db")
+
+    def explode(router, session, frame, size):
+        router.event(ev.MAILBOX_WATERMARK, {"identity": session.name, "seq": 0})
+        raise RuntimeError("bug in a handler, after an event")
+
+    async with running_hub(tmp_path, allow_crashes=True) as server:
+        hub = server.hub
+        monkeypatch.setitem(hub.router.handlers, "test_explode", explode)
+        taken = await asyncio.to_thread(take, hub.config.db, hub.fresh_state,
+                                        hub.snapshot_policy, 2)
+        assert taken.seq == HISTORY
+        bystander = await joined(server.url, "p/bystander")
+        victim = await joined(server.url, "p/victim")
+        await bystander.chat("p/bystander", "all", "before")  # the tail: one row
+        await bystander.recv_type("chat", payload="before")
+        await victim.send_json({"sender": "p/victim", "type": "test_explode"})
+        assert (await victim.wait_closed()).code == 1011
+        await bystander.chat("p/bystander", "all", "after")
+        assert (await bystander.recv_type("chat", payload="after"))["seq"] == HISTORY + 2
+        metrics = await scrape(server)
+        assert 'hubd_state_rebuilds_total{reason="handler_failure"} 1.0' in metrics
+        assert hub.projected.from_snapshot == HISTORY and hub.projected.applied == 1
+        assert sample(metrics, "hubd_journal_replayed_events_total") == HISTORY + 1
         await replays_from_zero(server)
         await bystander.close()
 

@@ -1,0 +1,167 @@
+"""Restart time with and without snapshots (issue 29): process start to
+/readyz 200 on a journal of 1M (or --events N) chats. Measures and prints;
+never asserts.
+
+    .venv/bin/python -m tests.bench.bench_restart                     # 1M chats, 3 starts each
+    .venv/bin/python -m tests.bench.bench_restart --events 10000000   # 10M (minutes to build)
+    .venv/bin/python -m tests.bench.bench_restart --keep /tmp/j1m     # keep (and reuse) the journal
+
+1. Builds the journal directly through the journal layer (`JournalStore.append`,
+   50,000 rows per transaction), not through a hub: the rows are what hubd
+   writes for bench_local's traffic (loadgen: sender i sends directed chats
+   with a client_msg_id to receiver i, online; 16 pairs): kind `chat`, the
+   frame as the hub stamps it (sender, target, type, payload, timestamp,
+   client_msg_id, client_timestamp, hub_id, msg_id, seq), the route
+   `{"recipients": [target], "boxes": {}, "retry": 1}`, the principal of an
+   open loopback hub. Replaying them builds the projection a hub that took
+   the same chats would have built (same kinds, routes and frames; only the
+   clock and payload text differ), in a fraction of the time (1M rows: ~10 s
+   against 35-62 s through a hub).
+2. Starts `python -m hubd` on it with `--snapshot-every 0` (no snapshot is
+   taken while measuring) and times process start to the first /readyz 200,
+   --starts times, without a snapshot; the hub's own "journal replayed"
+   log line splits off the load.
+3. Lets a hub write a snapshot of it (`--snapshot-every 1`: due at once; its
+   worker replays the whole journal once) and times the worker.
+4. The same starts again, now from the snapshot (and a tail of 0 events).
+5. The floor: the same start on an empty journal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import orjson  # noqa: E402
+
+from hubd.journal import snapshots  # noqa: E402
+from hubd.journal.store import JournalStore  # noqa: E402
+from tests.support.procs import hubd_process  # noqa: E402
+
+HUB_ID = "bench-hub"
+PAIRS = 16
+ROWS_PER_COMMIT = 50_000
+PRINCIPAL = "open-host:127.0.0.1"
+BODY = "x" * 160  # about bench_local's chat size
+
+
+def build(db: Path, events: int) -> float:
+    started = time.perf_counter()
+    os.close(os.open(db, os.O_CREAT | os.O_WRONLY, 0o600))
+    store = JournalStore(db)
+    store.set_meta("hub_id", HUB_ID)
+    ts = time.time() - events / 1000
+    route = orjson.dumps({"recipients": [], "boxes": {}, "retry": 1})
+    rows = []
+    for seq in range(1, events + 1):
+        pair = seq % PAIRS
+        sender, target = f"bench/run-s{pair}", f"bench/run-r{pair}"
+        ts += 0.001
+        frame = {"sender": sender, "target": target, "type": "chat",
+                 "payload": f"BMKrun.{pair}.{seq} {BODY}", "timestamp": ts,
+                 "client_msg_id": f"crun.{pair}.{seq}", "client_timestamp": ts - 0.0005,
+                 "hub_id": HUB_ID, "msg_id": seq, "seq": seq}
+        rows.append((seq, ts, "chat", orjson.dumps(frame).decode(),
+                     route.replace(b"[]", f'["{target}"]'.encode()).decode(), PRINCIPAL))
+        if len(rows) == ROWS_PER_COMMIT:
+            store.append(rows)
+            rows = []
+    if rows:
+        store.append(rows)
+    store.close()
+    return time.perf_counter() - started
+
+
+def start_to_ready(folder: Path, db: Path, *args: str) -> tuple[float, dict]:
+    """Seconds from process start to /readyz 200, and the hub's replay line."""
+    hub = hubd_process(folder, "--snapshot-every", "0", *args, db=db, hub_id=HUB_ID)
+    hub.ready_path = None
+    started = time.perf_counter()
+    hub.start(ready_timeout=3600)  # the port opens before the replay
+    url = f"{hub.http_url}/readyz"
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                if answer.status == 200:
+                    break
+        except OSError:
+            pass
+        time.sleep(0.005)
+    seconds = time.perf_counter() - started
+    hub.stop()
+    line = re.findall(r"journal replayed .*", hub.log())[-1]
+    facts = dict(re.findall(r"(\w+)=(\S+)", line))
+    hub.log_path.unlink()
+    return seconds, facts
+
+
+def snapshot(folder: Path, db: Path) -> str:
+    hub = hubd_process(folder, "--snapshot-every", "1", "--snapshot-interval", "0", db=db,
+                       hub_id=HUB_ID).start(ready_timeout=3600)
+    try:
+        deadline = time.monotonic() + 3600
+        while not re.search(r"snapshot (written|not written).*", hub.log()):
+            if time.monotonic() > deadline or not hub.alive():
+                raise RuntimeError(hub.log()[-2000:])
+            time.sleep(0.2)
+    finally:
+        hub.stop()
+    return re.search(r"snapshot (written|not written).*", hub.log()).group(0)
+
+
+def series(label: str, folder: Path, db: Path, starts: int) -> None:
+    times, facts = [], []
+    for _ in range(starts):
+        seconds, fact = start_to_ready(folder, db)
+        times.append(seconds)
+        facts.append(fact)
+    load = [float(f.get("seconds", "nan")) for f in facts]
+    print(f"{label:<28} start->readyz median {statistics.median(times):7.3f} s "
+          f"(runs {', '.join(f'{t:.3f}' for t in times)}); load {statistics.median(load):.3f} s; "
+          f"from_snapshot={facts[-1].get('from_snapshot')} applied={facts[-1].get('applied')}",
+          flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--starts", type=int, default=3)
+    parser.add_argument("--keep", metavar="DIR", help="build the journal here and keep it "
+                        "(reused when it already holds --events chats)")
+    args = parser.parse_args()
+    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-restart-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    db = folder / "hubd.db"
+    try:
+        if not db.exists():
+            print(f"building a journal of {args.events:,} chats ...", flush=True)
+            print(f"built in {build(db, args.events):.1f} s, "
+                  f"{db.stat().st_size / 1e6:.0f} MB", flush=True)
+        shutil.rmtree(snapshots.snapshot_dir(db), ignore_errors=True)
+        empty = folder / "empty"
+        empty.mkdir(exist_ok=True)
+        series("empty journal (the floor)", empty, empty / "hubd.db", args.starts)
+        series(f"{args.events:,} chats, no snapshot", folder, db, args.starts)
+        print("snapshot:", snapshot(folder, db), flush=True)
+        newest = snapshots.listed(snapshots.snapshot_dir(db))[0]
+        print(f"snapshot file {newest.path.name}: {newest.path.stat().st_size / 1e6:.1f} MB",
+              flush=True)
+        series(f"{args.events:,} chats, snapshot", folder, db, args.starts)
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
