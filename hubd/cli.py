@@ -44,6 +44,7 @@ SUBCOMMANDS = {
     "principal": ("hubd.principal_cli",
                   "principals: who may speak for which seats, their tokens and grants"),
     "redsyn": ("hubd.doors.redsyn.nodes", "REDSYN nodes: make or revoke an HTTP agent's bearer token"),
+    "journal": ("hubd.journal_cli", "check a journal and its snapshots (verify)"),
     "multihub": ("federation.multihub_cli",
                  "observe a peer hub's journal, show multi-hub authority state, recover a "
                  "quarantined peer"),
