@@ -119,16 +119,32 @@ def restarted(folder: Path, db: Path, *args: str, env: dict | None = None) -> Hu
     return hubd_process(folder, *NEVER, *args, db=db, env=env).start()
 
 
-def same_as_replay_from_the_start(folder: Path, db: Path, expected: dict, seen: dict) -> None:
-    """A hub on a copy of the journal without its snapshots sees what `seen` saw."""
-    bare = folder / "bare"
+def restart_sees_every_chat(tmp_path: Path, db: Path, snapshot: int, chats: int,
+                            *logged: str) -> None:
+    """A restart starts from the snapshot at seq `snapshot` (and the rows
+    after it), its log says each of `logged`, it holds the `chats` chats, and
+    it sees and says what a hub on a copy of the journal without its
+    snapshots does."""
+    tail = last_seq(db) - snapshot
+    hub = restarted(db.parent, db)
+    try:
+        assert started_from(hub) == (snapshot, tail)
+        for line in logged:
+            assert line in hub.log()
+        seen = asyncio.run(observe(hub.url))
+        assert [c["payload"] for c in seen["history"]] == [f"m{i}" for i in range(chats)]
+        said = health(hub)
+        assert said["status"] == "ok"
+    finally:
+        assert hub.stop() == 0
+    bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copy(db, bare / "hubd.db")
     hub = restarted(bare, bare / "hubd.db")
     try:
-        assert started_from(hub)[0] == 0
+        assert started_from(hub) == (0, last_seq(db))
         assert asyncio.run(observe(hub.url)) == seen
-        assert health(hub) == expected
+        assert health(hub) == said
     finally:
         hub.stop()
 
@@ -143,15 +159,7 @@ def test_a_restart_starts_from_the_newest_snapshot_with_the_state_of_a_full_repl
         asyncio.run(chat(hub.url, 40, 5))  # a longer tail after the newest snapshot
     finally:
         assert hub.stop() == 0
-    hub = restarted(tmp_path / "a", db)
-    try:
-        assert started_from(hub) == (newest, last_seq(db) - newest)
-        seen = asyncio.run(observe(hub.url))
-        assert [c["payload"] for c in seen["history"]] == [f"m{i}" for i in range(45)]
-        expected = health(hub)
-    finally:
-        assert hub.stop() == 0
-    same_as_replay_from_the_start(tmp_path, db, expected, seen)
+    restart_sees_every_chat(tmp_path, db, newest, 45)
 
 
 def test_sigkill_during_a_snapshot_write_leaves_the_previous_snapshot_usable(tmp_path):
@@ -174,17 +182,8 @@ def test_sigkill_during_a_snapshot_write_leaves_the_previous_snapshot_usable(tmp
     assert len(leftovers) == 1 and 0 < leftovers[0].stat().st_size
     assert snapshot_files(db)[0] == before and before.path.read_bytes() == before_bytes
 
-    hub = restarted(tmp_path / "a", db)
-    try:
-        seq, applied = started_from(hub)
-        assert seq == before.seq and applied > 0
-        assert not leftovers[0].exists()  # the dead writer's file is cleared at start
-        seen = asyncio.run(observe(hub.url))
-        assert [c["payload"] for c in seen["history"]] == [f"m{i}" for i in range(40)]
-        expected = health(hub)
-    finally:
-        assert hub.stop() == 0
-    same_as_replay_from_the_start(tmp_path, db, expected, seen)
+    restart_sees_every_chat(tmp_path, db, before.seq, 40)
+    assert not leftovers[0].exists()  # the dead writer's file was cleared at start
 
 
 def damage(file: snapshots.SnapshotFile) -> str:
@@ -206,16 +205,5 @@ def test_a_snapshot_that_cannot_be_used_is_skipped_for_the_one_before(tmp_path, 
     db = journal_with_snapshots(tmp_path / "a", 2)
     newest, previous = snapshot_files(db)[:2]
     reason = spoil(newest)
-    hub = restarted(tmp_path / "a", db)
-    try:
-        assert started_from(hub)[0] == previous.seq
-        log = hub.log()
-        assert "snapshot skipped" in log and reason in log
-        assert f"seq={newest.seq}" in log
-        seen = asyncio.run(observe(hub.url))
-        assert len(seen["history"]) == 20
-        expected = health(hub)
-        assert expected["status"] == "ok"
-    finally:
-        assert hub.stop() == 0
-    same_as_replay_from_the_start(tmp_path, db, expected, seen)
+    restart_sees_every_chat(tmp_path, db, previous.seq, 20, "snapshot skipped", reason,
+                            f"seq={newest.seq}")
