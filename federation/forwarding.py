@@ -86,7 +86,7 @@ class Forwarding:
         outbox = ForwardOutbox(self.hub.hub_id, peer, self.peers.link(peer),
                                lambda **events: self.peers.subscribe(peer, **events),
                                self.metrics, self._reported, self._load,
-                               roster_timeout=self.config.roster_timeout)
+                               timing=self.hub.config.timing)
         self.outboxes[peer] = outbox
         self._group.create_task(outbox.run(), name=f"forward-outbox-{peer}")
 
@@ -139,7 +139,8 @@ class Forwarding:
     def stall(self, router: Router, peer: str) -> liveness.Stall:
         link = self.outboxes[peer].link
         return liveness.stall(outbox_of(router.state).count(peer), link.up, link.up_at,
-                              self.outboxes[peer].last_success, time.time())
+                              self.outboxes[peer].last_success, time.time(),
+                              self.hub.config.timing.stalled_after)
 
     # -- Router side
 

@@ -8,8 +8,8 @@ costs this hub one idle task, never a blocked sender. A lost link is retried
 with jittered backoff; whoever uses the link is told at once when it is up.
 
 Dead links are found by the link itself (federation/liveness.py): it pings
-every PING_INTERVAL, counts anything the peer sends as life, and closes a
-link silent past SILENCE_DEADLINE, then redials. A sign of life from the peer
+every timing.link_ping, counts anything the peer sends as life, and closes a
+link silent past timing.link_silence, then redials. A sign of life from the peer
 elsewhere (wake()) skips the remaining reconnect backoff.
 """
 
@@ -28,16 +28,17 @@ import structlog
 from federation import liveness
 from federation.config import PeerRoute
 from federation.pins import peer_certificate_der
+from hubd.timing import Timing
 from hubd.wire import codec
 from hubd.wire.envelope import PROTOCOL_VERSION, strict_int
 
 log = structlog.get_logger("hubd.federation.link")
 
-CONNECT_TIMEOUT = 5.0  # the whole dial: TCP (liveness.DIAL_TIMEOUT), TLS, upgrade, welcome
-# Reconnect attempts are cheap against a peer that refuses, and a hung peer
-# is bounded by the timeouts anyway; a low cap means a returning peer is
-# found within a second, not after the reference's 10-300 s backoff.
-CLOSE_WAIT = 0.5  # for the peer's close frame when this hub ends a link
+# The dial's bounds (timing.link_dial for TCP, timing.link_connect for the
+# whole dial with TLS, the upgrade and the welcome) and the reconnect backoff
+# are timing's. Reconnect attempts are cheap against a peer that refuses, and
+# a hung peer is bounded by the timeouts anyway; a low backoff cap means a
+# returning peer is found within a second, not after the reference's 10-300 s.
 LOG_REPEAT = 60.0  # a link failing the same way is logged once a minute
 
 # causes reported in /health and logs
@@ -149,7 +150,7 @@ class Answers:
 
 
 class PeerLink:
-    def __init__(self, route: PeerRoute, hub_id: str, ssl_context, *,
+    def __init__(self, route: PeerRoute, hub_id: str, ssl_context, timing: Timing, *,
                  on_up: Callable[[str], None] = lambda peer: None,
                  on_down: Callable[[str, str], None] = lambda peer, cause: None,
                  on_result: Callable[[str, dict], None] = lambda peer, frame: None,
@@ -158,6 +159,7 @@ class PeerLink:
         self.peer = route.hub_id
         self.hub_id = hub_id
         self._ssl = ssl_context
+        self.timing = timing
         self._on_up, self._on_down = on_up, on_down
         self.answers = Answers(self.peer, on_result, on_rejected)
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -229,14 +231,15 @@ class PeerLink:
         self._wake.set()
         ws = self._ws
         if self.up and ws is not None and not ws.closed and \
-                time.monotonic() - self._last_heard > liveness.PING_INTERVAL:
+                time.monotonic() - self._last_heard > self.timing.link_ping:
             task = asyncio.get_running_loop().create_task(self._ping(ws))
             self._pings.add(task)
             task.add_done_callback(self._pings.discard)
 
     async def run(self) -> None:
-        backoff = liveness.BACKOFF_START
-        timeout = aiohttp.ClientTimeout(sock_connect=liveness.DIAL_TIMEOUT)
+        timing = self.timing
+        backoff = timing.link_backoff_first
+        timeout = aiohttp.ClientTimeout(sock_connect=timing.link_dial)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while not self._stop:
                 self._wake.clear()
@@ -249,7 +252,7 @@ class PeerLink:
                 finally:
                     up_for = time.monotonic() - self.up_since if self.up_since else None
                     self._went_down()
-                backoff = liveness.next_backoff(backoff, up_for)
+                backoff = liveness.next_backoff(backoff, up_for, timing)
                 if self._wake.is_set():
                     continue  # the peer is alive: redial now
                 try:
@@ -278,14 +281,16 @@ class PeerLink:
 
     async def _connect_and_serve(self, session: aiohttp.ClientSession) -> None:
         route = self.route
+        timing = self.timing
         self.connecting = True
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT):
+            async with asyncio.timeout(timing.link_connect):
                 ssl_context = self._ssl.for_route(route) if route.secure else False
                 # autoping off: pongs are this link's evidence of life (see _read)
                 ws = await session.ws_connect(
                     route.uri, ssl=ssl_context, max_msg_size=16 * 1024 * 1024, compress=0,
-                    autoping=False, timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_WAIT))
+                    autoping=False,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=timing.link_close_wait))
         finally:
             self.connecting = False
         try:
@@ -299,7 +304,7 @@ class PeerLink:
             if route.token:
                 register["token"] = route.token
             await ws.send_frame(codec.encode(register), aiohttp.WSMsgType.TEXT)
-            async with asyncio.timeout(CONNECT_TIMEOUT):
+            async with asyncio.timeout(timing.link_connect):
                 welcome = await self._await_welcome(ws)
             self.peer_protocol_version = strict_int(welcome.get("protocol_version"))
             features = welcome.get("hubd_features")
@@ -337,16 +342,17 @@ class PeerLink:
             pass  # the read loop sees the link end
 
     async def _watch(self, ws) -> None:
-        """Ping every PING_INTERVAL; close the link once the peer has been
+        """Ping every timing.link_ping; close the link once the peer has been
         silent past the deadline (a black-holed connection sends no error)."""
         self._silent_for = None
+        timing = self.timing
         while not ws.closed:
-            await asyncio.sleep(liveness.PING_INTERVAL)
+            await asyncio.sleep(timing.link_ping)
             now = time.monotonic()
-            if liveness.is_dead(now, self._last_heard):
+            if liveness.is_dead(now, self._last_heard, timing):
                 self._silent_for = liveness.silent_for(now, self._last_heard)
                 self.silence_closes += 1
-                # Bounded by CLOSE_WAIT: the peer cannot answer a close either.
+                # Bounded by link_close_wait: the peer cannot answer a close either.
                 await ws.close(code=1001, message=b"no sign of life")
                 return
             await self._ping(ws)

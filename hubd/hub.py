@@ -44,10 +44,6 @@ from hubd.state.hub import HubState, apply
 
 log = structlog.get_logger("hubd.hub")
 
-SWEEP_SECONDS = 1.0
-# a write that cannot drain for this long closes its endpoint (checked by the sweeper)
-SEND_DEADLINE_SECONDS = 5.0
-
 
 class JournalRefused(RuntimeError):
     """The journal cannot be opened as this hub's (another hub's id, or not a
@@ -64,7 +60,8 @@ class Hub:
         self.endpoints = Endpoints()
         self.writer = JournalWriter(config.db, self.metrics, self.endpoints,
                                     self._journal_failed, self._journal_committed)
-        self.checkpointer = Checkpointer(config.db, self.metrics)
+        self.checkpointer = Checkpointer(config.db, self.metrics,
+                                         config.timing.wal_checkpoint_poll)
         # the principals: who each token is and which seats it may speak for
         self.identity = IdentityWatch(config)
         self.router: Router | None = None
@@ -254,8 +251,9 @@ class Hub:
     def stop(self) -> None:
         self._stopping.set()
 
-    async def _drain(self, timeout: float = 5.0) -> None:
+    async def _drain(self) -> None:
         """On a clean stop, commit and release what the actors already hold."""
+        timeout = self.config.timing.shutdown_drain
         done = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait_for(self.writer.inbox.put(Flush(done)), timeout)
@@ -278,14 +276,16 @@ class Hub:
         self._reader_thread.shutdown(wait=True)
 
     async def _sweep(self) -> None:
-        """Once a second: close endpoints whose writes cannot drain, and run the
-        Router's timers (lease expiry and the like) as ordinary commands."""
+        """Every timing.sweep: close endpoints whose writes cannot drain within
+        timing.send_stall, and run the Router's timers (lease expiry and the
+        like) as ordinary commands."""
         loop = asyncio.get_running_loop()
+        timing = self.config.timing
         while True:
-            await asyncio.sleep(SWEEP_SECONDS)
+            await asyncio.sleep(timing.sweep)
             now = loop.time()
             for endpoint in self.endpoints:  # the hub's table, not the Router's presence
-                if endpoint.write_stalled_for(now) > SEND_DEADLINE_SECONDS:
+                if endpoint.write_stalled_for(now) > timing.send_stall:
                     self.metrics.send_timeouts += 1
                     log.warning("write stalled; closing slow consumer", conn=endpoint.id)
                     endpoint.abort()

@@ -51,11 +51,6 @@ log = structlog.get_logger("hubd.router")
 
 INBOX_COMMANDS = 4096
 MAX_BATCH_COMMANDS = 2048
-# After a failed commit, mutations are refused up front for this long (doubling
-# while failures repeat), so a full disk costs one state rebuild per backoff
-# period rather than one per batch.
-REFUSAL_BACKOFF_START = 1.0
-REFUSAL_BACKOFF_MAX = 30.0
 
 class MutationsRefused(Exception):
     """Raised by Router.event() when this command may not change state now;
@@ -141,7 +136,10 @@ class Router:
         self.refusing_mutations: str | None = None
         self._refusal_permanent = False
         self._refuse_until = 0.0
-        self._backoff = REFUSAL_BACKOFF_START
+        # After a failed commit, mutations are refused up front for this long
+        # (doubling while failures repeat, timing.journal_retry_*), so a full
+        # disk costs one state rebuild per backoff period rather than one per batch.
+        self._backoff = self.config.timing.journal_retry_first
         self.now = 0.0
         self.out = Outcome()
         # the principal whose command is being handled: its events record it
@@ -512,7 +510,7 @@ class Router:
 
     def journal_committed(self) -> None:
         """A commit succeeded: a later failure starts from the short backoff."""
-        self._backoff = REFUSAL_BACKOFF_START
+        self._backoff = self.config.timing.journal_retry_first
 
     async def _recover_from_journal_failure(self) -> None:
         self._journal_failed = False
@@ -532,5 +530,5 @@ class Router:
             log.warning("state rebuilt from the journal after a failed commit; refusing "
                         "mutations for a while", last_seq=self.state.last_seq,
                         seconds=self._backoff)
-            self._backoff = min(self._backoff * 2, REFUSAL_BACKOFF_MAX)
+            self._backoff = min(self._backoff * 2, self.config.timing.journal_retry_max)
         await self.hub.writer.inbox.put(Resync())

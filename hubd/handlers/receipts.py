@@ -8,7 +8,8 @@ aggregate. Its socket matches are split into consume-live and stale ones
 and commits in the same transaction; otherwise the hub waits, after the chat's
 release, for each live match's write (the recipient's socket and its -rx
 waiter's) to complete or fail (its endpoint's when_written: the WebSocket
-door's 5 s drain deadline bounds it), then commits delivery_receipt_immediate.
+door's drain deadline, timing.send_stall, bounds it), then commits
+delivery_receipt_immediate.
 Every verdict is an outbox row: the sender gets it after the commit, and the
 row is settled (receipt_notified) only once the write to the sender
 completed; a crash in between sends it again when the sender next registers.
@@ -379,7 +380,7 @@ def dark_seat_sweep(router: Router) -> None:
         return waiter is not None and now - waiter.last_heard <= pol.waiter_window
 
     episodes, alerts = rules.dark_seat_round(router.live.get(DARK_SEATS, {}), work,
-                                             fresh_waiter, now, router.config.dark_seat_after)
+                                             fresh_waiter, now, router.config.timing.dark_seat_after)
     router.live[DARK_SEATS] = episodes
     for seat, missing in alerts:
         router.metrics.dark_seat_alerts += 1

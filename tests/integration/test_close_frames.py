@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from hubd.http import closing
 from hubd.http.closing import CLOSE_REASONS
+from hubd.timing import Timing
 from tests.support.inproc import running_hub
 from tests.support.rawws import RawWs, client_frame, text
 from tests.support.wsprobe import WsProbe
@@ -77,7 +77,7 @@ async def test_pipelined_bad_frames_each_get_a_close_frame(tmp_path):
 
 
 @pytest.mark.parametrize("setup, code, reason", [
-    ({"auth_timeout": 0.2}, 4012, "registration timeout"),
+    ({"timing": Timing(auth_timeout=0.2)}, 4012, "registration timeout"),
     ({"token": "s3cret"}, 4010, "auth denied"),
 ])
 async def test_hub_closes_carry_their_reason_to_a_client_still_sending(tmp_path, setup, code,
@@ -186,10 +186,10 @@ def close_from_client(code: int = 1000, reason: bytes = b"bye") -> bytes:
 
 
 async def test_a_client_close_is_answered_and_the_connection_ended_at_once(
-        tmp_path, scheme_overrides, monkeypatch):
-    monkeypatch.setattr(closing, "LINGER_SECONDS", LONG_LINGER)
+        tmp_path, scheme_overrides):
     overrides, tls = scheme_overrides
-    async with running_hub(tmp_path, **overrides) as server:
+    async with running_hub(tmp_path, timing=Timing(close_linger=LONG_LINGER),
+                           **overrides) as server:
         ws = await RawWs.connect(server.port, tls=tls)
         await ws.send(register("p/leaving"))
         loop = asyncio.get_running_loop()
@@ -203,10 +203,10 @@ async def test_a_client_close_is_answered_and_the_connection_ended_at_once(
 
 
 async def test_a_hub_close_answered_by_the_client_ends_the_connection_at_once(
-        tmp_path, scheme_overrides, monkeypatch):
-    monkeypatch.setattr(closing, "LINGER_SECONDS", LONG_LINGER)
+        tmp_path, scheme_overrides):
     overrides, tls = scheme_overrides
-    async with running_hub(tmp_path, **overrides) as server:
+    async with running_hub(tmp_path, timing=Timing(close_linger=LONG_LINGER),
+                           **overrides) as server:
         holder = await WsProbe.open(server.url)
         await holder.recv_type("welcome")
         await holder.register("p/a")

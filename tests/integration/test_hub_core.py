@@ -3,6 +3,7 @@
 import asyncio
 
 from hubd.state.hub import HubState
+from hubd.timing import Timing
 from tests.support.inproc import running_hub
 from tests.support.wsprobe import WsProbe
 
@@ -265,7 +266,7 @@ async def test_secured_hub(tmp_path):
 
 
 async def test_registration_deadline(tmp_path):
-    async with running_hub(tmp_path, auth_timeout=0.3) as server:
+    async with running_hub(tmp_path, timing=Timing(auth_timeout=0.3)) as server:
         idle = await WsProbe.open(server.url)
         await idle.recv_type("welcome")
         closed = await idle.wait_closed(timeout=5)

@@ -10,11 +10,15 @@ from prometheus_client import CollectorRegistry
 import federation.outbox as outbox_module
 from federation.clock import ManualClock, settle
 from federation.metrics import ForwardMetrics
-from federation.outbox import ANSWER_TIMEOUT, ForwardOutbox, PeerAlive, Settled, StillPending
+from federation.outbox import ForwardOutbox, PeerAlive, Settled, StillPending
 from federation.state import PendingForward
 from hubd.state import delivery as dl
+from hubd.timing import Timing
 from tests.support.memlink import DROP, HANG, MemoryLink
 
+
+TIMING = Timing()  # the production profile
+ANSWER_TIMEOUT = TIMING.forward_answer
 
 def forward(n: int, clock: ManualClock, ttl: float = 3600.0,
             receipt: bool = True) -> PendingForward:
@@ -49,7 +53,7 @@ class Harness:
         self.link = MemoryLink("west", "east", self.clock, batching=batching)
         self.outbox = ForwardOutbox(
             "east", "west", self.link, self._attach, ForwardMetrics(CollectorRegistry(), None),
-            self._report, self._load, clock=self.clock)
+            self._report, self._load, timing=TIMING, clock=self.clock)
         self.task = None
 
     def _attach(self, **events):
@@ -481,7 +485,7 @@ def test_the_roster_timeout_is_the_seeds_ten_seconds_unless_a_flag_shortens_it()
     from hubd.cli import build_parser, config_from_args
     parser = build_parser()
     for argv, seconds in (([], 10.0), (["--roster-timeout", "0.5"], 0.5)):
-        assert config_from_args(parser.parse_args(argv), parser).federation.roster_timeout == \
+        assert config_from_args(parser.parse_args(argv), parser).timing.roster_timeout == \
             seconds
     with pytest.raises(SystemExit):
         config_from_args(parser.parse_args(["--roster-timeout", "0"]), parser)

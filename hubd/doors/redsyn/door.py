@@ -46,12 +46,10 @@ VERSION_HEADER = "Redsyn-Version"
 MAX_WAIT = 60.0
 MAX_POLLS_PER_NODE = 16
 # A waiting poll looks again when the earliest lease or back-off in its box
-# lapses (a little after, so the lapse is past), and at least this often.
-RECHECK_SECONDS = 5.0
+# lapses (a little after, so the lapse is past), and at least every
+# timing.redsyn_recheck.
 LAPSE_SLACK_SECONDS = 0.02
 WEBHOOK_NODE = "hub:webhook"
-WEBHOOK_TIMEOUT = 10.0
-WEBHOOK_LEASE = 60.0
 WEBHOOK_PARALLEL = 32
 
 
@@ -87,7 +85,7 @@ class RedsynDoor:
         config = hub.config
         self.limits: mb.Limits = config.redsyn_limits
         self.allow_loopback_webhooks: bool = config.redsyn_allow_loopback_webhooks
-        self.webhook_first_retry: float = config.redsyn_webhook_first_retry
+        self.timing = config.timing
         self.presence: dict[str, tuple[float, str]] = {}  # agent -> (last seen, node)
         self.webhook_seen: dict[str, float] = {}
         self._waiters: dict[str, asyncio.Event] = {}
@@ -375,7 +373,7 @@ class RedsynDoor:
                 remaining = deadline - loop.time()
                 if items or remaining <= 0:
                     return web.json_response({"items": items})
-                look_again = min(remaining, RECHECK_SECONDS)
+                look_again = min(remaining, self.timing.redsyn_recheck)
                 if ready_at is not None:
                     look_again = min(look_again,
                                      max(ready_at - time.time(), 0.0) + LAPSE_SLACK_SECONDS)
@@ -397,11 +395,12 @@ class RedsynDoor:
         slots = asyncio.Semaphore(WEBHOOK_PARALLEL)
         connector = TCPConnector(
             socket_factory=guarded_socket_factory(self.allow_loopback_webhooks))
-        async with ClientSession(timeout=ClientTimeout(total=WEBHOOK_TIMEOUT),
+        timing = self.timing
+        async with ClientSession(timeout=ClientTimeout(total=timing.redsyn_webhook_timeout),
                                  connector=connector) as http:
             while True:
                 try:
-                    await asyncio.wait_for(self._webhook_wake.wait(), 1.0)
+                    await asyncio.wait_for(self._webhook_wake.wait(), timing.redsyn_webhook_poll)
                 except TimeoutError:
                     pass
                 self._webhook_wake.clear()
@@ -427,7 +426,7 @@ class RedsynDoor:
         try:
             async with slots:
                 items, ready_at = await self.call(lambda state, now: mb.decide_poll(
-                    state, node, agent, WEBHOOK_LEASE, 16, now))
+                    state, node, agent, self.timing.redsyn_webhook_lease, 16, now))
                 for item in items:
                     body = json.dumps(item).encode()
                     t = int(time.time())
@@ -455,7 +454,8 @@ class RedsynDoor:
                         log.info("webhook delivery failed", agent=agent, id=item["id"],
                                  outcome=outcome)
                         await self.call(lambda state, now, i=item["id"]: mb.Decision(
-                            mb.webhook_failed(state, agent, i, now, self.webhook_first_retry)
+                            mb.webhook_failed(state, agent, i, now,
+                                              self.timing.redsyn_webhook_first_retry)
                             if i in state.boxes.get(agent, {}) else []))
         except RedsynError as exc:
             log.warning("webhook round refused", agent=agent, error=exc.error)
