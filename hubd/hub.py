@@ -264,9 +264,11 @@ class Hub:
     async def shutdown(self) -> None:
         """Close sockets, commit what is queued, close the journal."""
         self.ready = False
-        if self.router is not None:
-            for endpoint in self.router.presence.endpoints:
-                self.endpoints.close(endpoint, CLOSE_GOING_AWAY, "hub shutting down")
+        # every door's open endpoints, registered or not (a peer hub's inbound
+        # link, a socket that never sent its first frame): the listener's
+        # cleanup would otherwise wait out its shutdown timeout for each
+        for endpoint in self.endpoints:
+            endpoint.close(CLOSE_GOING_AWAY, "hub shutting down")
         await self.checkpointer.close()
         await self.identity.close()
         await self.writer.close()

@@ -354,7 +354,8 @@ async def test_slow_consumer_is_cut_off_and_others_carry_on(tmp_path):
     import os
     import socket
 
-    async with running_hub(tmp_path) as server:
+    # a one-second drain deadline (production's is five), swept ten times a second
+    async with running_hub(tmp_path, timing=Timing(sweep=0.1, send_stall=1.0)) as server:
         # A client that completes the handshake, registers, then never reads.
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

@@ -133,7 +133,9 @@ def register(name: str) -> bytes:
 
 
 async def test_a_stalled_write_gives_recipient_transport_unavailable(tmp_path):
-    async with running_hub(tmp_path, private_directed=True) as server:
+    # a one-second drain deadline (production's is five), swept ten times a second
+    async with running_hub(tmp_path, private_directed=True,
+                           timing=Timing(sweep=0.1, send_stall=1.0)) as server:
         alice = await joined(server.url, "p/alice")
         bob = await RawWs.connect(server.port, rcvbuf=4096)  # registers, then never reads
         await bob.send(register("p/bob"))
