@@ -78,6 +78,8 @@ class Timing:
     broker_proof_window: float = 120.0
 
     # -- the REDSYN door (docs/redsyn.md)
+    # The shortest lease a take may ask for (its `lease` parameter).
+    redsyn_min_lease: float = 1.0
     # A waiting poll looks at its box at least this often.
     redsyn_recheck: float = 5.0
     # The webhook pusher looks for ready deliveries at least this often.

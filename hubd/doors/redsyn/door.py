@@ -92,6 +92,8 @@ class RedsynDoor:
         self._polls: dict[str, int] = defaultdict(int)
         self._webhook_wake = asyncio.Event()
         self._replies = _Replies()
+        self._closing = False
+        self._calls: set[asyncio.Future] = set()  # answers the Router still owes
 
     # -- lifetime
 
@@ -100,6 +102,17 @@ class RedsynDoor:
 
     def start(self, group: asyncio.TaskGroup) -> None:
         group.create_task(self._webhooks(), name="redsyn-webhooks")
+
+    async def close(self) -> None:
+        """The hub is stopping (its Router already has): every waiting poll is
+        answered now with no items, as if its wait had run out, and a request
+        the Router did not answer gets 503; the agent tries again."""
+        self._closing = True
+        for waiter in self._waiters.values():
+            waiter.set()
+        for future in self._calls:
+            if not future.done():
+                future.set_exception(RedsynError(503, "the hub is shutting down; retry"))
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_route("*", PREFIX + "/{tail:.*}", self.handle)
@@ -172,8 +185,12 @@ class RedsynDoor:
                 self.wake(woken)
             router.after_release(released)
 
-        await router.inbox.put(command)
-        return await future
+        self._calls.add(future)
+        try:
+            await router.inbox.put(command)
+            return await future
+        finally:
+            self._calls.discard(future)
 
     def wake(self, agents) -> None:
         webhook = False
@@ -355,7 +372,7 @@ class RedsynDoor:
             raise RedsynError(400, f"wait must be 0 to {MAX_WAIT:g} seconds")
         if not 1 <= limit <= mb.MAX_ITEMS_PER_TAKE:
             raise RedsynError(400, f"limit must be 1 to {mb.MAX_ITEMS_PER_TAKE}")
-        lease = mb.check_lease(query.get("lease"))
+        lease = mb.check_lease(query.get("lease"), self.timing.redsyn_min_lease)
         if self._polls[node.id] >= MAX_POLLS_PER_NODE:
             self.hub.metrics.redsyn_polls_refused += 1
             raise RedsynError(429, f"this node already holds {MAX_POLLS_PER_NODE} open polls")
@@ -381,6 +398,8 @@ class RedsynDoor:
                     await asyncio.wait_for(waiter.wait(), look_again)
                 except TimeoutError:
                     pass
+                if self._closing:  # the Router has stopped: nothing more to take
+                    return web.json_response({"items": []})
         finally:
             self._polls[node.id] -= 1
             if not self._polls[node.id]:

@@ -27,9 +27,12 @@ def redsyn_plugin(serving: bool) -> Plugin:
     async def opening(hub) -> None:
         await door["door"].open()
 
+    async def closing() -> None:
+        await door["door"].close()
+
     return Plugin("redsyn", appliers=mb.appliers, projections=mb.PROJECTIONS,
                   periodic=(lambda router: sweep(door["door"], router),),
-                  bind=bind, opening=opening,
+                  bind=bind, opening=opening, closing=closing,
                   http_routes=lambda app: door["door"].add_routes(app),
                   committed=lambda: door["door"].committed(),
                   start=lambda router, group: door["door"].start(group))
