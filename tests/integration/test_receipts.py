@@ -255,7 +255,8 @@ def test_a_receipt_committed_before_a_sigkill_is_delivered_after_restart(tmp_pat
 
 
 async def test_a_seat_owning_work_without_a_waiter_gets_one_dark_seat_alert(tmp_path):
-    async with running_hub(tmp_path, timing=Timing(dark_seat_after=1.0)) as server:
+    # dark after a second, swept five times a second (production: 30 s, every second)
+    async with running_hub(tmp_path, timing=Timing(dark_seat_after=1.0, sweep=0.2)) as server:
         alice = await joined(server.url, "p/alice")
         carol = await joined(server.url, "p/carol")
         await carol.send_json({"sender": "p/carol", "target": "System", "type": "claim",
