@@ -41,12 +41,13 @@ def hub(tmp_path_factory):
     work = tmp_path_factory.mktemp("redsyn")
     db = work / "hubd.db"
     tokens = {key: login(db, person, name) for key, (person, name) in NODES.items()}
-    # A failing webhook is retried after 0.01 s, then 0.02, 0.04, ... (doubling,
-    # as in production from 10 s): its ten attempts take about 5 s. Takes may
+    # A failing webhook is retried after 0.002 s, then 0.004, 0.008, ...
+    # (doubling, as in production from 10 s): its ten attempts take about a
+    # second. Takes may
     # lease for a tenth of a second (production: 1 s at least), and expiry is
     # swept ten times a second.
     proc = hubd_process(work, "--redsyn-allow-loopback-webhooks",
-                        "--redsyn-webhook-first-retry", "0.01", db=db,
+                        "--redsyn-webhook-first-retry", "0.002", db=db,
                         timing=Timing(redsyn_min_lease=SHORT_LEASE, sweep=0.1)).start()
     clients = {key: Client(proc.http_url, token) for key, token in tokens.items()}
     yield SimpleNamespace(proc=proc, db=db, work=work, tokens=tokens, **clients)
