@@ -12,9 +12,9 @@ message peer, which this object starts and posts to:
   for an outbox that reads the rest of its backlog from the journal.
 
 The sender normally gets one receipt: the settled one, if the peer answers
-within a second (federation/outbox.py FIRST_ANSWER). Otherwise it gets `pending` first and the settled receipt
-later, through the durable notification outbox (at once if it is online, else
-when it next registers).
+within a second (timing.forward_first_answer). Otherwise it gets `pending`
+first and the settled receipt later, through the durable notification
+outbox (at once if it is online, else when it next registers).
 """
 
 from __future__ import annotations
