@@ -425,8 +425,8 @@ class ForwardOutbox:
                                f"{ROSTERS} roster requests to {self.peer} are already waiting")
             return
         forward_id = secrets.token_hex(16)
-        self.rosters[forward_id] = WaitingRoster(ask.reply_to, ask.name,
-                                                 self.clock.monotonic() + self.timing.roster_timeout)
+        due = self.clock.monotonic() + self.timing.roster_timeout
+        self.rosters[forward_id] = WaitingRoster(ask.reply_to, ask.name, due)
         # sent with the forwards (below), so a hung link holds it like them
         self._roster_frames.append({
             "sender": self.origin, "target": "System", "type": "multihub_message_forward",

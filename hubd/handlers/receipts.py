@@ -380,7 +380,8 @@ def dark_seat_sweep(router: Router) -> None:
         return waiter is not None and now - waiter.last_heard <= pol.waiter_window
 
     episodes, alerts = rules.dark_seat_round(router.live.get(DARK_SEATS, {}), work,
-                                             fresh_waiter, now, router.config.timing.dark_seat_after)
+                                             fresh_waiter, now,
+                                             router.config.timing.dark_seat_after)
     router.live[DARK_SEATS] = episodes
     for seat, missing in alerts:
         router.metrics.dark_seat_alerts += 1

@@ -2,9 +2,10 @@
 the session's transcript (docs/broker.md, "Delivery proof").
 
 After a push to a session that gave a `transcriptPath`, the door looks for
-`[murmur m<id>` in the tail of that file every timing.broker_proof_check, for at
-most timing.broker_proof_window (the seed's 120 s). A tag found moves the delivery to `delivered` through
-the Router (journaled like a `delivered` line); one not found leaves it `sent`.
+`[murmur m<id>` in the tail of that file every timing.broker_proof_check, for
+at most timing.broker_proof_window (the seed's 120 s). A tag found moves the
+delivery to `delivered` through the Router (journaled like a `delivered`
+line); one not found leaves it `sent`.
 Bounded: at most MAX_PENDING proofs are watched (past it the oldest is dropped
 and counted), and only the last TAIL_BYTES of a transcript are read.
 """
