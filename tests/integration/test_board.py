@@ -221,7 +221,7 @@ async def test_a_journal_failure_rolls_board_writes_back_privately(tmp_path):
                 if got["type"] == "ledger_task_posted":
                     break
                 assert asyncio.get_running_loop().time() < deadline, got
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.1)
             assert got["task"]["task_id"] == "T2"
             await same_as_replay(server)
             await alice.close()
