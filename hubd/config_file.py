@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 # flags that steer the command itself and are no keys
-COMMAND_FLAGS = frozenset({"config", "check", "help", "version"})
+COMMAND_FLAGS = frozenset({"config", "check", "help", "version", "timing"})
 # keys naming a file or folder: a relative value resolves beside the config file
 PATH_KEYS = frozenset({
     "db", "token-file", "principals", "metrics-token-file", "tls-certfile", "tls-keyfile",
