@@ -469,9 +469,11 @@ def check(layers: Layers, config: HubConfig) -> int:
     if problems:
         return _refuse(problems)
     where = f"{layers.path} and the command line" if layers.path else "the command line"
+    timers = {dest.replace("_", "-"): getattr(config.timing, field)
+              for dest, field in TIMING_FLAGS.items()}
     print(config_file.render(layers, f"hubd {__version__}: the effective configuration from "
-                                     f"{where}\n(source of each value: default, file or flag)"),
-          end="")
+                                     f"{where}\n(source of each value: default, file or flag)",
+                             timers), end="")
     scheme = "wss" if config.federation is not None and config.federation.tls_certfile else "ws"
     print(f"# listens on {scheme}://{config.host}:{config.port}/, journal {config.db.resolve()}")
     if config.broker is not None:
