@@ -84,7 +84,7 @@ class RedsynDoor(Listener):
     def start(self, group: asyncio.TaskGroup) -> None:
         group.create_task(self._webhooks(), name="redsyn-webhooks")
 
-    async def close(self) -> None:
+    async def shutting_down(self) -> None:
         """The hub is stopping (its Router already has): every waiting poll is
         answered now with no items, as if its wait had run out, and a request
         the Router did not answer gets 503; the agent tries again."""

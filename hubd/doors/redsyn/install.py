@@ -22,7 +22,7 @@ def redsyn_door() -> Plugin:
         await door["door"].open()
 
     async def closing() -> None:
-        await door["door"].close()
+        await door["door"].shutting_down()
 
     return Plugin("redsyn-door", bind=bind, opening=opening, closing=closing,
                   http_routes=lambda app: door["door"].add_routes(app),
