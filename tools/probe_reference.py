@@ -148,9 +148,17 @@ def startup_refusal(work: Workdir, args: list[str]) -> None:
     """Run a hub that is expected to refuse to start; print its exit code and stderr."""
     hub = Hub(work, args, "refusal")
     print(f"## expect refusal: synapse hub {' '.join(args)}", flush=True)
-    done = subprocess.run(hub.command(), env=work.env, capture_output=True, text=True, timeout=30)
-    lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-    print(f"exit {done.returncode}: " + " | ".join(lines[-4:]), flush=True)
+    proc = subprocess.Popen(hub.command(), env=work.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=10)
+        lines = [line for line in out.splitlines() if line.strip()]
+        print("STARTED (no refusal within 10 s; stopped): " + " | ".join(lines[-3:]), flush=True)
+        return
+    lines = [line for line in out.splitlines() if line.strip()]
+    print(f"exit {proc.returncode}: " + " | ".join(lines[-4:]), flush=True)
 
 
 class Conn:
@@ -446,6 +454,79 @@ async def probe_attachments(work: Workdir) -> None:
                 print(f"   {table}: {row}")
 
 
+def ledger_rows(work: Workdir, table: str) -> list[tuple]:
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{work.path / 'attachments' / 'attachments.sqlite3'}?mode=ro", uri=True)
+    try:
+        return list(db.execute(f"SELECT * FROM {table}"))
+    finally:
+        db.close()
+
+
+async def probe_attachment_lifecycle(work: Workdir) -> None:
+    """Expiry and gc, ref protection, a closed connection's upload, SIGKILL mid-upload."""
+    flags, signers = secure_setup(
+        work, {"p/alice": ["p/attachment-write", "p/attachment-read", "p/attachment-admin"]}, ATTACH_ACL)
+    s = signers["p/alice"]
+
+    async def att(conn: Conn, msg_type: str, **fields: Any) -> dict | None:
+        fields.setdefault("scope", "p")
+        await conn.send(s.mac(envelope("p/alice", msg_type, **fields), "p/alice"))
+        return await conn.until("attachment_result", 1.5)
+
+    async def upload(conn: Conn, data: bytes, expires_in: float) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        begun = await att(conn, "attachment_begin", digest=digest, length=len(data), media_type="text/plain",
+                          provenance="probe:gc", expires_at=time.time() + expires_in)
+        await att(conn, "attachment_chunk", upload_id=begun["upload_id"], offset=0, body=base64.b64encode(data).decode())
+        await att(conn, "attachment_commit", upload_id=begun["upload_id"])
+        return digest
+
+    hub = Hub(work, flags)
+    hub.start()
+    try:
+        a = await connect(hub, "p/alice", signer=s)
+        short = await upload(a, b"short lived", 2.0)
+        kept = await upload(a, b"short lived but referenced", 2.0)
+        await att(a, "attachment_ref", digest=kept, ref="task:T-9")
+        await asyncio.sleep(2.5)
+        print("## after expiry: info, read, ref, gc dry run, gc", flush=True)
+        await att(a, "attachment_info", digest=short)
+        await att(a, "attachment_read", digest=short, offset=0)
+        await att(a, "attachment_ref", digest=short, ref="task:late")
+        await att(a, "attachment_gc")
+        await att(a, "attachment_gc", dry_run=False)
+        await att(a, "attachment_gc", dry_run=True)
+        print("## an upload left open, then the connection closes", flush=True)
+        begun = await att(a, "attachment_begin", digest=sha("open"), length=4, media_type="text/plain",
+                          provenance="probe:open", expires_at=time.time() + 60)
+        print(f"## uploads while open: {ledger_rows(work, 'uploads')}", flush=True)
+        print(f"## staging while open: {sorted(p.name for p in (work.path / 'attachments' / 'staging').iterdir())}", flush=True)
+        await a.ws.close()
+        await asyncio.sleep(0.5)
+        print(f"## uploads after close: {ledger_rows(work, 'uploads')}", flush=True)
+        print(f"## staging after close: {sorted(p.name for p in (work.path / 'attachments' / 'staging').iterdir())}", flush=True)
+        print("## SIGKILL with one chunk of two written", flush=True)
+        a = await connect(hub, "p/alice", signer=s)
+        data = secrets.token_bytes(40000)
+        begun = await att(a, "attachment_begin", digest=hashlib.sha256(data).hexdigest(), length=len(data),
+                          media_type="application/octet-stream", provenance="probe:kill", expires_at=time.time() + 600)
+        await att(a, "attachment_chunk", upload_id=begun["upload_id"], offset=0, body=base64.b64encode(data[:32768]).decode())
+        hub.kill()
+        print(f"## after SIGKILL uploads={ledger_rows(work, 'uploads')}", flush=True)
+        print(f"## after SIGKILL staging={[(p.name, p.stat().st_size) for p in (work.path / 'attachments' / 'staging').iterdir()]}", flush=True)
+        hub.start()
+        print(f"## after restart uploads={ledger_rows(work, 'uploads')}", flush=True)
+        print(f"## after restart staging={[(p.name, p.stat().st_size) for p in (work.path / 'attachments' / 'staging').iterdir()]}", flush=True)
+        a = await connect(hub, "p/alice", signer=s)
+        await att(a, "attachment_chunk", upload_id=begun["upload_id"], offset=32768, body=base64.b64encode(data[32768:]).decode())
+        await att(a, "attachment_info", digest=kept)
+        await a.ws.close()
+    finally:
+        hub.stop()
+
+
 async def probe_client_api(work: Workdir) -> None:
     """The reference client's own attachment API: SynapseAgent.send_attachment."""
     from synapse_channel.client.agent import SynapseAgent
@@ -459,7 +540,7 @@ async def probe_client_api(work: Workdir) -> None:
                 show("<< agent callback:", frame)
             received.append(frame)
 
-        agent = SynapseAgent("p/alice", hub.uri, on_message, token=TOKEN,
+        agent = SynapseAgent("p/alice", on_message, uri=hub.uri, token=TOKEN,
                              per_message_auth_key_id="mac-0", per_message_auth_secret=MAC_SECRET,
                              identity_key_path=str(work.path / "id-0.pem"), identity_key_id="id-0")
         task = asyncio.create_task(agent.connect())
@@ -478,12 +559,29 @@ async def probe_client_api(work: Workdir) -> None:
                                     media_type="text/plain", provenance="probe:client", expires_at=time.time() + 600)
         await asyncio.sleep(0.5)
         upload = next(f["upload_id"] for f in received if f.get("type") == "attachment_result" and f.get("upload_id"))
+        print("## first without scope on chunk (as the API's docstring would suggest), then with it", flush=True)
+        await agent.send_attachment("attachment_chunk", upload_id=upload, offset=0,
+                                    body=base64.b64encode(data[:32768]).decode())
+        await asyncio.sleep(0.5)
         for offset in range(0, len(data), 32768):
-            await agent.send_attachment("attachment_chunk", upload_id=upload, offset=offset,
+            await agent.send_attachment("attachment_chunk", scope="p", upload_id=upload, offset=offset,
                                         body=base64.b64encode(data[offset:offset + 32768]).decode())
-        await agent.send_attachment("attachment_commit", upload_id=upload)
-        await agent.send_attachment("attachment_read", scope="p", digest=digest, offset=0)
-        await asyncio.sleep(1.0)
+        await agent.send_attachment("attachment_commit", scope="p", upload_id=upload)
+        back = b""
+        while True:
+            received.clear()
+            await agent.send_attachment("attachment_read", scope="p", digest=digest, offset=len(back))
+            for _ in range(50):
+                await asyncio.sleep(0.05)
+                reads = [f for f in received if f.get("operation") == "attachment_read"]
+                if reads:
+                    break
+            if not reads or not reads[0].get("ok"):
+                break
+            back += base64.b64decode(reads[0]["body"])
+            if reads[0]["eof"]:
+                break
+        print(f"## read back {len(back)} bytes, identical={back == data}", flush=True)
         for bad in ("attachment_peer_request", "attachment_result"):
             try:
                 await agent.send_attachment(bad, scope="p")
@@ -497,7 +595,7 @@ async def probe_client_api(work: Workdir) -> None:
     # The same API against a version-3-advertising peer and without a key: checked client-side.
     from synapse_channel.client.agent import SynapseAgent as Agent2
 
-    bare = Agent2("p/x", "ws://127.0.0.1:1", lambda f: None, machine_identity=False)
+    bare = Agent2("p/x", None, uri="ws://127.0.0.1:1", machine_identity=False)
     for version, label in ((3, "hub at v3"), (7, "no per-message key")):
         bare.hub_protocol_version = version
         bare.connection = object()  # never used: the checks run first
@@ -896,6 +994,7 @@ async def probe_deadletter(work: Workdir) -> None:
 
 PROBES = {
     "attachments": probe_attachments,
+    "attachment-lifecycle": probe_attachment_lifecycle,
     "client-api": probe_client_api,
     "message-auth": probe_message_auth,
     "identity": probe_identity,
