@@ -759,7 +759,7 @@ async def probe_startup(work: Workdir) -> None:
 
 
 async def probe_resources(work: Workdir) -> None:
-    flags = ["--db", str(work.path / "hub.db"), "--hub-id", "src", "--max-offers-per-agent", "2"]
+    flags = ["--db", str(work.path / "hub.db"), "--hub-id", "src", "--max-offers-per-agent", "4"]
     with running(work, flags) as hub:
         alice = await connect(hub, "p/alice", token=None)
         bob = await connect(hub, "p/bob", token=None)
@@ -767,15 +767,17 @@ async def probe_resources(work: Workdir) -> None:
         await bob.drain(0.4)
         for extra in ({"kind": "gpu", "name": "a100", "capacity": 2, "meta": {"zone": "eu"}},
                       {"kind": "gpu", "name": "a100", "capacity": 3},
-                      {"kind": "cpu", "name": "x"}, {"kind": "disk", "name": "d"},
                       {"kind": "gpu"}, {"name": "n"}, {"kind": 5, "name": "n"},
                       {"kind": "k" * 300, "name": "n"}, {"kind": "gpu", "name": "b", "capacity": -1},
-                      {"kind": "gpu", "name": "b", "capacity": "lots"}):
+                      {"kind": "gpu", "name": "b", "capacity": "lots"},
+                      {"kind": "cpu", "name": "x"}, {"kind": "disk", "name": "d"}, {"kind": "net", "name": "n2"}):
             await alice.send(envelope("p/alice", "resource", target="all", **extra))
             await alice.drain(0.5)
             await bob.drain(0.3)
-        await alice.send(envelope("p/alice", "resource_offer", target="all", kind="tpu", name="v4"))
+        await alice.send(envelope("p/alice", "resource_offer", target="all", kind="tpu", name="v4"), " (alias verb)")
         await alice.drain(0.5)
+        await bob.send(envelope("p/bob", "resource_offer", target="all", kind="tpu", name="v4"), " (alias verb)")
+        await bob.drain(0.5)
         await alice.send(envelope("p/alice", "state_request", target="SynapseHub"))
         snap = await alice.until("state_snapshot")
         if snap:
@@ -849,6 +851,50 @@ async def probe_guard(work: Workdir) -> None:
         print(f"   row: {row}", flush=True)
 
 
+ADVERT = {
+    "schema": 1, "pool_alias": "team-gpu", "unit": "tokens", "resource_kind": None, "capabilities": ["chat"],
+    "data_classes": [], "eligible_projects": ["p"], "account_usable": True, "as_of": "2026-12-02T12:00:00+00:00",
+    "windows": [{"window_ref": "0123456789abcdef", "ends_at": "2026-12-03T00:00:00+00:00", "current": True,
+                 "remaining_bucket": ">50%", "balance_evidence": "observed", "observation_age_seconds": 5,
+                 "forecast_state": "quiet", "confidence": "operator"}],
+}
+
+
+async def probe_entitlement(work: Workdir) -> None:
+    """entitlement_advert from an identity-bound sender with the entitlement-advertise ACL grant."""
+    trust = work.path / "identity-trust.json"
+    pem = work.identity_key("p/owner", "id-owner", trust)
+    other = work.identity_key("p/other", "id-other", trust)
+    acl = owner_only(work.path / "acl.json", json.dumps({"rules": [
+        {"permission": "entitlement-advertise", "target_kind": "pool-alias", "target_pattern": "team-*"}]}))
+    flags = ["--db", str(work.path / "hub.db"), "--hub-id", "owner", "--identity-trust", str(trust),
+             "--require-identity-binding", "--acl-policy", str(acl)]
+    with running(work, flags) as hub:
+        o = await connect(hub, "p/owner", signer=Signer(identity_pem=pem, identity_key_id="id-owner"), token=None)
+        w = await connect(hub, "p/other", signer=Signer(identity_pem=other, identity_key_id="id-other"), token=None)
+        await o.drain(0.4)
+        await w.drain(0.4)
+        await o.send(envelope("p/owner", "entitlement_advert", advert=ADVERT))
+        await o.drain(0.5)
+        await w.drain(0.3)
+        await o.send(envelope("p/owner", "entitlement_advert", advert=dict(ADVERT, pool_alias="solo-gpu")), " (alias outside the ACL)")
+        await o.drain(0.5)
+        for label, bad in (("extra field", dict(ADVERT, amount=5)), ("schema 2", dict(ADVERT, schema=2)),
+                           ("no offset", dict(ADVERT, as_of="2026-12-02T12:00:00")),
+                           ("bad bucket", dict(ADVERT, windows=[dict(ADVERT["windows"][0], remaining_bucket="12%")]))):
+            await o.send(envelope("p/owner", "entitlement_advert", advert=bad), f" ({label})")
+            await o.drain(0.5)
+        await w.send(envelope("p/other", "entitlement_advert", advert=ADVERT), " (another bound sender)")
+        await w.drain(0.5)
+        await o.ws.close()
+        await w.ws.close()
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{work.path / 'hub.db'}?mode=ro", uri=True)
+    for row in db.execute("SELECT seq, kind, payload FROM events WHERE kind LIKE '%entitlement%'"):
+        print(f"   journal row: {row}", flush=True)
+
+
 async def probe_planning(work: Workdir) -> None:
     """entitlement_advert, spend_request, and their refusals."""
     flags = ["--db", str(work.path / "hub.db"), "--hub-id", "owner", "--token", TOKEN]
@@ -863,6 +909,10 @@ async def probe_planning(work: Workdir) -> None:
         await a.send(envelope("p/alice", "entitlement_advert", advert=advert))
         await a.recv()
         await b.drain(0.4)
+        for label, doc in (("no spend doc", None), ("spend not an object", "x")):
+            extra = {} if doc is None else {"spend": doc}
+            await a.send(envelope("p/alice", "spend_request", spend_action="query", **extra), f" ({label})")
+            await a.recv()
         for action in ("reserve", "settle", "query", "bogus"):
             await a.send(envelope("p/alice", "spend_request", spend_action=action, spend={"pool": "team-gpu", "amount": 1}))
             await a.recv()
@@ -883,20 +933,15 @@ async def probe_identity_recovery(work: Workdir) -> None:
     enroll = work.path / "enrollments.json"
     flags = ["--db", str(work.path / "hub.db"), "--hub-id", "idh", "--identity-trust", str(trust),
              "--acl-policy", str(acl), "--role-grants", str(roles), "--identity-enrollments", str(enroll),
-             "--identity-enrollment-namespace", "p"]
+             "--identity-enrollment-namespace", "p", "--require-identity-binding"]
+    # A TOFU pin for p/tofu, written before start in the format the hub itself writes
+    # ({"pins": {name: {key_id, pinned_at, public_key}}}; see docs/reference-observed.md §1).
+    owner_only(work.path / "hub.db.identity-pins.json", json.dumps({"pins": {"p/tofu": {
+        "key_id": "id-tofu", "pinned_at": time.time() - 3600,
+        "public_key": "oBTimsMKc1xYy6fQCsJNSyZWH+vqKiLFw/S0EIOtKDY="}}}))
     with running(work, flags) as hub:
-        print("## a TOFU pin for p/tofu (machine-style key not in the bundle)", flush=True)
-        from synapse_channel.core.identity_keys import load_signing_key  # noqa: F401
-
-        tofu_pem = work.path / "tofu.pem"
-        work.identity_key("p/tofu", "id-tofu", work.path / "scratch-trust.json")
-        (work.path / "id-tofu.pem").rename(tofu_pem)
-        t = await connect(hub, "p/tofu", signer=Signer(identity_pem=tofu_pem, identity_key_id="id-tofu"), token=None)
-        await t.drain(0.4)
-        await t.ws.close()
-        pins = sorted(work.path.glob("hub.db.identity-pins.json"))
-        for p in pins:
-            print(f"## pins file {p.name}: {p.read_text()[:400]}", flush=True)
+        pins = work.path / "hub.db.identity-pins.json"
+        print(f"## pins file the hub wrote: {pins.read_text() if pins.exists() else '(none)'}", flush=True)
         op = await connect(hub, "p/op", signer=Signer(identity_pem=op_pem, identity_key_id="id-op"), token=None)
         await op.drain(0.4)
         print("## identity_pin_reclaim: wrong expected key, missing reason, ok", flush=True)
@@ -906,7 +951,7 @@ async def probe_identity_recovery(work: Workdir) -> None:
                        {"pin_name": "p/tofu", "expected_key_id": "id-tofu", "reason": "stale laptop"},
                        {"pin_name": "p/tofu", "expected_key_id": "id-tofu", "reason": "again"}):
             await op.send(envelope("p/op", "identity_pin_reclaim", **fields))
-            await op.recv()
+            await op.drain(0.4)
         print("## identity_enroll / identity_revoke", flush=True)
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
         from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -917,18 +962,18 @@ async def probe_identity_recovery(work: Workdir) -> None:
                        {"name": "q/new", "key_id": "k-q", "public_key": pub, "reason": "other ns"},
                        {"name": "p/new2", "key_id": "k-2", "public_key": "notbase64", "reason": "bad key"}):
             await op.send(envelope("p/op", "identity_enroll", **fields))
-            await op.recv()
+            await op.drain(0.4)
         await op.send(envelope("p/op", "identity_revoke", name="p/new", key_id="k-new", reason="offboard"))
-        await op.recv()
+        await op.drain(0.4)
         await op.send(envelope("p/op", "identity_revoke", name="p/new", key_id="k-new", reason="twice"))
-        await op.recv()
+        await op.drain(0.4)
         print("## requester without the grant (p/alice)", flush=True)
         al = await connect(hub, "p/alice", signer=Signer(identity_pem=alice_pem, identity_key_id="id-alice"), token=None)
         await al.drain(0.4)
         await al.send(envelope("p/alice", "identity_enroll", name="p/x", key_id="k-x", public_key=pub, reason="r"))
-        await al.recv()
+        await al.drain(0.4)
         await al.send(envelope("p/alice", "identity_pin_reclaim", pin_name="p/op", expected_key_id="id-op", reason="r"))
-        await al.recv()
+        await al.drain(0.4)
         await op.ws.close()
         await al.ws.close()
     if enroll.exists():
@@ -941,55 +986,202 @@ async def probe_channels(work: Workdir) -> None:
         a = await connect(hub, "p/alice", token=None)
         b = await connect(hub, "p/bob", token=None)
         c = await connect(hub, "p/carol", token=None)
-        for conn in (a, b, c):
+        d = await connect(hub, "p/dan", token=None)
+        for conn in (a, b, c, d):
             await conn.drain(0.4)
-        await a.send(envelope("p/alice", "channel_create", channel="ops"))
+        await a.send(envelope("p/alice", "channel_create", channel="ops", label="Ops room"))
         await a.recv()
         await a.send(envelope("p/alice", "channel_create", channel="ops"), " (again)")
         await a.recv()
-        await a.send(envelope("p/alice", "invite", channel="ops", invitee="p/bob"))
+        await a.send(envelope("p/alice", "channel_invite", channel="ops", invitee="p/bob"))
         await a.recv()
         await b.drain(0.5)
-        await b.send(envelope("p/bob", "join", channel="ops"))
-        await b.recv()
-        await c.send(envelope("p/carol", "join", channel="ops"), " (uninvited)")
+        await c.send(envelope("p/carol", "channel_invite", channel="ops", invitee="p/carol"), " (non-member invites)")
         await c.recv()
-        await a.send(envelope("p/alice", "chat", target="all", payload="to ops", channel="ops", receipt_requested=True))
+        await b.send(envelope("p/bob", "channel_join", channel="ops"))
+        await b.recv()
+        await c.send(envelope("p/carol", "channel_join", channel="ops"), " (uninvited)")
+        await c.recv()
+        await a.send(envelope("p/alice", "channel_invite", channel="ops", invitee="p/dan"))
+        await a.recv()
+        await d.drain(0.4)
+        print("## chat to the channel, receipt requested (dan invited, not joined)", flush=True)
+        await a.send(envelope("p/alice", "chat", target="all", payload="to ops", channel="ops",
+                              receipt_requested=True, client_msg_id="m-1"))
         await a.drain(0.6)
         await b.drain(0.6)
         await c.drain(0.6)
-        await c.send(envelope("p/carol", "chat", target="all", payload="let me in", channel="ops"))
-        await c.drain(0.6)
-        await a.send(envelope("p/alice", "chat", target="all", payload="x", channel="nosuch"))
+        await d.drain(0.6)
+        print("## member chat with a directed target inside the channel", flush=True)
+        await b.send(envelope("p/bob", "chat", target="p/alice", payload="just alice", channel="ops", receipt_requested=True))
         await a.drain(0.6)
-        for label, bad in (("no channel", {}), ("bad name", {"channel": "a b/c"}), ("long", {"channel": "x" * 200})):
+        await b.drain(0.6)
+        await c.drain(0.6)
+        await c.send(envelope("p/carol", "chat", target="all", payload="let me in", channel="ops"), " (non-member)")
+        await c.drain(0.6)
+        await a.send(envelope("p/alice", "chat", target="all", payload="x", channel="nosuch"), " (unknown channel)")
+        await a.drain(0.6)
+        for label, bad in (("no channel", {}), ("space and slash", {"channel": "a b/c"}), ("200 chars", {"channel": "x" * 200})):
             await a.send(envelope("p/alice", "channel_create", **bad), f" ({label})")
             await a.recv()
-        await a.send(envelope("p/alice", "history_request", target="SynapseHub", limit=5))
-        await a.until("history_snapshot")
-        await c.send(envelope("p/carol", "history_request", target="SynapseHub", limit=5), " (non-member)")
+        await a.send(envelope("p/alice", "channel_list_request"))
+        await a.recv()
+        await c.send(envelope("p/carol", "channel_list_request"), " (non-member)")
+        await c.recv()
+        await a.send(envelope("p/alice", "channel_history_request", channel="ops", limit=5))
+        await a.recv()
+        await c.send(envelope("p/carol", "channel_history_request", channel="ops", limit=5), " (non-member)")
+        await c.recv()
+        await c.send(envelope("p/carol", "history_request", target="SynapseHub", limit=5), " (global history, non-member)")
         await c.until("history_snapshot")
-        for conn in (a, b, c):
+        await b.send(envelope("p/bob", "channel_leave", channel="ops"))
+        await b.recv()
+        await b.send(envelope("p/bob", "channel_leave", channel="ops"), " (again)")
+        await b.recv()
+        for conn in (a, b, c, d):
             await conn.ws.close()
+    print("## restart: does the channel survive?", flush=True)
+    with running(work, flags, "restarted") as hub:
+        a = await connect(hub, "p/alice", token=None)
+        await a.drain(0.4)
+        await a.send(envelope("p/alice", "channel_list_request"))
+        await a.recv()
+        await a.ws.close()
 
 
 async def probe_cards(work: Workdir) -> None:
-    key = work.path / "card.pem"
+    """Signed capability cards: advertise through the reference client with a card key."""
+    from synapse_channel.client.agent import SynapseAgent
+
     trust = work.path / "card-trust.json"
-    done = work.synapse("capability-card", "--help", check=False)
-    print(f"## synapse capability-card --help: {' '.join(done.stdout.split())[:600]}", flush=True)
-    done = work.synapse("capability-card", "keygen", "--help", check=False)
-    print(f"## keygen --help: {' '.join(done.stdout.split())[:700]}", flush=True)
+    good = work.path / "card-good.pem"
+    work.synapse("capability-card", "keygen", "--key-id", "card-1", "--private-out", str(good),
+                 "--agent", "p/alice", "--project", "p", "--trust", str(trust))
+    stray = work.path / "card-stray.pem"
+    work.synapse("capability-card", "keygen", "--key-id", "card-9", "--private-out", str(stray),
+                 "--agent", "p/alice", "--project", "p")
+    owner_only(trust, trust.read_text())
+    print(f"## card trust file: {trust.read_text().strip()}", flush=True)
+    flags = ["--capability-card-trust", str(trust)]
+    with running(work, flags) as hub:
+        watcher = await connect(hub, "p/watch", token=None)
+        await watcher.drain(0.4)
+        captured: list[dict] = []
+        for label, pem, kid in (("valid", good, "card-1"), ("unknown key", stray, "card-9")):
+            print(f"## advertise signed through SynapseAgent.advertise: {label}", flush=True)
+            agent = SynapseAgent("p/alice", None, uri=hub.uri, machine_identity=False,
+                                 capability_card_key_path=str(pem), capability_card_key_id=kid,
+                                 capability_card_project="p")
+            task = asyncio.create_task(agent.connect())
+            await agent.wait_until_ready(5)
+            orig = agent.connection.send
+
+            async def spy(raw: str, orig: Any = orig) -> None:
+                frame = json.loads(raw)
+                if frame.get("type") == "advertise":
+                    captured.append(frame)
+                show(">> agent sends:", frame)
+                await orig(raw)
+
+            agent.connection.send = spy  # type: ignore[method-assign]
+            await agent.advertise(description="builder", skills=["python"], task_classes=["code"])
+            await watcher.until("capability_advertised", 2.0)
+            agent.running = False
+            await agent.connection.close()
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            await watcher.drain(0.3)
+        print("## the valid signed frame replayed raw: tampered body, another sender, same frame again", flush=True)
+        signed = captured[0]
+        raw = await connect(hub, "p/alice", token=None, label="p/alice(raw)")
+        await raw.drain(0.3)
+        await raw.send(dict(signed, description="tampered", timestamp=time.time()), " (tampered)")
+        await watcher.until("capability_advertised", 2.0)
+        await raw.send(dict(signed, timestamp=time.time()), " (same signed card again)")
+        await watcher.until("capability_advertised", 2.0)
+        await raw.ws.close()
+        other = await connect(hub, "q/mallory", token=None)
+        await other.drain(0.3)
+        await other.send(dict(signed, sender="q/mallory", timestamp=time.time()), " (other namespace)")
+        await watcher.until("capability_advertised", 2.0)
+        await other.ws.close()
+        print("## advertise unsigned (raw), then a tampered signature", flush=True)
+        raw = await connect(hub, "p/raw", token=None)
+        await raw.drain(0.3)
+        await raw.send(envelope("p/raw", "advertise", target="all", description="plain", skills=["x"]))
+        await watcher.until("capability_advertised", 2.0)
+        await raw.send(envelope("p/raw", "manifest_request", target="SynapseHub"))
+        snap = await raw.until("manifest_snapshot", 2.0)
+        await raw.ws.close()
+        await watcher.ws.close()
+    print("## hub without --capability-card-trust, a signed card", flush=True)
+    with running(work, [], "notrust") as hub:
+        watcher = await connect(hub, "p/watch", token=None)
+        await watcher.drain(0.3)
+        agent = SynapseAgent("p/alice", None, uri=hub.uri, machine_identity=False,
+                             capability_card_key_path=str(good), capability_card_key_id="card-1",
+                             capability_card_project="p")
+        task = asyncio.create_task(agent.connect())
+        await agent.wait_until_ready(5)
+        await agent.advertise(description="builder")
+        await watcher.until("capability_advertised", 2.0)
+        agent.running = False
+        await agent.connection.close()
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        await watcher.ws.close()
+
+
+class EmbeddedHub(Hub):
+    """The reference SynapseHub class run in its own process with constructor options the CLI lacks."""
+
+    def __init__(self, work: Workdir, options: dict[str, Any], name: str = "embedded") -> None:
+        super().__init__(work, [], name)
+        self.options = options
+
+    def command(self) -> list[str]:
+        code = ("import asyncio, json, sys; from synapse_channel.core.hub import SynapseHub; "
+                "asyncio.run(SynapseHub(**json.loads(sys.argv[1])).serve('127.0.0.1', int(sys.argv[2])))")
+        return [str(REFERENCE_VENV / "bin" / "python"), "-c", code, json.dumps(self.options), str(self.port)]
 
 
 async def probe_deadletter(work: Workdir) -> None:
+    print("## CLI hub (no threshold flag exists): three undelivered directed chats", flush=True)
     flags = ["--db", str(work.path / "hub.db"), "--hub-id", "dl"]
     with running(work, flags) as hub:
         a = await connect(hub, "p/alice", token=None)
+        w = await connect(hub, "p/watch", token=None)
         await a.drain(0.4)
-        await a.send(envelope("p/alice", "chat", target="p/nobody", payload="hello?", receipt_requested=True))
-        await a.drain(2.0)
+        for i in range(3):
+            await a.send(envelope("p/alice", "chat", target="p/nobody", payload=f"hello {i}"))
+            await a.drain(0.4)
+        await w.drain(0.5)
         await a.ws.close()
+        await w.ws.close()
+    print("## embedded SynapseHub(dead_letter_escalation_threshold=2)", flush=True)
+    hub = EmbeddedHub(work, {"dead_letter_escalation_threshold": 2, "db_path": str(work.path / "emb.db"),
+                             "hub_id": "emb"})
+    try:
+        hub.start()
+    except RuntimeError as exc:
+        print(f"## embedded start failed: {str(exc)[-600:]}", flush=True)
+        hub = EmbeddedHub(work, {"dead_letter_escalation_threshold": 2})
+        hub.start()
+    try:
+        a = await connect(hub, "p/alice", token=None)
+        w = await connect(hub, "p/watch", token=None)
+        await a.drain(0.4)
+        await w.drain(0.2)
+        for i in range(5):
+            await a.send(envelope("p/alice", "chat", target="p/nobody", payload=f"hello {i}"))
+            await a.drain(0.4)
+            await w.drain(0.2)
+        await a.ws.close()
+        await w.ws.close()
+    finally:
+        hub.stop()
 
 
 PROBES = {
@@ -1004,6 +1196,7 @@ PROBES = {
     "planning": probe_planning,
     "identity-recovery": probe_identity_recovery,
     "channels": probe_channels,
+    "entitlement": probe_entitlement,
     "cards": probe_cards,
     "dead-letter": probe_deadletter,
 }
