@@ -527,6 +527,27 @@ async def probe_attachment_lifecycle(work: Workdir) -> None:
         hub.stop()
 
 
+async def probe_attachment_disabled(work: Workdir) -> None:
+    """Attachment and v6/v7 verbs on a hub without --attachment-root; odd registration versions."""
+    with running(work, ["--message-auth-key", f"mac-0:{MAC_SECRET}:p/alice"]) as hub:
+        a = await connect(hub, "p/alice", token=None)
+        await a.drain(0.3)
+        s = Signer(key_id="mac-0")
+        await a.send(s.mac(envelope("p/alice", "attachment_info", scope="p", digest="0" * 64), "p/alice"))
+        await a.recv(1.5)
+        await a.send(envelope("p/alice", "attachment_info", scope="p", digest="0" * 64), " (unsigned)")
+        await a.recv(1.5)
+        await a.send(envelope("p/alice", "attachment_peer_request", action="info", scope="p", digest="0" * 64))
+        await a.recv(1.5)
+        await a.send(envelope("p/alice", "native_message_record"))
+        await a.recv(1.5)
+        await a.ws.close()
+        for name, version in (("p/bob", 99), ("p/carol", "seven")):
+            conn = await connect(hub, name, token=None, protocol_version=version)
+            await conn.drain(0.5)
+            await conn.ws.close()
+
+
 async def probe_client_api(work: Workdir) -> None:
     """The reference client's own attachment API: SynapseAgent.send_attachment."""
     from synapse_channel.client.agent import SynapseAgent
@@ -1187,6 +1208,7 @@ async def probe_deadletter(work: Workdir) -> None:
 PROBES = {
     "attachments": probe_attachments,
     "attachment-lifecycle": probe_attachment_lifecycle,
+    "attachment-disabled": probe_attachment_disabled,
     "client-api": probe_client_api,
     "message-auth": probe_message_auth,
     "identity": probe_identity,
