@@ -868,7 +868,7 @@ async def probe_guard(work: Workdir) -> None:
     db = sqlite3.connect(f"file:{work.path / 'g.db'}?mode=ro", uri=True)
     cols = [r[1] for r in db.execute("PRAGMA table_info(events)")]
     print(f"## events columns: {cols}", flush=True)
-    for row in db.execute("SELECT * FROM events WHERE kind LIKE '%guard%' OR kind LIKE '%denial%'"):
+    for row in db.execute("SELECT * FROM events ORDER BY seq"):
         print(f"   row: {row}", flush=True)
 
 
@@ -973,6 +973,7 @@ async def probe_identity_recovery(work: Workdir) -> None:
                        {"pin_name": "p/tofu", "expected_key_id": "id-tofu", "reason": "again"}):
             await op.send(envelope("p/op", "identity_pin_reclaim", **fields))
             await op.drain(0.4)
+        print(f"## pins file after the reclaim: {pins.read_text()}", flush=True)
         print("## identity_enroll / identity_revoke", flush=True)
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
         from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
