@@ -1399,6 +1399,89 @@ async def probe_peer_read(work: Workdir) -> None:
         hub.stop()
 
 
+async def probe_guard_window(work: Workdir) -> None:
+    """The per-credential evidence window: 101 denials in a row on one token."""
+    good = dict(provider="claude", reason_code="GUARD_NO_CLAIM", path_count=1,
+                actor_sha256=sha("actor"), scope_sha256=sha("scope"))
+    with running(work, ["--token", TOKEN, "--db", str(work.path / "g.db"), "--hub-id", "g"]) as hub:
+        a = await connect(hub, "claim-hook/alice-1")
+        b = await connect(hub, "claim-hook/bob-1", label="claim-hook/bob-1 (same token)")
+        await a.drain(0.3)
+        await b.drain(0.3)
+        answers: dict[str, int] = {}
+        last = None
+        for i in range(101):
+            await a.ws.send(json.dumps(envelope("claim-hook/alice-1", "guard_denial", call_sha256=sha(f"c{i}"), **good)))
+            frame = json.loads(await a.ws.recv())
+            key = frame.get("type") + ":" + str(frame.get("error_code", ""))
+            answers[key] = answers.get(key, 0) + 1
+            last = frame
+        print(f"## 101 denials from one name: {answers}; last frame:", flush=True)
+        show("<< claim-hook/alice-1:", last)
+        print("## another name on the same token", flush=True)
+        await b.send(envelope("claim-hook/bob-1", "guard_denial", call_sha256=sha("b"), **good))
+        await b.recv()
+        await a.ws.close()
+        await b.ws.close()
+
+
+async def probe_message_auth_restart(work: Workdir) -> None:
+    """Is a signed frame accepted once more after a restart (durable nonce ledger)?"""
+    flags = ["--db", str(work.path / "hub.db"), "--hub-id", "src",
+             "--message-auth-key", f"mac-0:{MAC_SECRET}:p/alice", "--require-message-auth"]
+    signer = Signer(key_id="mac-0")
+    frame = signer.mac(envelope("p/alice", "checkpoint", target="all", task_id="T-1", checkpoint="c"), "p/alice")
+    claim = signer.mac(envelope("p/alice", "claim", target="all", task_id="T-1", idem_key="k-1"), "p/alice")
+    hub = Hub(work, flags)
+    hub.start()
+    try:
+        a = await connect(hub, "p/alice", token=None)
+        await a.drain(0.3)
+        await a.send(claim)
+        await a.recv()
+        await a.send(frame)
+        await a.recv()
+        await a.ws.close()
+        hub.stop()
+        print(f"## files beside the db: {sorted(p.name for p in work.path.iterdir() if p.name.startswith('hub.db'))}", flush=True)
+        hub.start()
+        a = await connect(hub, "p/alice", token=None)
+        await a.drain(0.3)
+        await a.send(frame, " (the same signed checkpoint after restart)")
+        await a.recv()
+        await a.ws.close()
+    finally:
+        hub.stop()
+
+
+async def probe_channels_private(work: Workdir) -> None:
+    """Directed chat routing under --private-directed-messages, and the observe grant."""
+    acl = owner_only(work.path / "acl.json", json.dumps({"rules": [
+        {"permission": "observe", "target_kind": "agent", "target_pattern": "p/*"}]}))
+    flags = ["--private-directed-messages", "--insecure-unbound-identity", "--acl-policy", str(acl)]
+    with running(work, flags) as hub:
+        a = await connect(hub, "p/alice", token=None)
+        b = await connect(hub, "p/bob", token=None)
+        c = await connect(hub, "p/carol", token=None)
+        for conn in (a, b, c):
+            await conn.drain(0.3)
+        await a.send(envelope("p/alice", "chat", target="p/bob", payload="for bob only", receipt_requested=True))
+        for conn in (a, b, c):
+            await conn.drain(0.5)
+    print("## the same without the ACL observe rule", flush=True)
+    with running(work, ["--private-directed-messages", "--insecure-unbound-identity"], "noobserve") as hub:
+        a = await connect(hub, "p/alice", token=None)
+        b = await connect(hub, "p/bob", token=None)
+        c = await connect(hub, "p/carol", token=None)
+        for conn in (a, b, c):
+            await conn.drain(0.3)
+        await a.send(envelope("p/alice", "chat", target="p/bob", payload="for bob only", receipt_requested=True))
+        for conn in (a, b, c):
+            await conn.drain(0.5)
+    print("## --team-secure without its material", flush=True)
+    startup_refusal(work, ["--team-secure"])
+
+
 PROBES = {
     "attachments": probe_attachments,
     "attachment-lifecycle": probe_attachment_lifecycle,
@@ -1411,6 +1494,9 @@ PROBES = {
     "resources": probe_resources,
     "guard": probe_guard,
     "planning": probe_planning,
+    "guard-window": probe_guard_window,
+    "message-auth-restart": probe_message_auth_restart,
+    "channels-private": probe_channels_private,
     "identity-recovery": probe_identity_recovery,
     "channels": probe_channels,
     "entitlement": probe_entitlement,
