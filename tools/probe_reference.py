@@ -1482,6 +1482,75 @@ async def probe_channels_private(work: Workdir) -> None:
     startup_refusal(work, ["--team-secure"])
 
 
+class RecordingProxy:
+    """A WebSocket relay that prints every frame between a reference CLI and a hub."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub, self.port, self.server = hub, free_port(), None
+
+    async def _relay(self, client: Any) -> None:
+        async with websockets.connect(self.hub.uri, compression=None) as upstream:
+            async def pump(src: Any, dst: Any, arrow: str) -> None:
+                try:
+                    async for raw in src:
+                        frame = json.loads(raw)
+                        if frame.get("type") != "presence_update":
+                            show(arrow, frame)
+                        await dst.send(raw)
+                except websockets.ConnectionClosed:
+                    pass
+                finally:
+                    await dst.close()
+
+            await asyncio.gather(pump(client, upstream, ">> cli:"), pump(upstream, client, "<< cli:"))
+
+    async def __aenter__(self) -> "RecordingProxy":
+        self.server = await websockets.serve(self._relay, "127.0.0.1", self.port, compression=None)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def probe_operator_cli(work: Workdir) -> None:
+    """The frames `synapse identity reclaim|enroll|revoke` send, through a recording relay."""
+    trust = work.path / "identity-trust.json"
+    work.identity_key("p/watch", "id-watch", trust)
+    work.synapse("identity", "machine-key", "--sender", "p/op", "--trust", str(trust))
+    acl = owner_only(work.path / "acl.json", json.dumps({"rules": [
+        {"permission": "identity-pin-reclaim", "target_kind": "agent", "target_pattern": "p/*"},
+        {"permission": "identity-enroll", "target_kind": "agent", "target_pattern": "p/*"}]}))
+    roles = work.path / "roles.json"
+    work.role_grant("p/identity-enroller", "p/op", roles)
+    owner_only(work.path / "hub.db.identity-pins.json", json.dumps({"pins": {"p/tofu": {
+        "key_id": "id-tofu", "pinned_at": time.time() - 3600,
+        "public_key": "oBTimsMKc1xYy6fQCsJNSyZWH+vqKiLFw/S0EIOtKDY="}}}))
+    flags = ["--db", str(work.path / "hub.db"), "--hub-id", "idh", "--identity-trust", str(trust),
+             "--require-identity-binding", "--acl-policy", str(acl), "--role-grants", str(roles),
+             "--identity-enrollments", str(work.path / "enrollments.json"), "--identity-enrollment-namespace", "p"]
+    with running(work, flags) as hub:
+        async with RecordingProxy(hub) as proxy:
+            uri = f"ws://127.0.0.1:{proxy.port}"
+            commands = [
+                ["identity", "reclaim", "p/tofu", "--operator", "p/op", "--expected-key-id", "id-tofu",
+                 "--reason", "stale laptop", "--uri", uri, "--json"],
+                ["identity", "enroll", "p/new", "--operator", "p/op", "--key-id", "k-new", "--public-key",
+                 "oBTimsMKc1xYy6fQCsJNSyZWH+vqKiLFw/S0EIOtKDY=", "--reason", "onboard", "--uri", uri, "--json"],
+                ["identity", "revoke", "p/new", "--operator", "p/op", "--key-id", "k-new", "--reason", "offboard",
+                 "--uri", uri, "--json"],
+                ["identity", "reclaim", "p/tofu", "--operator", "p/op", "--expected-key-id", "id-tofu",
+                 "--reason", "again", "--uri", uri],
+            ]
+            for args in commands:
+                print(f"## synapse {' '.join(args)}", flush=True)
+                proc = await asyncio.create_subprocess_exec(SYNAPSE, *args, env=work.env,
+                                                            stdout=asyncio.subprocess.PIPE,
+                                                            stderr=asyncio.subprocess.STDOUT)
+                out, _ = await asyncio.wait_for(proc.communicate(), 60)
+                print(f"## exit {proc.returncode}: {' '.join(out.decode().split())[:700]}", flush=True)
+
+
 PROBES = {
     "attachments": probe_attachments,
     "attachment-lifecycle": probe_attachment_lifecycle,
@@ -1497,6 +1566,7 @@ PROBES = {
     "guard-window": probe_guard_window,
     "message-auth-restart": probe_message_auth_restart,
     "channels-private": probe_channels_private,
+    "operator-cli": probe_operator_cli,
     "identity-recovery": probe_identity_recovery,
     "channels": probe_channels,
     "entitlement": probe_entitlement,
