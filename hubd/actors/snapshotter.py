@@ -2,13 +2,13 @@
 (docs/journal.md, "Snapshots").
 
 Once `snapshot_events` events were committed since the newest snapshot (and
-no sooner than `snapshot_interval` after the last attempt), it starts a child
+no sooner than `timing.snapshot_interval` after the last attempt), it starts a child
 process (hubd/snapshot_worker.py) that reads the journal on its own read-only
 connection, builds the projection from the newest snapshot plus the rows
 after it, and writes the next snapshot. Nothing of the Router's state is
 touched or copied, the writer's connection is never waited on, and the
 child's CPU (replaying, pickling) is not the event loop's. One child at a
-time; one that runs past WORKER_DEADLINE_SECONDS is killed; a failure is
+time; one that runs past `timing.snapshot_worker` is killed; a failure is
 logged and counted (hubd_snapshots_total{outcome}) and the next attempt
 waits for the next interval.
 """
@@ -25,8 +25,6 @@ import structlog
 
 log = structlog.get_logger("hubd.snapshots")
 
-CHECK_SECONDS = 1.0
-WORKER_DEADLINE_SECONDS = 600.0
 # what a worker may print on stdout (its one JSON line)
 MAX_REPORT_BYTES = 64 * 1024
 WORKER_MODULE = "hubd.snapshot_worker"
@@ -48,14 +46,14 @@ class Snapshotter:
     def due(self, committed: int, now: float) -> bool:
         events = self.config.snapshot_events
         return (events > 0 and committed - self.seq >= events
-                and now - self._last_attempt >= self.config.snapshot_interval)
+                and now - self._last_attempt >= self.config.timing.snapshot_interval)
 
     async def run(self) -> None:
         if self.config.snapshot_events <= 0:
             return
         self.seq = self.hub.projected.from_snapshot
         while True:
-            await asyncio.sleep(CHECK_SECONDS)
+            await asyncio.sleep(self.config.timing.snapshot_check)
             if self.due(self.hub.writer.committed_seq, time.monotonic()):
                 await self.take()
 
@@ -69,7 +67,8 @@ class Snapshotter:
             sys.executable, "-m", WORKER_MODULE, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE)
         try:
-            out, _ = await asyncio.wait_for(worker.communicate(request), WORKER_DEADLINE_SECONDS)
+            out, _ = await asyncio.wait_for(worker.communicate(request),
+                                            self.config.timing.snapshot_worker)
         except TimeoutError:
             _kill(worker)
             await worker.wait()

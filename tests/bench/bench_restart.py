@@ -107,7 +107,7 @@ def start_to_ready(folder: Path, db: Path, *args: str) -> tuple[float, dict]:
 
 
 def snapshot(folder: Path, db: Path) -> str:
-    hub = hubd_process(folder, "--snapshot-every", "1", "--snapshot-interval", "0", db=db,
+    hub = hubd_process(folder, "--snapshot-every", "1", db=db,
                        hub_id=HUB_ID).start(ready_timeout=3600)
     try:
         deadline = time.monotonic() + 3600

@@ -17,10 +17,13 @@ from pathlib import Path
 import pytest
 
 from hubd.journal import snapshots
+from hubd.timing import Timing
 from tests.support.procs import HubProcess, hubd_process
 from tests.support.wsprobe import joined
 
-EVERY = ("--snapshot-every", "10", "--snapshot-interval", "0")
+EVERY = ("--snapshot-every", "10")
+# the snapshotter looks every 50 ms, and may start a worker as soon as the last ended
+FAST = Timing(snapshot_check=0.05, snapshot_interval=0.01)
 NEVER = ("--snapshot-every", "0")
 
 
@@ -90,7 +93,7 @@ def journal_with_snapshots(folder: Path, rounds: int, *args: str) -> Path:
     """A journal of `rounds` rounds of 10 chats, its hub writing a snapshot
     of each round (of more than --snapshot-every events) before the next one
     starts; its db path."""
-    hub = hubd_process(folder, *EVERY, *args).start()
+    hub = hubd_process(folder, *EVERY, *args, timing=FAST).start()
     try:
         for round_ in range(rounds):
             asyncio.run(chat(hub.url, 10 * round_, 10))
@@ -172,7 +175,7 @@ def test_sigkill_during_a_snapshot_write_leaves_the_previous_snapshot_usable(tmp
     before = snapshot_files(db)[0]
     before_bytes = before.path.read_bytes()
     # due at once: its worker SIGKILLs the hub and itself halfway through the write
-    hub = hubd_process(tmp_path / "a", *EVERY, db=db,
+    hub = hubd_process(tmp_path / "a", *EVERY, db=db, timing=FAST,
                        env={"HUBD_SNAPSHOT_FAULT": "kill-midway"}).start()
     hub.proc.wait(timeout=60)
     assert hub.proc.returncode == -9, hub.log()[-2000:]
