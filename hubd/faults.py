@@ -3,7 +3,7 @@
 The exactly-once tests need a hub to die at one precise moment — after a
 forwarded chat is durable but before its answer left, after a peer's answer
 arrived but before the settlement is durable — which a SIGKILL from outside
-cannot aim at. The only point is the JournalWriter's commit:
+cannot aim at. The points are the JournalWriter's commit:
 
     HUBD_FAULT=kill-before-commit:<selector>[:<n>]
     HUBD_FAULT=kill-after-commit:<selector>[:<n>]
@@ -14,6 +14,14 @@ an event matching <selector>: an event kind (`chat`, `forward_settled`, ...),
 optionally `+key` for a kind whose route carries that key
 (`chat+forwarded`: a chat that arrived from a peer hub). Unset or empty means
 no fault; anything else that does not parse stops the hub at start.
+
+And a snapshot's write (hubd/snapshot_worker.py):
+
+    HUBD_SNAPSHOT_FAULT=kill-midway
+
+Once half of the snapshot file is written and synced, the worker SIGKILLs
+its process group: itself and the hub that started it (tests start each hub
+in a session of its own), as a crash of the host would.
 """
 
 from __future__ import annotations
@@ -80,3 +88,20 @@ def from_env() -> CommitFault | None:
     if fault is not None:
         log.warning("fault injection armed (crash tests only)", fault=os.environ[ENV])
     return fault
+
+
+SNAPSHOT_ENV = "HUBD_SNAPSHOT_FAULT"
+
+
+def snapshot_midway():
+    """The hook a snapshot write runs halfway (None: no fault)."""
+    spec = os.environ.get(SNAPSHOT_ENV, "").strip()
+    if not spec:
+        return None
+    if spec != "kill-midway":
+        raise FaultSpecError(f"{SNAPSHOT_ENV}={spec!r}: the only fault is kill-midway")
+
+    def kill() -> None:
+        log.warning("fault injected: killing the hub mid-snapshot", fault=spec)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    return kill

@@ -1,7 +1,8 @@
 """The hub: its actors, its journal, and its lifetime.
 
-Startup: open the journal, settle the hub id, replay the journal into a fresh
-state with the same `apply` the Router uses live, then start the actors. The
+Startup: open the journal, settle the hub id, load the journal's projection
+(the newest usable snapshot plus the rows after it, applied with the same
+`apply` the Router uses live: hubd/journal/restore.py), then start the actors. The
 HTTP listener starts first so /health answers during a long replay; WebSocket
 upgrades are refused (503) until the replay is done (/readyz says when).
 

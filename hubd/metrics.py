@@ -48,7 +48,7 @@ class HubMetrics:
         self.state_rebuild_seconds = 0.0
         self.replayed_events = 0
         # snapshots of the projection (hubd/actors/snapshotter.py): taken, by
-        # outcome (written, failed, too_large, refused); their time
+        # outcome (written, current, failed, too_large, refused); their time
         self.snapshots: dict[str, int] = {"written": 0, "failed": 0}
         self.snapshot_seconds = 0.0
         self.suspensions = 0
@@ -233,7 +233,8 @@ class _Collector:
                                   "Time spent rebuilding the Router's state from the journal.",
                                   value=m.state_rebuild_seconds)
         yield _by_label("hubd_snapshots", "Snapshots of the projection attempted, by outcome: "
-                        "written, failed, too_large, refused.", "outcome", m.snapshots)
+                        "written, current (nothing new), failed, too_large, refused.",
+                        "outcome", m.snapshots)
         yield CounterMetricFamily("hubd_snapshot_seconds",
                                   "Time the snapshot worker processes ran.",
                                   value=m.snapshot_seconds)

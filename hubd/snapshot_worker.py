@@ -8,16 +8,13 @@ not the hub's (a hub built with other plugins, as some tests do: its
 snapshot would not be the hub's projection), writes the snapshot and prints
 one JSON line: its seq, size and time. Exit codes: snapshotter.EXIT_*.
 
-Test-only fault (HUBD_SNAPSHOT_FAULT=kill-midway): once half of the file is
-written and synced, SIGKILL this process's group (the hub and this worker:
-tests start each hub in a session of its own), as a crash of the host would.
+A test can have it crash halfway through the write (hubd/faults.py,
+HUBD_SNAPSHOT_FAULT).
 """
 
 from __future__ import annotations
 
-import os
 import pickle
-import signal
 import sys
 
 import orjson
@@ -27,26 +24,12 @@ from hubd import logs
 from hubd.actors.snapshotter import EXIT_FAILED, EXIT_REFUSED, EXIT_TOO_LARGE
 from hubd.composition import plugins_for
 from hubd.core.plugin import Installed
+from hubd.faults import snapshot_midway
 from hubd.hub import fresh_state
 from hubd.journal.restore import SnapshotPolicy, SnapshotTooLarge, take
 from hubd.state.frozen import fingerprint
 
 log = structlog.get_logger("hubd.snapshot_worker")
-
-FAULT_ENV = "HUBD_SNAPSHOT_FAULT"
-
-
-def _midway():
-    fault = os.environ.get(FAULT_ENV, "")
-    if not fault:
-        return None
-    if fault != "kill-midway":
-        raise SystemExit(f"{FAULT_ENV}={fault!r}: the only fault is kill-midway")
-
-    def kill() -> None:
-        log.warning("fault injected: killing the hub mid-snapshot", fault=fault)
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-    return kill
 
 
 def main() -> int:
@@ -62,7 +45,7 @@ def main() -> int:
                        "it cannot be snapshotted by a worker"})
         return EXIT_REFUSED
     try:
-        taken = take(config.db, fresh, policy, config.snapshot_keep, _midway())
+        taken = take(config.db, fresh, policy, config.snapshot_keep, snapshot_midway())
     except SnapshotTooLarge as exc:
         _say({"error": str(exc)})
         return EXIT_TOO_LARGE

@@ -2,7 +2,8 @@
 "Router"): a mixin of the Router, whose private state it shares.
 
 - a command that fails leaves no trace: the state is rebuilt from the
-  journal when the command had applied an event, once everything queued is
+  journal (the newest snapshot plus the rows after it: Hub.load_state) when
+  the command had applied an event, once everything queued is
   committed, and the principal whose command it was may not change state
   for a while (hubd/state/suspensions.py), so no client can keep the hub
   replaying;

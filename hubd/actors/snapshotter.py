@@ -80,11 +80,14 @@ class Snapshotter:
         report = _report(out[:MAX_REPORT_BYTES])
         outcome = OUTCOMES.get(worker.returncode, "failed")
         metrics = self.hub.metrics
+        if outcome == "written" and report.get("path") is None:
+            outcome = "current"  # the newest usable snapshot is of the journal's last row
         metrics.snapshots[outcome] = metrics.snapshots.get(outcome, 0) + 1
         metrics.snapshot_seconds += seconds
-        if outcome == "written":
+        if outcome in ("written", "current"):
             self.seq = max(self.seq, int(report.get("seq") or 0))
-            log.info("snapshot written", seq=report.get("seq"), bytes=report.get("bytes"),
+            log.info("snapshot written" if outcome == "written" else "snapshot already current",
+                     seq=report.get("seq"), bytes=report.get("bytes"),
                      seconds=round(seconds, 3), replayed=report.get("applied"),
                      from_snapshot=report.get("from_snapshot"))
         else:

@@ -63,9 +63,10 @@ def project(reader: JournalReader, fresh: Callable[[], HubState],
     """The journal's projection (up to seq `upto`, else all of it): from the
     newest snapshot `policy` allows (none when it is None), else from the
     start. A snapshot that cannot be used is logged and the one before it tried."""
-    projection = _from_snapshot(reader, fresh, policy, upto) if policy else None
+    skipped: list[tuple[int, str]] = []
+    projection = _from_snapshot(reader, fresh, policy, upto, skipped) if policy else None
     if projection is None:
-        projection = Projection(fresh())
+        projection = Projection(fresh(), skipped=skipped)
     state, known = projection.state, projection.state.appliers
     for event in reader.replay(state.last_seq, corrupt=projection.corrupt):
         if upto is not None and event.seq > upto:
@@ -77,9 +78,8 @@ def project(reader: JournalReader, fresh: Callable[[], HubState],
     return projection
 
 
-def _from_snapshot(reader: JournalReader, fresh, policy: SnapshotPolicy,
-                   upto: int | None) -> Projection | None:
-    skipped: list[tuple[int, str]] = []
+def _from_snapshot(reader: JournalReader, fresh, policy: SnapshotPolicy, upto: int | None,
+                   skipped: list[tuple[int, str]]) -> Projection | None:
     for file in snapshots.listed(policy.directory):
         if upto is not None and file.seq > upto:
             continue
@@ -132,26 +132,26 @@ def take(db: Path, fresh: Callable[[], HubState], policy: SnapshotPolicy, keep: 
     """Write a snapshot of the journal as one read transaction sees it (the
     newest usable snapshot plus the rows after it, up to seq `upto` if
     given), on this process's own read-only connection: the hub's writer is
-    never waited on."""
+    never waited on. A file of the same seq that could not be used (damaged,
+    another hubd's) is replaced."""
     started = time.perf_counter()
     reader = JournalReader(db)
     try:
         reader.conn.execute("BEGIN")  # one consistent view of the journal
         last = reader.max_seq()
         upto = last if upto is None else min(upto, last)
-        newest = snapshots.listed(policy.directory)
-        if upto == 0 or (newest and newest[0].seq >= upto):
-            if newest:  # nothing new; the bound still holds (`keep` may be lower than before)
-                snapshots.prune(policy.directory, keep)
-            return Taken(upto, None, 0, time.perf_counter() - started, upto, 0)
         projection = project(reader, fresh, policy, upto)
         state = projection.state
         row = reader.row_at(state.last_seq)
         reader.conn.execute("COMMIT")
     finally:
         reader.close()
-    if row is None:  # every row is undecodable: nothing to start from
-        return Taken(0, None, 0, time.perf_counter() - started, 0, projection.applied)
+    if row is None or projection.from_snapshot == state.last_seq:
+        # nothing to take (no row, or the newest usable snapshot is of the
+        # last one); the bound still holds (`keep` may be lower than before)
+        snapshots.prune(policy.directory, keep)
+        return Taken(state.last_seq, None, 0, time.perf_counter() - started,
+                     projection.from_snapshot, projection.applied)
     # rows after the state's seq (undecodable ones) are found again by the tail's replay
     corrupt = [c for c in projection.corrupt if c.seq <= state.last_seq]
     body = freeze(state, {"corrupt": corrupt, "unknown": projection.unknown})

@@ -19,8 +19,10 @@ never asserts.
    against 35-62 s through a hub).
 2. Starts `python -m hubd` on it with `--snapshot-every 0` (no snapshot is
    taken while measuring) and times process start to the first /readyz 200,
-   --starts times, without a snapshot; the hub's own "journal replayed"
-   log line splits off the load.
+   --starts times, without a snapshot; the hub's log lines split it into
+   phases (to `listening`: Python, imports, the journal opened; the load;
+   to ready), and the hub's CPU seconds at ready (utime + stime: less
+   sensitive than wall time to a machine shared with other work).
 3. Lets a hub write a snapshot of it (`--snapshot-every 1`: due at once; its
    worker replays the whole journal once) and times the worker.
 4. The same starts again, now from the snapshot (and a tail of 0 events).
@@ -38,6 +40,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script
@@ -47,6 +50,7 @@ import orjson  # noqa: E402
 
 from hubd.journal import snapshots  # noqa: E402
 from hubd.journal.store import JournalStore  # noqa: E402
+from tests.bench.loadgen import proc_cpu_seconds  # noqa: E402
 from tests.support.procs import hubd_process  # noqa: E402
 
 HUB_ID = "bench-hub"
@@ -83,11 +87,19 @@ def build(db: Path, events: int) -> float:
     return time.perf_counter() - started
 
 
+def logged_at(log: str, message: str) -> float:
+    """The wall time of the hub's first log line saying `message`."""
+    stamp = re.search(rf"^(\S+) \[\w+ *\] {message}", log, re.M).group(1)
+    return datetime.fromisoformat(stamp).timestamp()
+
+
 def start_to_ready(folder: Path, db: Path, *args: str) -> tuple[float, dict]:
-    """Seconds from process start to /readyz 200, and the hub's replay line."""
+    """Seconds from process start to /readyz 200, and the hub's replay line
+    with the phases: to `listening` (Python, imports, the journal opened),
+    the load, and from the load to ready."""
     hub = hubd_process(folder, "--snapshot-every", "0", *args, db=db, hub_id=HUB_ID)
     hub.ready_path = None
-    started = time.perf_counter()
+    started, wall = time.perf_counter(), time.time()
     hub.start(ready_timeout=3600)  # the port opens before the replay
     url = f"{hub.http_url}/readyz"
     while True:
@@ -99,9 +111,14 @@ def start_to_ready(folder: Path, db: Path, *args: str) -> tuple[float, dict]:
             pass
         time.sleep(0.005)
     seconds = time.perf_counter() - started
+    cpu = proc_cpu_seconds(hub.pid)
     hub.stop()
-    line = re.findall(r"journal replayed .*", hub.log())[-1]
+    log = hub.log()
+    line = re.findall(r"journal replayed .*", log)[-1]
     facts = dict(re.findall(r"(\w+)=(\S+)", line))
+    listening, replayed = logged_at(log, "listening"), logged_at(log, "journal replayed")
+    facts["phases"] = (listening - wall, replayed - listening, wall + seconds - replayed)
+    facts["cpu"] = cpu
     hub.log_path.unlink()
     return seconds, facts
 
@@ -126,17 +143,21 @@ def series(label: str, folder: Path, db: Path, starts: int) -> None:
         seconds, fact = start_to_ready(folder, db)
         times.append(seconds)
         facts.append(fact)
-    load = [float(f.get("seconds", "nan")) for f in facts]
+    phases = [statistics.median(f["phases"][i] for f in facts) for i in range(3)]
     print(f"{label:<28} start->readyz median {statistics.median(times):7.3f} s "
-          f"(runs {', '.join(f'{t:.3f}' for t in times)}); load {statistics.median(load):.3f} s; "
-          f"from_snapshot={facts[-1].get('from_snapshot')} applied={facts[-1].get('applied')}",
-          flush=True)
+          f"(runs {', '.join(f'{t:.3f}' for t in times)}); medians: to listening "
+          f"{phases[0]:.3f} s, load {phases[1]:.3f} s, to ready {phases[2]:.3f} s; "
+          f"CPU to ready {statistics.median(f['cpu'] for f in facts):.3f} s; "
+          f"from_snapshot={facts[-1].get('from_snapshot')} applied={facts[-1].get('applied')} "
+          f"(load average {os.getloadavg()[0]:.1f})", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--starts", type=int, default=3)
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the starts without a snapshot (minutes each at 10M)")
     parser.add_argument("--keep", metavar="DIR", help="build the journal here and keep it "
                         "(reused when it already holds --events chats)")
     args = parser.parse_args()
@@ -152,7 +173,8 @@ def main() -> None:
         empty = folder / "empty"
         empty.mkdir(exist_ok=True)
         series("empty journal (the floor)", empty, empty / "hubd.db", args.starts)
-        series(f"{args.events:,} chats, no snapshot", folder, db, args.starts)
+        if not args.no_baseline:
+            series(f"{args.events:,} chats, no snapshot", folder, db, args.starts)
         print("snapshot:", snapshot(folder, db), flush=True)
         newest = snapshots.listed(snapshots.snapshot_dir(db))[0]
         print(f"snapshot file {newest.path.name}: {newest.path.stat().st_size / 1e6:.1f} MB",

@@ -89,3 +89,31 @@ async def test_every_plugin_projection_survives_a_snapshot(tmp_path):
             assert canonical(loaded) == canonical(from_start)
     finally:
         await hub.shutdown()
+
+
+async def test_a_snapshot_that_cannot_be_used_is_replaced_by_the_next_one(tmp_path):
+    """A damaged snapshot of the journal's last row does not stop the next
+    take from writing a good one of that row; with a good one, a take has
+    nothing to write."""
+    from hubd.composition import build_hub
+    from tests.integration.test_handler_failure import write_history
+    from tests.support import inproc
+
+    db = tmp_path / "hub.db"
+    write_history(db, 300)
+    hub = build_hub(inproc.test_config(tmp_path, db=db))
+    await hub.open()
+    try:
+        first = await asyncio.to_thread(take, db, hub.fresh_state, hub.snapshot_policy, 2)
+        assert first.seq == 300 and first.path is not None
+        first.path.write_bytes(first.path.read_bytes()[:-1])  # cut short
+        await hub.load_state()
+        assert hub.projected.from_snapshot == 0 and hub.projected.skipped[0][0] == 300
+        again = await asyncio.to_thread(take, db, hub.fresh_state, hub.snapshot_policy, 2)
+        assert again.path == first.path and again.applied == 300
+        await hub.load_state()
+        assert hub.projected.from_snapshot == 300 and hub.projected.skipped == []
+        current = await asyncio.to_thread(take, db, hub.fresh_state, hub.snapshot_policy, 2)
+        assert current.path is None and current.seq == 300 and current.from_snapshot == 300
+    finally:
+        await hub.shutdown()
