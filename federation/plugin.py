@@ -30,6 +30,7 @@ from federation.actors.watch import Equivocated, Observed
 from federation.config import FederationConfig
 from federation.handlers import authority as authority_state
 from federation.handlers import claims, delivery_forward, forwarding, logpull, receiver
+from federation.health_problems import federation_problems
 
 log = structlog.get_logger("hubd.federation")
 
@@ -82,6 +83,7 @@ class Federation:
             commands=COMMANDS,
             health_sections={"message_forward": self._health_forwarding,
                              "multihub": self._health_authority},
+            health_problems=(federation_problems,),
             bind=self.bind,
             restored=self.restored,
             rebuilt=self.rebuilt,

@@ -153,6 +153,9 @@ class Plugin:
     replaces_state_sections: Mapping[str, Callable] = field(default_factory=dict)
     # /health sections: name -> fn(hub)
     health_sections: Mapping[str, Callable[[Any], object]] = field(default_factory=dict)
+    # why /health says degraded: pure checks of the document, each returning
+    # its reasons (hubd/health.py)
+    health_problems: Sequence[Callable[[dict], list[str]]] = ()
     # boxes a chat can land in besides a seat's (see Mailbox), in the order
     # they are asked
     mailboxes: Sequence[Mailbox] = ()
@@ -244,6 +247,7 @@ class Installed:
         self.on_unregister = self._all("on_unregister")
         self.periodic = self._all("periodic")
         self.peer_claims = self._all("peer_claims")
+        self.health_problems = self._all("health_problems")
         self.mailboxes = self._all("mailboxes")
         self.claim_gate = self._one("claim_gate")
         self.remote_hubs = self._one("remote_hubs")

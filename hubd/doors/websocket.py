@@ -32,7 +32,7 @@ from hubd.http.closing import (GRACEFUL_CLOSE_SECONDS, HubWebSocket, close_frame
                                lingering_shutdown)
 from hubd.http.guard import guard
 from hubd.wire import codec
-from hubd.wire.envelope import hub_frame
+from hubd.wire.envelope import HUB_WIRE, hub_frame
 from hubd.wire.fields import check_fields, refusal
 from hubd.wire.wsframe import text_frame
 
@@ -378,6 +378,7 @@ class Connection:
             self.credential = credential.digest
             return True
         hub.metrics.auth_denied += 1
+        hub.auth_denials.denied(HUB_WIRE, reason, peer=self.peer_host, seat=target)
         self.send(text_frame(codec.encode(
             hub_frame(hub.hub_id, "auth_denied", target, reason, time.time()))))
         self.close(CLOSE_AUTH, "auth denied")

@@ -92,6 +92,8 @@ def _name_conflict(router: Router, session: Session, name: str, text: str, reaso
 
 def _auth_denied(router: Router, session: Session, name: str, reason: str) -> None:
     router.metrics.auth_denied += 1
+    router.hub.auth_denials.denied(session.door, reason, peer=session.peer_host,
+                                   principal=session.principal, seat=name)
     router.send(session.endpoint, router.frame("auth_denied", name, reason))
     router.close(session.endpoint, CLOSE_AUTH, "auth denied")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from hubd.actors.router import Router
+from hubd.health import journal_problems, judge
 
 
 def health_document(router: Router) -> dict:
@@ -27,7 +28,7 @@ def health_document(router: Router) -> dict:
         value = section(hub)
         if value is not None:
             document[name] = value
-    return document
+    return judge(document, (journal_problems, *hub.installed.health_problems))
 
 
 def health(router: Router, session, command) -> None:

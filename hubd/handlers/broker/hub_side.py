@@ -30,18 +30,20 @@ from .outputs import after_message
 log = structlog.get_logger("hubd.broker")
 
 
-def hub_target_check(router: Router):
-    """For a broker send: None for a hub target it may name, else why not (a
-    full forward backlog refuses the whole send, before anything is journaled)."""
+def hub_target_check(router: Router, sender: str):
+    """For a broker send from `sender`: None for a hub target it may name,
+    else why not (a full forward backlog refuses the whole send, before
+    anything is journaled)."""
     def check(target: str) -> str | None:
         remote = routing.remote_target(target)
         if remote is None:
             return None  # a seat on this hub: delivered, mailboxed or dead-lettered as a chat
         if isinstance(remote, RemoteTargetError):
             return remote.text
-        if not routing.knows_hub(router, remote.hub):
-            return f"Hub '{remote.hub}' is not a configured message peer of this hub."
-        refused = routing.hub_refusal(router, remote.hub)
+        no_route = routing.no_route(router, remote.hub, sender)
+        if no_route is not None:
+            return no_route
+        refused = routing.hub_refusal(router, remote.hub, sender)
         if refused is not None:  # the forward backlog is full: nothing is journaled
             raise Refusal(wire.RATE_LIMITED, refused)
         return None
