@@ -21,6 +21,7 @@ from typing import NamedTuple
 import structlog
 
 from hubd.core.plugin import Plugin
+from hubd.handlers import routing
 
 from federation import delivery_forward_rules, remote_leases
 from federation import state as forward_state
@@ -195,15 +196,15 @@ class Federation:
 
     def forward_chat(self, router, session, frame: dict, remote, retry: bool) -> None:
         if self.forwarding is None:
-            router.error(session, f"Hub '{remote.hub}' is not a configured message peer of "
-                                  "this hub.")
+            router.error(session, routing.no_route(router, remote.hub, session.name),
+                         client_msg_id=frame.get("client_msg_id"))
             return
         self.forwarding.forward_chat(router, session, frame, remote, retry)
 
-    def refusal(self, router, hub_id: str) -> str | None:
+    def refusal(self, router, hub_id: str, sender: str | None) -> str | None:
         if self.forwarding is None:
-            return f"hub '{hub_id}' is not a message peer of this hub"
-        return self.forwarding.refusal(router, hub_id)
+            return routing.no_route(router, hub_id, sender)
+        return self.forwarding.refusal(router, hub_id, sender)
 
     def forward_from(self, router, sender: str, frame: dict, remote, retry: bool) -> None:
         self.forwarding.forward_from(router, sender, frame, remote, retry)

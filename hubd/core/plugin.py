@@ -106,8 +106,9 @@ class RemoteHubs(Protocol):
                    hub_id: str) -> None:
         """Answer a who_request about that peer's seats."""
 
-    def refusal(self, router: "Router", hub_id: str) -> str | None:
-        """Why a chat to that peer cannot be accepted now (a full backlog), or None."""
+    def refusal(self, router: "Router", hub_id: str, sender: str | None) -> str | None:
+        """Why a chat from `sender` to that peer cannot be accepted now (no
+        route: routing.no_route; a full backlog), or None."""
 
     def forward_from(self, router: "Router", sender: str, frame: dict, remote,
                      retry: bool) -> None:

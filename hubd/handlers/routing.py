@@ -194,14 +194,13 @@ class Unroutable:
         self.line = LimitedLog(log, "warning")
 
 
-def no_route(router: Router, hub_id: str, sender: str | None) -> str | None:
-    """Why a chat from `sender` to a seat on `hub_id` has nowhere to go (not a
-    configured message peer), counted (hubd_chats_no_route_total) and logged,
-    or None when this hub has a route to it. A reply that is refused here is
-    often a one-way setup (the peer forwards here, this hub has no
-    --message-peer for it): the log line names both."""
-    if knows_hub(router, hub_id):
-        return None
+def no_route(router: Router, hub_id: str, sender: str | None) -> str:
+    """A chat from `sender` to a seat on `hub_id`, a hub this hub has no route
+    to (not a configured message peer): counted (hubd_chats_no_route_total),
+    logged, and the refusal's text. A reply refused here is often a one-way
+    setup (the peer forwards here, this hub has no --message-peer for it):
+    the log line names both. Whoever finds the hub unknown calls this (the
+    federation plugin when installed, this module when not)."""
     router.metrics.chats_no_route += 1
     router.live_of(Unroutable).line(
         "chat to a hub with no route; refused (add --message-peer for it if it should have "
@@ -210,10 +209,12 @@ def no_route(router: Router, hub_id: str, sender: str | None) -> str | None:
 
 
 def hub_refusal(router: Router, hub_id: str, sender: str | None) -> str | None:
-    """Why a chat to a seat on `hub_id` cannot be accepted now (no route, a
-    full forward backlog), or None."""
-    return no_route(router, hub_id, sender) or \
-        router.installed.remote_hubs.refusal(router, hub_id)
+    """Why a chat from `sender` to a seat on `hub_id` cannot be accepted now
+    (no route, a full forward backlog), or None."""
+    remote_hubs = router.installed.remote_hubs
+    if remote_hubs is None:
+        return no_route(router, hub_id, sender)
+    return remote_hubs.refusal(router, hub_id, sender)
 
 
 def owner_seat(router: Router, address: str) -> str | None:
@@ -225,11 +226,12 @@ def owner_seat(router: Router, address: str) -> str | None:
 def forward_chat(router: Router, session: Session, frame: dict, remote: RemoteSeat,
                  retry: bool) -> None:
     """A chat verb to a seat on a peer hub: forwarded, or refused to the sender."""
-    refused = no_route(router, remote.hub, session.name)
-    if refused is not None:
-        router.error(session, refused, client_msg_id=frame.get("client_msg_id"))
+    remote_hubs = router.installed.remote_hubs
+    if remote_hubs is None:
+        router.error(session, no_route(router, remote.hub, session.name),
+                     client_msg_id=frame.get("client_msg_id"))
         return
-    router.installed.remote_hubs.forward_chat(router, session, frame, remote, retry)
+    remote_hubs.forward_chat(router, session, frame, remote, retry)
 
 
 def remote_who(router: Router, session: Session, frame: dict, hub_id: str) -> None:

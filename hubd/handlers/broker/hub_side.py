@@ -40,9 +40,8 @@ def hub_target_check(router: Router, sender: str):
             return None  # a seat on this hub: delivered, mailboxed or dead-lettered as a chat
         if isinstance(remote, RemoteTargetError):
             return remote.text
-        no_route = routing.no_route(router, remote.hub, sender)
-        if no_route is not None:
-            return no_route
+        if not routing.knows_hub(router, remote.hub):
+            return routing.no_route(router, remote.hub, sender)
         refused = routing.hub_refusal(router, remote.hub, sender)
         if refused is not None:  # the forward backlog is full: nothing is journaled
             raise Refusal(wire.RATE_LIMITED, refused)
