@@ -105,7 +105,7 @@ def test_the_status_page_shows_a_running_hub_in_a_browser(tmp_path):
         assert "B-7 Ship <the> parser open" in board  # escaped in the page, shown as typed
         assert "Ship &lt;the&gt; parser" in dom
         peers = section(text, "Peers", "Partition")
-        assert re.search(r"west down 1 [\d.]+ +\S+: ", peers), peers
+        assert re.search(r"west down 1 [\d.]+ never refused: \S+", peers), peers
         assert "No namespace is partitioned." in text and "PROJ → status-hub" in text
         assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         keep = __import__("os").environ.get("HUBD_STATUS_SCREENSHOT")
