@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 import structlog
 
@@ -64,8 +65,6 @@ class LimitedLog:
     back are reported on the next one written (`suppressed=N`)."""
 
     def __init__(self, logger, level: str = "info", clock=None):
-        import time
-
         self.write = getattr(logger, level)
         self.clock = clock or time.monotonic
         self.budget = LineBudget()
