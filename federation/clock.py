@@ -23,33 +23,36 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, TypeVar
 
+from hubd.timing import Timing
+
 T = TypeVar("T")
 
-RETRY_START = 1.0
-RETRY_MAX = 300.0
-# After this many attempts on a link that has been up STABLE_LINK seconds and
-# still answers "not now", the schedule starts over instead of staying at the cap.
+# After this many attempts on a link that has been up
+# timing.forward_retry_stable_link and still answers "not now", the schedule
+# starts over instead of staying at the cap.
 RESET_AFTER_ATTEMPTS = 6
-STABLE_LINK = 30.0
 
 
-def retry_delay(attempts: int, jitter: float) -> float:
-    """Seconds before attempt `attempts + 1`: 1, 2, 4 ... 300, times 0.75-1.25.
+def retry_delay(attempts: int, jitter: float, timing: Timing) -> float:
+    """Seconds before attempt `attempts + 1`: timing.forward_retry_first (1),
+    doubling (2, 4 ...) up to timing.forward_retry_max (300), times 0.75-1.25.
     `jitter` is a number in [0, 1) (random.random() in a hub, fixed in tests)."""
     if not 0.0 <= jitter < 1.0:
         raise ValueError(f"jitter must be in [0, 1), not {jitter!r}")
-    return min(RETRY_START * 2 ** attempts, RETRY_MAX) * (0.75 + jitter / 2)
+    return min(timing.forward_retry_first * 2 ** attempts,
+               timing.forward_retry_max) * (0.75 + jitter / 2)
 
 
 def next_retry(attempts: int, now: float, link_up_for: float | None,
-               jitter: float) -> tuple[float, int]:
+               jitter: float, timing: Timing) -> tuple[float, int]:
     """(when the next attempt is due, the attempt count after this one).
 
     A flapping link does not reset the count (it would become a tight retry
     loop); a link up for a while that still says "not now" starts over."""
-    if link_up_for is not None and link_up_for > STABLE_LINK and attempts > RESET_AFTER_ATTEMPTS:
+    if link_up_for is not None and link_up_for > timing.forward_retry_stable_link \
+            and attempts > RESET_AFTER_ATTEMPTS:
         attempts = 0
-    return now + retry_delay(attempts, jitter), attempts + 1
+    return now + retry_delay(attempts, jitter, timing), attempts + 1
 
 
 @dataclass(frozen=True, slots=True)

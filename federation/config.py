@@ -25,11 +25,6 @@ from federation.pins import PinError, PinSet, parse_pin
 from hubd.wire.envelope import HUB_ID_RE
 
 DEFAULT_FORWARD_TTL = 86400.0
-DEFAULT_WATCH_INTERVAL = 30.0
-# how long a roster request (who_request naming a peer) waits for the peer's
-# answer: seed 000's bound on one multihub_message_result, "up to ten seconds"
-DEFAULT_ROSTER_TIMEOUT = 10.0
-WATCH_INTERVAL_FLOOR = 1.0
 
 
 class FederationConfigError(ValueError):
@@ -54,13 +49,11 @@ class FederationConfig:
     client_certfile: Path | None = None
     client_keyfile: Path | None = None
     forward_ttl: float = DEFAULT_FORWARD_TTL
-    roster_timeout: float = DEFAULT_ROSTER_TIMEOUT
     tls_certfile: Path | None = None
     tls_keyfile: Path | None = None
     serving_policy_path: Path | None = None
     namespace_owners: dict[str, str] = field(default_factory=dict)  # namespace -> hub id
     watches: dict[str, PeerRoute] = field(default_factory=dict)
-    watch_interval: float = DEFAULT_WATCH_INTERVAL
     claim_peers: dict[str, PeerRoute] = field(default_factory=dict)
     # the flag values this was built from: SIGHUP builds it again from them,
     # re-reading every file they name
@@ -137,13 +130,11 @@ def _routes(values: list[str], pin_values: list[str], token: str | None, flag: s
 def build_federation_config(*, message_peers: list[str], message_peer_pins: list[str],
                             message_peer_token: str | None, client_certfile: str | None,
                             client_keyfile: str | None, forward_ttl: float,
-                            roster_timeout: float = DEFAULT_ROSTER_TIMEOUT,
                             tls_certfile: str | None, tls_keyfile: str | None,
                             serving_policy: str | None, hub_id: str | None,
                             namespace_owners: list[str] = (),
                             watches: list[str] = (), watch_pins: list[str] = (),
                             watch_token: str | None = None,
-                            watch_interval: float = DEFAULT_WATCH_INTERVAL,
                             claim_peers: list[str] = (), claim_peer_pins: list[str] = (),
                             claim_peer_token: str | None = None) -> FederationConfig:
     """Check the flags together, as the reference does, and build the config."""
@@ -158,8 +149,6 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
                                     "(and the reverse)")
     if forward_ttl < 1:
         raise FederationConfigError("--message-forward-ttl must be at least 1 second")
-    if not roster_timeout > 0:
-        raise FederationConfigError("--roster-timeout must be positive")
     peers = _routes(list(message_peers), list(message_peer_pins), message_peer_token,
                     "--message-peer", "--message-peer-pin", client_certfile)
     if peers and not hub_id:
@@ -182,22 +171,20 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
         message_peers=peers,
         client_certfile=Path(client_certfile) if client_certfile else None,
         client_keyfile=Path(client_keyfile) if client_keyfile else None,
-        forward_ttl=float(forward_ttl), roster_timeout=float(roster_timeout),
+        forward_ttl=float(forward_ttl),
         tls_certfile=Path(tls_certfile) if tls_certfile else None,
         tls_keyfile=Path(tls_keyfile) if tls_keyfile else None,
         serving_policy_path=Path(serving_policy) if serving_policy else None,
         namespace_owners=owners, watches=watch_routes,
-        watch_interval=max(float(watch_interval), WATCH_INTERVAL_FLOOR),
         claim_peers=claim_routes,
         flags=dict(message_peers=list(message_peers), message_peer_pins=list(message_peer_pins),
                    message_peer_token=message_peer_token, client_certfile=client_certfile,
                    client_keyfile=client_keyfile, forward_ttl=forward_ttl,
-                   roster_timeout=roster_timeout,
                    tls_certfile=tls_certfile, tls_keyfile=tls_keyfile,
                    serving_policy=serving_policy, hub_id=hub_id,
                    namespace_owners=list(namespace_owners), watches=list(watches),
                    watch_pins=list(watch_pins), watch_token=watch_token,
-                   watch_interval=watch_interval, claim_peers=list(claim_peers),
+                   claim_peers=list(claim_peers),
                    claim_peer_pins=list(claim_peer_pins), claim_peer_token=claim_peer_token))
 
 

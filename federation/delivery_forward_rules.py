@@ -39,7 +39,6 @@ JOURNAL_RECOVERY_REQUIRED = "journal_recovery_required"
 FEATURE = "delivery_forward"  # what a hubd peer's welcome lists when it serves these kinds
 FORWARDING_VERSION = 5  # a peer that is not hubd must say at least this
 
-ANSWER_TIMEOUT = 10.0  # the seed's bound on one forward's answer
 MAX_IN_FLIGHT = 256  # forwards waiting for a peer's answer, all peers together
 MAX_ROUTES = 100_000  # routed operation keys remembered; the oldest goes first
 MAX_DETAIL_BYTES = 512

@@ -3,12 +3,12 @@
 A black-holed TCP connection (a cut link, a dropped route, a firewall that
 drops rather than refuses) sends no error: without a deadline of its own, the
 link would wait out the kernel's retransmission backoff, many seconds after
-the network healed. So every link pings its peer every PING_INTERVAL and
+the network healed. So every link pings its peer every timing.link_ping and
 counts anything the peer sends (pongs, answers) as life; a link silent for
-SILENCE_DEADLINE is closed and redialled. Dials are bounded by DIAL_TIMEOUT
-for the TCP connect, so during a cut a fresh SYN leaves at least every
-DIAL_TIMEOUT + BACKOFF_MAX seconds and a healed network is crossed within
-about a second.
+timing.link_silence is closed and redialled. Dials are bounded by
+timing.link_dial for the TCP connect, so during a cut a fresh SYN leaves at
+least every link_dial + link_backoff_max seconds and a healed network is
+crossed within about a second (hubd/timing.py has the numbers).
 
 Any sign of life from the peer elsewhere (its own inbound link to this hub,
 a forward, a log pull) wakes the link and the sender for that peer at once:
@@ -23,16 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PING_INTERVAL = 0.5
-SILENCE_DEADLINE = 2.0  # four pings unanswered
-DIAL_TIMEOUT = 1.0  # TCP connect; TLS and the welcome are bounded by link.CONNECT_TIMEOUT
-BACKOFF_START = 0.1
-BACKOFF_MAX = 0.5
-STABLE_AFTER = 10.0  # a link up this long resets the reconnect backoff
-STALLED_AFTER = 10.0  # pending work, link up, no success for this long: "stalled"
-# a write to the peer that has not completed for this long (a peer that stopped
-# reading) cuts the link, as the WebSocket door cuts a slow consumer
-WRITE_STALL_DEADLINE = 5.0
+from hubd.timing import Timing
 
 UP = "up"
 CONNECTING = "connecting"
@@ -43,23 +34,24 @@ def silent_for(now: float, last_heard: float) -> float:
     return max(0.0, now - last_heard)
 
 
-def is_dead(now: float, last_heard: float, deadline: float = SILENCE_DEADLINE) -> bool:
-    """The link heard nothing (no pong, no answer) for longer than its deadline."""
-    return silent_for(now, last_heard) > deadline
+def is_dead(now: float, last_heard: float, timing: Timing) -> bool:
+    """The link heard nothing (no pong, no answer) for longer than
+    timing.link_silence."""
+    return silent_for(now, last_heard) > timing.link_silence
 
 
-def write_stalled(now: float, write_started: float | None,
-                  deadline: float = WRITE_STALL_DEADLINE) -> bool:
-    """A write has been in progress (not drained into the socket) past its deadline."""
+def write_stalled(now: float, write_started: float | None, deadline: float) -> bool:
+    """A write has been in progress (not drained into the socket) past its
+    deadline (timing.link_write_stall)."""
     return write_started is not None and now - write_started > deadline
 
 
-def next_backoff(backoff: float, up_for: float | None) -> float:
+def next_backoff(backoff: float, up_for: float | None, timing: Timing) -> float:
     """The backoff after a failed or ended connection: doubled up to the cap,
     back to the start after a link that was up long enough to be stable."""
-    if up_for is not None and up_for > STABLE_AFTER:
-        return BACKOFF_START
-    return min(backoff * 2, BACKOFF_MAX)
+    if up_for is not None and up_for > timing.link_stable_after:
+        return timing.link_backoff_first
+    return min(backoff * 2, timing.link_backoff_max)
 
 
 def jittered(backoff: float, unit_random: float) -> float:
@@ -75,9 +67,9 @@ class Stall:
 
 
 def stall(pending: int, up: bool, up_since: float | None, last_success: float | None,
-          now: float, after: float = STALLED_AFTER) -> Stall:
+          now: float, after: float) -> Stall:
     """Pending work, the link up, and no forward succeeded for `after`
-    seconds (counted from the later of the last success and the link coming
+    seconds (timing.stalled_after) (counted from the later of the last success and the link coming
     up, so a link that just came back is not called stalled)."""
     if pending <= 0 or not up or up_since is None:
         return Stall(False, None)

@@ -22,6 +22,7 @@ from federation.log_snapshot import decode_snapshot
 from federation.merge import MergedLog
 from federation.pins import PinError, PinSet, parse_pin
 from federation.tls import peer_client_context, verified_client_context
+from hubd.timing import Timing
 
 DEFAULT_LIMIT = 1000
 MAX_PAGES = 10_000
@@ -42,7 +43,8 @@ async def _pull(args) -> tuple[MergedLog, PeerLink, bool]:
     route = PeerRoute(peer, args.peer_uri, pins, args.token)
     certfile = getattr(args, "client_certfile", None)
     keyfile = getattr(args, "client_keyfile", None)
-    link = PeerLink(route, args.local_id, _Contexts(certfile, keyfile) if route.secure else None)
+    link = PeerLink(route, args.local_id, _Contexts(certfile, keyfile) if route.secure else None,
+                    Timing())
     runner = asyncio.get_running_loop().create_task(link.run())
     try:
         deadline = time.monotonic() + args.timeout

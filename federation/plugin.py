@@ -108,7 +108,7 @@ class Federation:
         if config.message_peers or config.watches or config.claim_peers:
             from federation.actors.peers import PeerLinks
 
-            self.peer_links = PeerLinks(hub.hub_id, config)
+            self.peer_links = PeerLinks(hub.hub_id, config, hub.config.timing)
         if config.message_peers:
             from federation.handlers.forwarding import Forwarding
 

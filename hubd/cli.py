@@ -23,17 +23,31 @@ from hubd.config_file import ConfigProblems, Layers
 from hubd.config import (BROKER_SOCKET_SUFFIX, BROKER_TOKEN_SUFFIX, DEFAULT_DB, DEFAULT_PORT,
                          DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS, DEFAULT_QUOTA_WINDOW,
                          BrokerConfig, HubConfig, broker_files_beside)
-from federation.config import (DEFAULT_ROSTER_TIMEOUT, FederationConfigError,
-                               build_federation_config)
+from federation.config import FederationConfigError, build_federation_config
 from hubd.http.host_trust import AuthorityError, parse_advertised
 from hubd.state.claims import LeaseLimits
 from hubd.state.principals import (SHARED_TOKEN_PRINCIPAL, PrincipalError, check_name,
                                    check_namespace_pattern)
 from hubd.state.quota import QuotaLimits
-from hubd.state.receipt_rules import (DARK_SEAT_AFTER_SECONDS, REACTION_WINDOW_SECONDS,
-                                      WAITER_WINDOW_SECONDS, LivenessPolicy)
 from hubd.state.receipts import PENDING_RECEIPTS
 from hubd.state.redsyn import Limits as RedsynLimits
+from hubd.timing import Timing, TimingError, read_overrides
+
+TIMING = Timing()  # the production profile: the flags' defaults
+# The flags that set a field of the timing profile (dest -> field). Their
+# argparse default is None, so a flag given and a --timing file setting the
+# same field can be told apart (and refused together).
+TIMING_FLAGS = {
+    "auth_timeout": "auth_timeout",
+    "recipient_liveness_window": "reaction_window",
+    "waiter_liveness_window": "waiter_window",
+    "dark_seat_after": "dark_seat_after",
+    "roster_timeout": "roster_timeout",
+    "multihub_watch_interval": "watch_interval",
+    "redsyn_webhook_first_retry": "redsyn_webhook_first_retry",
+}
+# A watch polls a peer at most once a second, whatever the flag says.
+WATCH_INTERVAL_FLOOR = 1.0
 
 SUBCOMMANDS = {
     "site": ("federation.site_cli",
@@ -107,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     auth.add_argument("--open-network", action="store_true",
                       help="with no --token and no principals, admit agents from any address "
                            "(default: loopback only)")
-    auth.add_argument("--auth-timeout", type=float, default=10.0,
-                      help="seconds a new socket has to send its first frame (default 10)")
+    auth.add_argument("--auth-timeout", type=float, metavar="SECONDS",
+                      help="seconds a new socket has to send its first frame "
+                           f"(default {TIMING.auth_timeout:g})")
     auth.add_argument("--metrics", action="store_true",
                       help="accepted for compatibility: /health and /metrics are always on")
     auth.add_argument("--metrics-token", help="bearer token required by /health and /metrics")
@@ -140,21 +155,20 @@ def build_parser() -> argparse.ArgumentParser:
     stale.add_argument("--no-warn-stale-recipients", dest="warn_stale_recipients",
                        action="store_false",
                        help="compatibility: every socket match counts as live")
-    receipts.add_argument("--recipient-liveness-window", type=float,
-                          default=REACTION_WINDOW_SECONDS, metavar="SECONDS",
+    receipts.add_argument("--recipient-liveness-window", type=float, metavar="SECONDS",
                           help="a recipient is live this long after it registered or sent a "
-                               "frame other than a heartbeat (default: 90)")
-    receipts.add_argument("--waiter-liveness-window", type=float,
-                          default=WAITER_WINDOW_SECONDS, metavar="SECONDS",
+                               "frame other than a heartbeat "
+                               f"(default: {TIMING.reaction_window:g})")
+    receipts.add_argument("--waiter-liveness-window", type=float, metavar="SECONDS",
                           help="an -rx waiter vouches for its seat this long after its last "
-                               "frame, keepalives included (default: 20)")
+                               f"frame, keepalives included (default: {TIMING.waiter_window:g})")
     receipts.add_argument("--pending-receipts", type=int, default=PENDING_RECEIPTS,
                           metavar="N", help="negative receipts awaiting a mailbox ack; the "
                           "oldest past N is settled expired and told to its sender "
                           "(default: 4096)")
-    receipts.add_argument("--dark-seat-after", type=float, default=DARK_SEAT_AFTER_SECONDS,
-                          metavar="SECONDS", help="how long a seat owning live work may lack "
-                          "a fresh -rx waiter before its dark_seat_alert (default: 30)")
+    receipts.add_argument("--dark-seat-after", type=float, metavar="SECONDS",
+                          help="how long a seat owning live work may lack a fresh -rx waiter "
+                               f"before its dark_seat_alert (default: {TIMING.dark_seat_after:g})")
     fed = parser.add_argument_group(
         "federation", "Forward chats to seats on peer hubs (PROJECT/seat@HUB) and serve peers. "
         "Same flags and files as the reference hub; see policies/README.md.")
@@ -180,11 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     fed.add_argument("--message-forward-ttl", type=float, default=86400.0, metavar="SECONDS",
                      help="retry an unanswered forward this long before it expires "
                           "(default 86400)")
-    fed.add_argument("--roster-timeout", type=float, default=DEFAULT_ROSTER_TIMEOUT,
-                     metavar="SECONDS",
+    fed.add_argument("--roster-timeout", type=float, metavar="SECONDS",
                      help="how long a who_request naming a peer waits for the peer's "
                           "roster before it is answered with an error "
-                          f"(default {DEFAULT_ROSTER_TIMEOUT:g})")
+                          f"(default {TIMING.roster_timeout:g})")
     leases = parser.add_argument_group("claims and leases")
     leases.add_argument("--max-claims-per-agent", type=int, default=LeaseLimits.max_claims_per_agent,
                         help="most live claims one agent may hold before further claims are "
@@ -207,8 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     auth_.add_argument("--multihub-watch", action="append", default=[], metavar="PEER=URI",
                        help="poll this peer hub's event log and watch for namespaces it "
                             "contests (repeatable)")
-    auth_.add_argument("--multihub-watch-interval", type=float, default=30.0, metavar="SECONDS",
-                       help="seconds between watch polls (default 30, floor 1)")
+    auth_.add_argument("--multihub-watch-interval", type=float, metavar="SECONDS",
+                       help=f"seconds between watch polls (default {TIMING.watch_interval:g}, "
+                            f"floor {WATCH_INTERVAL_FLOOR:g})")
     auth_.add_argument("--multihub-watch-pin", action="append", default=[],
                        metavar="PEER=sha256:HEX", help="pin of a watched peer (or PEER=@FILE)")
     auth_.add_argument("--multihub-watch-token", help="connect token sent to watched peers")
@@ -224,9 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     redsyn.add_argument("--redsyn-allow-loopback-webhooks", action="store_true",
                         help="admit loopback webhook URLs and addresses (127.0.0.1, [::1], "
                              "localhost; http too), nothing else (for tests; off by default)")
-    redsyn.add_argument("--redsyn-webhook-first-retry", type=float, default=10.0,
-                        metavar="SECONDS", help="first webhook retry delay, doubling up to an "
-                        "hour (default 10, as the seed says; shorter for tests)")
+    redsyn.add_argument("--redsyn-webhook-first-retry", type=float, metavar="SECONDS",
+                        help="first webhook retry delay, doubling up to an hour (default "
+                             f"{TIMING.redsyn_webhook_first_retry:g}, as the seed says; shorter "
+                             "for tests)")
     redsyn.add_argument("--redsyn-messages-per-day", type=int,
                         default=RedsynLimits.messages_per_day, metavar="N",
                         help="messages one person may send per UTC day (429 with quota; "
@@ -263,7 +278,45 @@ def build_parser() -> argparse.ArgumentParser:
     logging_.add_argument("--log-format", choices=("text", "json"), default="text")
     logging_.add_argument("--log-level", default="INFO",
                           choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+    # For tests (docs/architecture.md, "The timing profile"): a JSON object of
+    # hubd/timing.py fields to shorten, e.g. {"send_stall": 0.5}.
+    parser.add_argument("--timing", metavar="FILE", help=argparse.SUPPRESS)
     return parser
+
+
+def timing_from_args(args: argparse.Namespace, problems: list[str]) -> Timing:
+    """The timing profile: production's with the public flags' values and the
+    --timing file's overrides (a field set by both is refused: which one
+    should win is not obvious). A problem found is appended to `problems`."""
+    flagged = {}
+    for dest, name in TIMING_FLAGS.items():
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        if dest == "multihub_watch_interval":
+            value = max(value, WATCH_INTERVAL_FLOOR)
+        elif not value > 0:
+            problems.append(f"--{dest.replace('_', '-')} must be positive")
+            continue
+        flagged[name] = value
+    timing = TIMING
+    if args.timing:
+        try:
+            overrides = read_overrides(Path(args.timing))
+            timing = timing.overridden(overrides)
+        except TimingError as exc:
+            problems.append(f"--timing {args.timing}: {exc}")
+            return TIMING
+        both = [dest for dest, name in TIMING_FLAGS.items()
+                if name in flagged and name in overrides]
+        if both:
+            problems.append(f"--timing {args.timing} and --{both[0].replace('_', '-')} both "
+                            f"set {TIMING_FLAGS[both[0]]}; give it once")
+    try:
+        return timing.overridden(flagged)
+    except TimingError as exc:  # the flags' values together (a cap below its start)
+        problems.append(str(exc))
+        return TIMING
 
 
 def _read_secret(path: str, what: str, problems: list[str]) -> str | None:
@@ -301,12 +354,11 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
     metrics_token = args.metrics_token
     if metrics_token is None and args.metrics_token_file:
         metrics_token = _read_secret(args.metrics_token_file, "metrics token", problems)
-    positive("durable_ingress_events", "durable_ingress_bytes", "max_msg_kb", "max_clients",
-             "redsyn_webhook_first_retry")
+    positive("durable_ingress_events", "durable_ingress_bytes", "max_msg_kb", "max_clients")
     if args.max_connections_per_host < 0:  # a negative cap would refuse every socket
         problems.append("--max-connections-per-host must be 0 (no cap) or positive")
-    positive("durable_ingress_window", "recipient_liveness_window", "waiter_liveness_window",
-             "pending_receipts", "dark_seat_after")
+    positive("durable_ingress_window", "pending_receipts")
+    timing = timing_from_args(args, problems)
     advertised = frozenset()
     try:
         advertised = frozenset(parse_advertised(value) for value in args.advertised_host)
@@ -321,12 +373,11 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
             message_peers=args.message_peer, message_peer_pins=args.message_peer_pin,
             message_peer_token=peer_token, client_certfile=args.multihub_client_certfile,
             client_keyfile=args.multihub_client_keyfile, forward_ttl=args.message_forward_ttl,
-            roster_timeout=args.roster_timeout,
             tls_certfile=args.tls_certfile, tls_keyfile=args.tls_keyfile,
             serving_policy=args.multihub_serving_policy, hub_id=args.hub_id,
             namespace_owners=args.namespace_owner, watches=args.multihub_watch,
             watch_pins=args.multihub_watch_pin, watch_token=args.multihub_watch_token,
-            watch_interval=args.multihub_watch_interval, claim_peers=args.claim_peer,
+            claim_peers=args.claim_peer,
             claim_peer_pins=args.claim_peer_pin, claim_peer_token=args.claim_peer_token)
     except FederationConfigError as exc:
         problems.append(str(exc))
@@ -353,7 +404,7 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
         host=args.host, port=args.port, db=Path(args.db), hub_id=args.hub_id, token=token,
         principals_file=Path(args.principals) if args.principals else None,
         open_network=args.open_network,
-        max_msg_bytes=args.max_msg_kb * 1024, auth_timeout=args.auth_timeout,
+        max_msg_bytes=args.max_msg_kb * 1024,
         metrics_token=metrics_token, private_directed=args.private_directed_messages,
         quota=quota, max_clients=args.max_clients,
         max_connections_per_host=args.max_connections_per_host, max_history=args.max_history,
@@ -362,11 +413,9 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
         log_level=args.log_level, federation=federation, claims=claims,
         redsyn=not args.no_redsyn,
         redsyn_allow_loopback_webhooks=args.redsyn_allow_loopback_webhooks,
-        redsyn_webhook_first_retry=args.redsyn_webhook_first_retry,
         redsyn_limits=redsyn_limits, broker=broker,
-        liveness=LivenessPolicy(args.warn_stale_recipients, args.recipient_liveness_window,
-                                args.waiter_liveness_window),
-        pending_receipts=args.pending_receipts, dark_seat_after=args.dark_seat_after)
+        warn_stale_recipients=args.warn_stale_recipients,
+        pending_receipts=args.pending_receipts, timing=timing)
 
 
 def _broker_config(args: argparse.Namespace, problems: list[str]) -> BrokerConfig | None:
@@ -430,9 +479,11 @@ def check(layers: Layers, config: HubConfig) -> int:
     if problems:
         return _refuse(problems)
     where = f"{layers.path} and the command line" if layers.path else "the command line"
+    timers = {dest.replace("_", "-"): getattr(config.timing, field)
+              for dest, field in TIMING_FLAGS.items()}
     print(config_file.render(layers, f"hubd {__version__}: the effective configuration from "
-                                     f"{where}\n(source of each value: default, file or flag)"),
-          end="")
+                                     f"{where}\n(source of each value: default, file or flag)",
+                             timers), end="")
     scheme = "wss" if config.federation is not None and config.federation.tls_certfile else "ws"
     print(f"# listens on {scheme}://{config.host}:{config.port}/, journal {config.db.resolve()}")
     if config.broker is not None:

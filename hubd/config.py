@@ -8,8 +8,9 @@ from pathlib import Path
 from hubd.state.claims import LeaseLimits
 from hubd.state.redsyn import Limits as RedsynLimits
 from hubd.state.quota import QuotaLimits
-from hubd.state.receipt_rules import DARK_SEAT_AFTER_SECONDS, LivenessPolicy
+from hubd.state.receipt_rules import LivenessPolicy
 from hubd.state.receipts import PENDING_RECEIPTS
+from hubd.timing import Timing
 
 DEFAULT_PORT = 8876
 DEFAULT_DB = "hubd.db"
@@ -66,7 +67,6 @@ class HubConfig:
     # an open hub (no token, no principals) admits agents from any address
     open_network: bool = False
     max_msg_bytes: int = 1024 * 1024
-    auth_timeout: float = 10.0
     metrics_token: str | None = None
     private_directed: bool = False
     quota: QuotaLimits | None = QuotaLimits(DEFAULT_QUOTA_EVENTS, DEFAULT_QUOTA_BYTES,
@@ -85,12 +85,18 @@ class HubConfig:
     claims: LeaseLimits = field(default_factory=LeaseLimits)
     redsyn: bool = True
     redsyn_allow_loopback_webhooks: bool = False
-    redsyn_webhook_first_retry: float = 10.0
     redsyn_limits: RedsynLimits = field(default_factory=RedsynLimits)
     broker: BrokerConfig | None = None
-    # consume-live receipts (docs/receipts.md): the stale-recipient gate and
-    # its windows, the pending-receipt window, the dark-seat persistence
-    liveness: LivenessPolicy = field(default_factory=LivenessPolicy)
+    # consume-live receipts (docs/receipts.md): the stale-recipient gate (its
+    # windows are timing's) and the pending-receipt window
+    warn_stale_recipients: bool = True
     pending_receipts: int = PENDING_RECEIPTS
-    dark_seat_after: float = DARK_SEAT_AFTER_SECONDS
+    # every deadline, period and back-off of the hub (hubd/timing.py)
+    timing: Timing = field(default_factory=Timing)
+
+    @property
+    def liveness(self) -> LivenessPolicy:
+        timing = self.timing
+        return LivenessPolicy(self.warn_stale_recipients, timing.reaction_window,
+                              timing.waiter_window)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 # flags that steer the command itself and are no keys
-COMMAND_FLAGS = frozenset({"config", "check", "help", "version"})
+COMMAND_FLAGS = frozenset({"config", "check", "help", "version", "timing"})
 # keys naming a file or folder: a relative value resolves beside the config file
 PATH_KEYS = frozenset({
     "db", "token-file", "principals", "metrics-token-file", "tls-certfile", "tls-keyfile",
@@ -229,12 +229,14 @@ def restart_needed(changed: Sequence[str]) -> list[str]:
     return sorted(key for key in changed if key not in LIVE_KEYS)
 
 
-def render(layers: Layers, header: str) -> str:
+def render(layers: Layers, header: str, unset: dict | None = None) -> str:
     """The effective configuration as a TOML file hubd reads back: every key
     with a value, its source in a comment, paths absolute, secrets never
     shown. An on/off
     flag prints as the key that is on (`warn-stale-recipients = true`), and
-    not at all when none is."""
+    not at all when none is. `unset` gives the effective value of keys whose
+    flag defaults to None (the timing flags: their default is the profile's)."""
+    unset = unset or {}
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
     for key, action in layers.actions.items():
         value = layers.value(key)
@@ -243,6 +245,8 @@ def render(layers: Layers, header: str) -> str:
             if value != action.const:
                 continue
             value = True
+        elif value is None and key in unset:
+            value = unset[key]
         elif value is None or value == []:
             continue
         elif key in PATH_KEYS:  # absolute: the rendering reads back the same from anywhere

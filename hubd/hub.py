@@ -47,10 +47,6 @@ from hubd.wire.envelope import PROTOCOL_VERSION
 
 log = structlog.get_logger("hubd.hub")
 
-SWEEP_SECONDS = 1.0
-# a write that cannot drain for this long closes its endpoint (checked by the sweeper)
-SEND_DEADLINE_SECONDS = 5.0
-
 
 class JournalRefused(RuntimeError):
     """The journal cannot be opened as this hub's (another hub's id, or not a
@@ -68,7 +64,8 @@ class Hub:
         self.endpoints = Endpoints()
         self.writer = JournalWriter(config.db, self.metrics, self.endpoints,
                                     self._journal_failed)
-        self.checkpointer = Checkpointer(config.db, self.metrics)
+        self.checkpointer = Checkpointer(config.db, self.metrics,
+                                         config.timing.wal_checkpoint_poll)
         # the principals: who each token is and which seats it may speak for
         self.identity = IdentityWatch(config)
         self.router: Router | None = None
@@ -277,8 +274,9 @@ class Hub:
     def stop(self) -> None:
         self._stopping.set()
 
-    async def _drain(self, timeout: float = 5.0) -> None:
+    async def _drain(self) -> None:
         """On a clean stop, commit and release what the actors already hold."""
+        timeout = self.config.timing.shutdown_drain
         done = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait_for(self.writer.inbox.put(Flush(done)), timeout)
@@ -289,9 +287,11 @@ class Hub:
     async def shutdown(self) -> None:
         """Close sockets, commit what is queued, close the journal."""
         self.ready = False
-        if self.router is not None:
-            for endpoint in self.router.presence.endpoints:
-                self.endpoints.close(endpoint, CLOSE_GOING_AWAY, "hub shutting down")
+        # every door's open endpoints, registered or not (a peer hub's inbound
+        # link, a socket that never sent its first frame): the listener's
+        # cleanup would otherwise wait out its shutdown timeout for each
+        for endpoint in self.endpoints:
+            endpoint.close(CLOSE_GOING_AWAY, "hub shutting down")
         await self.checkpointer.close()
         await self.identity.close()
         await self.writer.close()
@@ -301,14 +301,16 @@ class Hub:
         self._reader_thread.shutdown(wait=True)
 
     async def _sweep(self) -> None:
-        """Once a second: close endpoints whose writes cannot drain, and tick
-        the Router (the plugins' periodic work: lease expiry and the like)."""
+        """Every timing.sweep: close endpoints whose writes cannot drain within
+        timing.send_stall, and tick the Router (the plugins' periodic work:
+        lease expiry and the like)."""
         loop = asyncio.get_running_loop()
+        timing = self.config.timing
         while True:
-            await asyncio.sleep(SWEEP_SECONDS)
+            await asyncio.sleep(timing.sweep)
             now = loop.time()
             for endpoint in self.endpoints:  # the hub's table, not the Router's presence
-                if endpoint.write_stalled_for(now) > SEND_DEADLINE_SECONDS:
+                if endpoint.write_stalled_for(now) > timing.send_stall:
                     self.metrics.send_timeouts += 1
                     log.warning("write stalled; closing slow consumer", conn=endpoint.id)
                     endpoint.abort()

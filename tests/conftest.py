@@ -1,5 +1,8 @@
 """Shared test setup: tests import their helpers as tests.support.*.
 
+`pytest --reverse-order` runs every module's tests, and the modules, in
+reverse order: no test may depend on another having run first.
+
 On CI (see tests/support/prereq.py) a skipped test is a failed test: the
 environment must provide everything, so any skip, however it was raised, is
 reported as a failure there."""
@@ -14,6 +17,18 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from tests.support.prereq import strict  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--reverse-order", action="store_true",
+        help="run the tests of every module in reverse order (and the modules too): "
+             "a test that passes only after another one ran first fails")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--reverse-order"):
+        items.reverse()
 
 
 @pytest.hookimpl(hookwrapper=True)

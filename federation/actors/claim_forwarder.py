@@ -5,8 +5,8 @@ release, task_update, checkpoint, handoff or wait_request for a namespace a
 peer owns into a ForwardClaim message on this actor's one bounded inbox; a
 full inbox is refused at once, visibly (the claimant is told, the refusal is
 counted). The actor keeps at most IN_FLIGHT requests open on the owners'
-links, each answered within TIMEOUT of its clock, and hands every outcome
-back to the Router as a ClaimVerdict message; it reads no one's state and no
+links, each answered within its timeout (timing.claim_answer) on its clock,
+and hands every outcome back to the Router as a ClaimVerdict message; it reads no one's state and no
 one reads its own.
 
 Supervision: the requests run in the actor's own TaskGroup, so an exception
@@ -33,7 +33,6 @@ log = structlog.get_logger("hubd.federation.claims")
 
 INBOX = 1024
 IN_FLIGHT = 64
-TIMEOUT = 10.0
 
 # verb -> (the reply type when the owner agrees, the reply type when it does not)
 REPLIES = {
@@ -90,7 +89,7 @@ class ClaimForwarderFull(Exception):
 
 class ClaimForwarder:
     def __init__(self, links: Mapping[str, object], deliver: Callable[[ClaimVerdict], None], *,
-                 clock=SYSTEM, timeout: float = TIMEOUT, inbox: int = INBOX,
+                 timeout: float, clock=SYSTEM, inbox: int = INBOX,
                  in_flight: int = IN_FLIGHT):
         self.links = links
         self.deliver = deliver

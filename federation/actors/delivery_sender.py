@@ -9,7 +9,7 @@ hubd features its welcome said), so an intent the peer cannot take is
 refused here without touching the link. Otherwise the ask goes on the link's
 inbox with a future for its answer; the future's end (the answer, or the
 link's failure) comes back on this actor's mailbox, so no task is started per
-request. An answer that has not come within ANSWER_TIMEOUT of its clock is
+request. An answer that has not come within `timeout` (timing.forward_answer) of its clock is
 given up (its future cancelled, which takes it out of the link's correlation
 table). Every outcome goes to the Router as a DeliveryAnswered message.
 
@@ -32,7 +32,7 @@ import structlog
 from federation.actors.link import Ask
 from federation.actors.link_socket import LinkError
 from federation.clock import SYSTEM
-from federation.delivery_forward_rules import (ANSWER_TIMEOUT, MAX_IN_FLIGHT, PEER_REJECTED,
+from federation.delivery_forward_rules import (MAX_IN_FLIGHT, PEER_REJECTED,
                                                PEER_UNREACHABLE, peer_serves_delivery)
 
 log = structlog.get_logger("hubd.federation.delivery")
@@ -88,8 +88,8 @@ class _Tick(NamedTuple):
 
 class DeliverySender:
     def __init__(self, peer: str, link, subscribe: Callable[..., None],
-                 tell: Callable[[DeliveryAnswered], None], *, clock=SYSTEM,
-                 timeout: float = ANSWER_TIMEOUT, bound: int = MAX_IN_FLIGHT):
+                 tell: Callable[[DeliveryAnswered], None], *, timeout: float,
+                 clock=SYSTEM, bound: int = MAX_IN_FLIGHT):
         self.peer = peer
         self.link = link
         self.tell = tell

@@ -11,7 +11,7 @@ its answer goes to). Posting never blocks: a link that is down, or an inbox
 at its bound, refuses at once (an Ask's future fails with the reason). One
 writer loop takes the inbox in order, registers each Ask's future with the
 correlation table just before its frame is written, and writes; a write that
-has not completed within WRITE_STALL_DEADLINE (a peer that stopped reading)
+has not completed within timing.link_write_stall (a peer that stopped reading)
 cuts the link, as the WebSocket door cuts a slow consumer. Answers are read
 and correlated in the link's own reader task (Answers, below);
 forward results nobody waits for go to the subscribers. When the connection
@@ -19,8 +19,8 @@ ends, whatever waited (queued or in flight) hears LinkError at once, and the
 subscribers are told the link went down.
 
 Dead links are found by the link itself (federation/liveness.py): it pings
-every PING_INTERVAL, counts anything the peer sends as life, and closes a
-link silent past SILENCE_DEADLINE, then redials with jittered backoff. A sign
+every timing.link_ping, counts anything the peer sends as life, and closes a
+link silent past timing.link_silence, then redials with jittered backoff. A sign
 of life from the peer elsewhere (wake()) skips the remaining backoff. All of
 its timers read the injected clock (federation/clock.py); the socket is
 whatever its dialer opens (federation/actors/link_socket.py, or an in-memory
@@ -45,12 +45,12 @@ from federation.actors.link_socket import (AUTH, BINARY, BUSY, CLOSED, PIN_MISMA
 from federation.clock import SYSTEM, wait_for
 from federation.config import PeerRoute
 from federation.pins import describe_certificate
+from hubd.timing import Timing
 from hubd.wire import codec
 from hubd.wire.envelope import PROTOCOL_VERSION, strict_int
 
 log = structlog.get_logger("hubd.federation.link")
 
-CONNECT_TIMEOUT = 5.0  # the whole dial: TCP (liveness.DIAL_TIMEOUT), TLS, upgrade, welcome
 INBOX = 4096  # messages waiting to be written (the outbox keeps at most 1,024 in flight)
 LOG_REPEAT = 60.0  # a link failing the same way is logged once a minute
 
@@ -179,7 +179,7 @@ def _answer(waiter: asyncio.Future, frame: dict) -> None:
 
 
 class PeerLink:
-    def __init__(self, route: PeerRoute, hub_id: str, ssl_context, *,
+    def __init__(self, route: PeerRoute, hub_id: str, ssl_context, timing: Timing, *,
                  on_up: Callable[[str], None] = lambda peer: None,
                  on_down: Callable[[str, str], None] = lambda peer, cause: None,
                  on_result: Callable[[str, dict], None] = lambda peer, frame: None,
@@ -189,6 +189,7 @@ class PeerLink:
         self.peer = route.hub_id
         self.hub_id = hub_id
         self._ssl = ssl_context
+        self.timing = timing
         self.clock = clock
         self._dialer = dialer
         self._on_up, self._on_down = on_up, on_down
@@ -277,7 +278,7 @@ class PeerLink:
         ping now, so a link that died unnoticed is found sooner."""
         self.last_inbound = time.time()
         self._wake.set()
-        if self.up and self.clock.monotonic() - self._last_heard > liveness.PING_INTERVAL:
+        if self.up and self.clock.monotonic() - self._last_heard > self.timing.link_ping:
             self._queue_ping()
 
     def reroute(self, route: PeerRoute, ssl_context) -> None:
@@ -308,8 +309,8 @@ class PeerLink:
         return liveness.CONNECTING if self.connecting else liveness.DOWN
 
     async def run(self) -> None:
-        backoff = liveness.BACKOFF_START
-        async with (self._dialer or SocketDialer()) as dialer:
+        backoff = self.timing.link_backoff_first
+        async with (self._dialer or SocketDialer(self.timing)) as dialer:
             while not self._stop:
                 self._wake.clear()
                 try:
@@ -319,7 +320,7 @@ class PeerLink:
                 finally:
                     up_for = self.clock.monotonic() - self.up_since if self.up_since else None
                     self._went_down()
-                backoff = liveness.next_backoff(backoff, up_for)
+                backoff = liveness.next_backoff(backoff, up_for, self.timing)
                 if self._wake.is_set() or self._stop:
                     continue  # the peer is alive: redial now
                 try:
@@ -335,7 +336,7 @@ class PeerLink:
         conn = None
         try:
             try:
-                async with self.clock.timeout(CONNECT_TIMEOUT):
+                async with self.clock.timeout(self.timing.link_connect):
                     conn = await dialer.dial(route, self._ssl)
                     self.connecting = False
                     welcome = await self._handshake(conn, route)
@@ -474,7 +475,7 @@ class PeerLink:
                     await conn.pong(data)
                 else:  # _CLOSE: the link ends its connection (reload, stop);
                     # shielded: the reader ends at once and this task is cancelled,
-                    # the close handshake finishes (bounded by CLOSE_WAIT) all the same
+                    # the close handshake finishes (bounded by timing.link_close_wait) all the same
                     await asyncio.shield(conn.close(1000, b""))
                     return
             except ConnectionError:
@@ -488,20 +489,20 @@ class PeerLink:
         the stall deadline, close one silent past the silence deadline (a
         black-holed connection sends no error), else ping."""
         while True:
-            await self.clock.sleep(liveness.PING_INTERVAL)
+            await self.clock.sleep(self.timing.link_ping)
             now = self.clock.monotonic()
-            if liveness.write_stalled(now, self._write_started):
+            if liveness.write_stalled(now, self._write_started, self.timing.link_write_stall):
                 self.stall_closes += 1
                 self._cut = (STALLED, f"a write to {self.peer} did not complete within "
-                                      f"{liveness.WRITE_STALL_DEADLINE:g}s")
+                                      f"{self.timing.link_write_stall:g}s")
                 conn.abort()  # a graceful close would wait behind the stuck write
                 return
-            if liveness.is_dead(now, self._last_heard):
+            if liveness.is_dead(now, self._last_heard, self.timing):
                 self.silence_closes += 1
                 self._cut = (SILENT, f"nothing heard from {self.peer} for "
                                      f"{liveness.silent_for(now, self._last_heard):.1f}s "
                                      "(pings unanswered)")
-                # Bounded by CLOSE_WAIT: the peer cannot answer a close either.
+                # Bounded by timing.link_close_wait: the peer cannot answer a close either.
                 await conn.close(1001, b"no sign of life")
                 return
             self._queue_ping()

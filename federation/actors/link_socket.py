@@ -14,11 +14,10 @@ from typing import Protocol
 
 import aiohttp
 
-from federation import liveness
 from federation.config import PeerRoute
 from federation.pins import peer_certificate_der
+from hubd.timing import Timing
 
-CLOSE_WAIT = 0.5  # for the peer's close frame when this hub ends a link
 MAX_FRAME = 16 * 1024 * 1024
 
 # the kinds of message Connection.receive returns (its `.type`); any other
@@ -63,7 +62,7 @@ class Connection(Protocol):
         kind once the connection ended) and `.data`, as aiohttp's WSMessage."""
 
     async def close(self, code: int, message: bytes) -> None:
-        """A graceful close, bounded by CLOSE_WAIT."""
+        """A graceful close, bounded by timing.link_close_wait."""
 
     def abort(self) -> None:
         """Drop the connection now (a write that cannot drain)."""
@@ -120,15 +119,16 @@ class SocketConnection:
 
 class SocketDialer:
     """Dials a route with aiohttp: the TCP connect bounded by
-    liveness.DIAL_TIMEOUT, TLS with the route's context (pins are checked by
+    timing.link_dial, TLS with the route's context (pins are checked by
     the link on the open connection), the WebSocket upgrade. autoping is off:
     pongs are the link's evidence of life."""
 
-    def __init__(self):
+    def __init__(self, timing: Timing):
+        self.timing = timing
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> "SocketDialer":
-        timeout = aiohttp.ClientTimeout(sock_connect=liveness.DIAL_TIMEOUT)
+        timeout = aiohttp.ClientTimeout(sock_connect=self.timing.link_dial)
         self._session = aiohttp.ClientSession(timeout=timeout)
         return self
 
@@ -140,7 +140,7 @@ class SocketDialer:
         try:
             ws = await self._session.ws_connect(
                 route.uri, ssl=context, max_msg_size=MAX_FRAME, compress=0, autoping=False,
-                timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_WAIT))
+                timeout=aiohttp.ClientWSTimeout(ws_close=self.timing.link_close_wait))
         except (aiohttp.ClientError, OSError) as exc:
             raise LinkError(*classify(exc)) from exc
         return SocketConnection(ws)

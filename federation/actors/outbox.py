@@ -56,11 +56,11 @@ from federation.actors.outbox_messages import (TICK, Answer, LinkDown, LinkUp, L
                                                Rejected, Resync, RetrySchedule, Roster,
                                                RosterAnswer, Settled, StillPending, Tick)
 from federation.clock import SYSTEM, PeerRetry, next_retry, restored_wait, retry_to_journal
-from federation.config import DEFAULT_ROSTER_TIMEOUT
 from federation.delivery_forward_rules import relay_sessions
 from federation.state import PendingForward
 from hubd.state import forward_table as dl
 from hubd.state.forward_table import ACCEPTED, DUPLICATE, forward_step
+from hubd.timing import Timing
 
 log = structlog.get_logger("hubd.federation.outbox")
 
@@ -69,9 +69,6 @@ BATCH = 256  # forwards per frame, to a peer that takes batches
 RESIDENT = 4096  # forwards held in memory; the rest wait in the journal
 REFILL = 1024  # read the journal again once this much room is free
 EVENTS = 4 * WINDOW  # mailbox events (answers) held before new answers are dropped
-ANSWER_TIMEOUT = 10.0
-SWEEP = 0.5
-FIRST_ANSWER = 1.0  # seconds a sender's receipt waits for the peer before "pending"
 ROSTERS = 32  # roster requests waiting for this peer's answer
 
 
@@ -152,15 +149,15 @@ class WaitingRoster:
 
 class ForwardOutbox:
     def __init__(self, origin_hub: str, peer: str, link, subscribe: Callable[..., None],
-                 metrics, report: Callable[[list], None], load: Load, *, clock=SYSTEM,
-                 roster_timeout: float = DEFAULT_ROSTER_TIMEOUT):
+                 metrics, report: Callable[[list], None], load: Load, *, timing: Timing,
+                 clock=SYSTEM):
         self.origin = origin_hub
         self.peer = peer
         self.metrics = metrics
         self.report = report
         self.load = load
         self.clock = clock
-        self.roster_timeout = roster_timeout
+        self.timing = timing
         self.mailbox = Mailbox(RESIDENT, EVENTS)
         self.items: OrderedDict[str, Attempt] = OrderedDict()  # held forwards, oldest first
         self.ready: deque = deque()  # forward_ids to send now
@@ -223,7 +220,7 @@ class ForwardOutbox:
 
     async def _tick(self) -> None:
         while True:
-            await self.clock.sleep(SWEEP)
+            await self.clock.sleep(self.timing.forward_tick)
             self.mailbox.post(TICK)
 
     def _flush_reports(self) -> None:
@@ -273,7 +270,8 @@ class ForwardOutbox:
         self.cursor = item.seq
         self._hold(item)
         if item.receipt_requested:
-            self.first_answer.append((self.clock.monotonic() + FIRST_ANSWER, item.forward_id))
+            self.first_answer.append((self.clock.monotonic() + self.timing.forward_first_answer,
+                                      item.forward_id))
 
     def _hold(self, item: PendingForward) -> None:
         self.items[item.forward_id] = Attempt(item)
@@ -414,8 +412,8 @@ class ForwardOutbox:
                                f"{ROSTERS} roster requests to {self.peer} are already waiting")
             return
         forward_id = secrets.token_hex(16)
-        self.rosters[forward_id] = WaitingRoster(ask.reply_to, ask.name,
-                                                 self.clock.monotonic() + self.roster_timeout)
+        due = self.clock.monotonic() + self.timing.roster_timeout
+        self.rosters[forward_id] = WaitingRoster(ask.reply_to, ask.name, due)
         # sent with the forwards (below), so a hung link holds it like them
         self._roster_frames.append({
             "sender": self.origin, "target": "System", "type": "multihub_message_forward",
@@ -468,7 +466,8 @@ class ForwardOutbox:
         attempt.sent_at = None
         now = self.clock.monotonic()
         up_for = now - self._up_since if self._up_since is not None else None
-        due, attempt.attempts = next_retry(attempt.attempts, now, up_for, self.clock.jitter())
+        due, attempt.attempts = next_retry(attempt.attempts, now, up_for, self.clock.jitter(),
+                                           self.timing)
         heapq.heappush(self.delayed, (due, attempt.item.forward_id))
         changed = retry_to_journal(self.retry, attempt.attempts, self.clock.wall() + due - now,
                                    refused=attempt.state == dl.HELD)
@@ -517,18 +516,19 @@ class ForwardOutbox:
                 break
 
     def _sweep(self) -> None:
-        """Every SWEEP: answers that never came, due retries, expired rows,
-        senders owed a "pending", roster requests past their time."""
+        """Every timing.forward_tick: answers that never came, due retries,
+        expired rows, senders owed a "pending", roster requests past their time."""
+        answer_timeout = self.timing.forward_answer
         now_mono = self.clock.monotonic()
         now = self.clock.wall()
         self._journal_short = False
         for forward_id, attempt in list(self.in_flight.items()):
-            if now_mono - attempt.sent_at > ANSWER_TIMEOUT:
+            if now_mono - attempt.sent_at > answer_timeout:
                 del self.in_flight[forward_id]
                 attempt.step(dl.ANSWER_TIMEOUT)
                 self.metrics.forward_outcome(self.peer, "timeout")
                 self._retry_later(attempt,
-                                  f"{self.peer} did not answer within {ANSWER_TIMEOUT:g}s")
+                                  f"{self.peer} did not answer within {answer_timeout:g}s")
         while self.delayed and self.delayed[0][0] <= now_mono:
             _, forward_id = heapq.heappop(self.delayed)
             attempt = self.items.get(forward_id)
@@ -554,7 +554,7 @@ class ForwardOutbox:
         for forward_id in late:
             roster = self.rosters.pop(forward_id)
             self._roster_error(roster.reply_to, roster.name,
-                               f"no answer within {self.roster_timeout:g}s")
+                               f"no answer within {self.timing.roster_timeout:g}s")
 
     # -- figures
 

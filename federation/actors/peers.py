@@ -23,6 +23,7 @@ import structlog
 
 from federation.actors.link import PeerLink
 from federation.config import FederationConfig, PeerRoute, merged_routes
+from hubd.timing import Timing
 
 log = structlog.get_logger("hubd.federation.peers")
 
@@ -62,8 +63,9 @@ class Subscribers:
 
 
 class PeerLinks:
-    def __init__(self, hub_id: str, config: FederationConfig):
+    def __init__(self, hub_id: str, config: FederationConfig, timing: Timing):
         self.hub_id = hub_id
+        self.timing = timing
         self.routes: dict[str, PeerRoute] = merged_routes(config)
         self._context = _context(config, self.routes)
         self.links: dict[str, PeerLink] = {}
@@ -76,7 +78,8 @@ class PeerLinks:
         if link is None:
             subscribers = self._subscribers[peer] = Subscribers()
             link = self.links[peer] = PeerLink(
-                self.routes[peer], self.hub_id, self._context, on_up=subscribers.on_up,
+                self.routes[peer], self.hub_id, self._context, self.timing,
+                on_up=subscribers.on_up,
                 on_down=subscribers.on_down, on_result=subscribers.on_result,
                 on_rejected=subscribers.on_rejected)
             if self._group is not None:

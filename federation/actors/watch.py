@@ -10,8 +10,8 @@ grants anything (observe-only).
 Its inbox (bounded: one pending wake is as good as many) takes PollNow, sent
 when the peer's link comes up, so a reconnected peer is looked at at once
 rather than an interval later, and SetQuarantine after the Router restored
-the quarantines from the journal. Otherwise it polls every `interval` seconds
-of its clock. Its merged log and status are its own: others get copies of the
+the quarantines from the journal. Otherwise it polls every
+timing.watch_interval of its clock. Its merged log and status are its own: others get copies of the
 status in its messages.
 """
 
@@ -30,6 +30,7 @@ from federation.actors.link_socket import LinkError
 from federation.log_model import Equivocation, MergeError
 from federation.log_snapshot import decode_snapshot
 from federation.merge import MergedLog
+from hubd.timing import Timing
 
 log = structlog.get_logger("hubd.federation.watch")
 
@@ -41,7 +42,6 @@ OVERLAP = 64
 # Fingerprints of events the fold does not need are kept only this far back.
 FINGERPRINT_WINDOW = 4 * OVERLAP
 MAX_PAGES = 50  # per poll round; the rest waits for the next round
-PULL_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +98,12 @@ class Equivocated:
 
 
 class WatchFollower:
-    def __init__(self, peer: str, link, interval: float, tell: Callable[[object], None],
+    def __init__(self, peer: str, link, timing: Timing, tell: Callable[[object], None],
                  hub_id: str, *, clock=SYSTEM, quarantined: bool = False):
         self.peer = peer
         self.link = link
-        self.interval = interval
+        self.interval = timing.watch_interval
+        self.pull_timeout = timing.log_pull_answer
         self.tell = tell
         self.hub_id = hub_id
         self.clock = clock
@@ -162,7 +163,7 @@ class WatchFollower:
                 answer = await wait_for(self.clock, self.link.request(
                     {"sender": self.hub_id, "target": "all", "type": "multihub_log_request",
                      "payload": "", "after_seq": after, "limit": PAGE},
-                    None, reply_type="multihub_log_snapshot"), PULL_TIMEOUT)
+                    None, reply_type="multihub_log_snapshot"), self.pull_timeout)
                 snapshot = decode_snapshot(answer)
                 result = self._merged.accept(self.peer, after, snapshot.events,
                                              snapshot.next_cursor, snapshot.log_end_seq)
@@ -177,7 +178,7 @@ class WatchFollower:
             self.tell(Equivocated(self.peer, exc, self.snapshot()))
             return True
         except (LinkError, MergeError, TimeoutError) as exc:
-            status.last_error = str(exc) or f"no answer within {PULL_TIMEOUT:g}s"
+            status.last_error = str(exc) or f"no answer within {self.pull_timeout:g}s"
             log.warning("watch poll failed; keeping the last good observation", peer=self.peer,
                         error=status.last_error)
             self.tell(Observed(self.peer, None, False, False, self.snapshot()))

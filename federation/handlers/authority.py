@@ -83,7 +83,8 @@ class Authority:
         self.watch_status: dict[str, WatchStatus] = {}  # the followers' latest reports
         self.claim_links: dict[str, PeerLink] = {}
         self.watch_links: dict[str, PeerLink] = {}
-        self.claim_forwarder = ClaimForwarder(self.claim_links, self._verdict)
+        self.claim_forwarder = ClaimForwarder(self.claim_links, self._verdict,
+                                              timeout=hub.config.timing.claim_answer)
         self.quarantined: set[str] = set()
         metrics = hub.metrics
         metrics.gauge("hubd_namespace_partitioned",
@@ -125,7 +126,7 @@ class Authority:
     def start(self, router, group: asyncio.TaskGroup) -> None:
         config = self.config
         for peer in config.watches:
-            follower = WatchFollower(peer, self.peers.link(peer), config.watch_interval,
+            follower = WatchFollower(peer, self.peers.link(peer), self.hub.config.timing,
                                      self._observation, self.hub.hub_id,
                                      quarantined=peer in self.quarantined)
             self.watch_links[peer] = self.peers.subscribe(peer, on_up=follower.link_up)

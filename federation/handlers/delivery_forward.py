@@ -89,7 +89,8 @@ class DeliveryForwarder:
     def _add_sender(self, peer: str) -> None:
         sender = DeliverySender(peer, self.peers.link(peer),
                                 lambda **events: self.peers.subscribe(peer, **events),
-                                self.hub.router.post_control)
+                                self.hub.router.post_control,
+                                timeout=self.hub.config.timing.forward_answer)
         self.senders[peer] = sender
         self._group.create_task(sender.run(), name=f"delivery-sender-{peer}")
 

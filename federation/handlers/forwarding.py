@@ -14,9 +14,9 @@ per message peer, which this object starts and posts to:
   of its backlog from the journal.
 
 The sender normally gets one receipt: the settled one, if the peer answers
-within a second (federation/actors/outbox.py FIRST_ANSWER). Otherwise it gets
-`pending` first and the settled receipt later, through the durable
-notification outbox (at once if it is online, else when it next registers).
+within a second (timing.forward_first_answer). Otherwise it gets `pending`
+first and the settled receipt later, through the durable notification
+outbox (at once if it is online, else when it next registers).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class Forwarding:
         outbox = ForwardOutbox(self.hub.hub_id, peer, self.peers.link(peer),
                                lambda **events: self.peers.subscribe(peer, **events),
                                self.metrics, self._reported, self._load,
-                               roster_timeout=self.config.roster_timeout)
+                               timing=self.hub.config.timing)
         self.outboxes[peer] = outbox
         self._group.create_task(outbox.run(), name=f"forward-outbox-{peer}")
 
@@ -181,7 +181,8 @@ class Forwarding:
     def stall(self, router: Router, peer: str) -> liveness.Stall:
         link = self.outboxes[peer].link
         return liveness.stall(outbox_of(router.state).count(peer), link.up, link.up_at,
-                              self.outboxes[peer].last_success, time.time())
+                              self.outboxes[peer].last_success, time.time(),
+                              self.hub.config.timing.stalled_after)
 
     # -- Router side
 

@@ -25,7 +25,6 @@ from hubd.state.principals import (PrincipalError, PrincipalTable, build_table,
 
 log = structlog.get_logger("hubd.identity")
 
-REFRESH_SECONDS = 0.5
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
@@ -93,7 +92,7 @@ class IdentityWatch:
         if self._journal is None:
             return
         while True:
-            await asyncio.sleep(REFRESH_SECONDS)
+            await asyncio.sleep(self.config.timing.principals_poll)
             try:
                 table = await asyncio.to_thread(self._journal.read, self.config.token)
             except PrincipalError as exc:

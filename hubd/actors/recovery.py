@@ -10,7 +10,7 @@
   is rebuilt the same way;
 - a failed commit is answered by the writer with private errors; the state
   is rebuilt and mutations are refused for a back-off that doubles while
-  failures repeat (REFUSAL_BACKOFF_START to REFUSAL_BACKOFF_MAX), so a full
+  failures repeat (timing.journal_retry_first to journal_retry_max), so a full
   disk costs one rebuild per back-off period rather than one per batch.
 """
 
@@ -24,9 +24,6 @@ import structlog
 from .journal_writer import Flush, Resync
 
 log = structlog.get_logger("hubd.router")
-
-REFUSAL_BACKOFF_START = 1.0
-REFUSAL_BACKOFF_MAX = 30.0
 
 
 class Recovery:
@@ -91,5 +88,5 @@ class Recovery:
             log.warning("state rebuilt from the journal after a failed commit; refusing "
                         "mutations for a while", last_seq=self.state.last_seq,
                         seconds=self._backoff)
-            self._backoff = min(self._backoff * 2, REFUSAL_BACKOFF_MAX)
+            self._backoff = min(self._backoff * 2, self.config.timing.journal_retry_max)
         await self.hub.writer.inbox.put(Resync())

@@ -41,7 +41,7 @@ from hubd.wire import codec
 from hubd.wire.envelope import BROADCAST, error_frame, frame_type, hub_frame
 
 from .journal_writer import JournalFailed, Outcome, RowsRefused
-from .recovery import REFUSAL_BACKOFF_START, Recovery
+from .recovery import Recovery
 from .timers import TimerHeap
 
 log = structlog.get_logger("hubd.router")
@@ -100,7 +100,10 @@ class Router(Recovery):
         self.refusing_mutations: str | None = None
         self._refusal_permanent = False
         self._refuse_until = 0.0
-        self._backoff = REFUSAL_BACKOFF_START
+        # After a failed commit, mutations are refused up front for this long
+        # (doubling while failures repeat, timing.journal_retry_*), so a full
+        # disk costs one state rebuild per backoff period rather than one per batch.
+        self._backoff = self.config.timing.journal_retry_first
         self.now = 0.0
         self.out = Outcome()
         # the principal whose command is being handled: its events record it
@@ -302,7 +305,7 @@ class Router(Recovery):
     def _commit_failed(self, command: JournalFailed) -> None:
         self._journal_failed = True
         if command.recovered:  # a commit succeeded since: the back-off starts short
-            self._backoff = REFUSAL_BACKOFF_START
+            self._backoff = self.config.timing.journal_retry_first
 
     def _rows_refused(self, command: RowsRefused) -> None:
         self._state_dirty("row_refused", command.principal)

@@ -28,8 +28,7 @@ from hubd.core.commands import Closed, Credit, Inbound, Opened
 from hubd.core.endpoints import next_endpoint_id
 from hubd.core.message import (CLOSE_AUTH, CLOSE_REGISTRATION_TIMEOUT, CLOSE_TRY_AGAIN,
                                Message)
-from hubd.http.closing import (GRACEFUL_CLOSE_SECONDS, HubWebSocket, close_frame,
-                               lingering_shutdown)
+from hubd.http.closing import HubWebSocket, close_frame, lingering_shutdown
 from hubd.http.guard import guard
 from hubd.wire import codec
 from hubd.wire.envelope import HUB_WIRE, hub_frame
@@ -118,7 +117,8 @@ class Connection:
     def when_written(self, callback) -> None:
         """callback(True) once every frame queued so far has completed its
         write, callback(False) if the socket closes, overflows or stalls out
-        first (the sweeper's 5 s drain deadline). Called on the event loop."""
+        first (the sweeper's drain deadline, timing.send_stall). Called on the
+        event loop."""
         if self.closed:
             callback(False)
         elif self._frames_done >= self._frames_queued:
@@ -243,7 +243,7 @@ class Connection:
         """Writes have not drained within the deadline. The seed's rule: one
         graceful close attempt (the 1013 close frame behind what is buffered,
         then the write side shut), and the transport is aborted if that has
-        not drained within GRACEFUL_CLOSE_SECONDS."""
+        not drained within timing.graceful_close."""
         if self._stall_closing:
             return
         self._stall_closing = True
@@ -259,7 +259,8 @@ class Connection:
             self.ws.close_started = self._loop.time()
             transport.write(close_frame(CLOSE_TRY_AGAIN, "outbound delivery timeout"))
         lingering_shutdown(transport)
-        self._loop.call_later(GRACEFUL_CLOSE_SECONDS, self._abort_if_stuck, transport)
+        self._loop.call_later(self.hub.config.timing.graceful_close, self._abort_if_stuck,
+                              transport)
 
     def _abort_if_stuck(self, transport) -> None:
         if transport.is_closing():
@@ -291,7 +292,7 @@ class Connection:
         inbox = hub.router.inbox
         endpoint = self.id
         deadline = asyncio.get_running_loop().call_later(
-            hub.config.auth_timeout, self._registration_timeout)
+            hub.config.timing.auth_timeout, self._registration_timeout)
         hub.endpoints.add(self)
         if self.authenticated:
             await inbox.put(self._opened())
@@ -395,12 +396,14 @@ def make_handler(hub):
     """The aiohttp handler for every path that is not a probe: upgrade, then
     serve the socket as one Connection until it closes."""
     config = hub.config
+    timing = config.timing
 
     async def websocket(request: web.Request) -> web.StreamResponse:
         refused = guard(hub, request)
         if refused is not None:
             return refused
-        ws = HubWebSocket(max_msg_size=config.max_msg_bytes, compress=False, autoping=True)
+        ws = HubWebSocket(linger=timing.close_linger, close_reply=timing.close_reply,
+                          max_msg_size=config.max_msg_bytes, compress=False, autoping=True)
         if not ws.can_prepare(request).ok:
             return web.Response(status=426, text="This port speaks WebSocket (and serves "
                                                  "/health, /readyz, /metrics).\n")

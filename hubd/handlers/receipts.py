@@ -8,7 +8,8 @@ aggregate. Its socket matches are split into consume-live and stale ones
 and commits in the same transaction; otherwise the hub waits, after the chat's
 release, for each live match's write (the recipient's socket and its -rx
 waiter's) to complete or fail (its endpoint's when_written: the WebSocket
-door's 5 s drain deadline bounds it), then commits delivery_receipt_immediate.
+door's drain deadline, timing.send_stall, bounds it), then commits
+delivery_receipt_immediate.
 Every verdict is an outbox row: the sender gets it after the commit, and the
 row is settled (receipt_notified) only once the write to the sender
 completed; a crash in between sends it again when the sender next registers.
@@ -390,7 +391,7 @@ def dark_seat_sweep(router: Router) -> None:
 
     watch = router.live_of(DarkSeats)
     episodes, alerts = rules.dark_seat_round(watch.episodes, work, fresh_waiter, now,
-                                             router.config.dark_seat_after)
+                                             router.config.timing.dark_seat_after)
     watch.episodes = episodes
     for seat, missing in alerts:
         router.metrics.dark_seat_alerts += 1

@@ -9,18 +9,18 @@ read (it saw 1006):
   TCP reset, and Linux discards what the client had not read yet: the close
   frame. So the hub *lingers*: after its close frame it shuts its write side
   (FIN after the close frame, plain TCP) and goes on reading and discarding
-  for up to LINGER_SECONDS, until the client's close frame or its FIN.
+  for up to the linger (timing.close_linger), until the client's close frame or its FIN.
 * A stalled consumer was aborted outright. Now it gets one graceful attempt:
   the close frame (1013 "outbound delivery timeout") behind what is already
   buffered and the write side shut; only if that has not drained within
-  GRACEFUL_CLOSE_SECONDS is the transport aborted (the seed's rule).
+  timing.graceful_close is the transport aborted (the seed's rule).
 
 Once both close frames have crossed (the closing handshake is complete), the
 hub closes the TCP connection at once, as RFC 6455 (7.1.1) asks of a server:
 the client sends nothing more, and a client that waits for the server to
 close first (the `websockets` library, the reference hub's peer links) would
 otherwise wait out the linger. Over TLS there is no half-close to tell it
-anything, so that cost a full LINGER_SECONDS per connection (issue 22: a
+anything, so that cost a full linger per connection (issue 22: a
 reference hub opening one peer link per forward crawled at one forward a
 second).
 
@@ -35,11 +35,6 @@ import asyncio
 import struct
 
 from aiohttp import EofStream, WebSocketError, WSMsgType, web
-
-LINGER_SECONDS = 1.0
-GRACEFUL_CLOSE_SECONDS = 1.0
-# How long the hub waits for the client's close frame after sending its own.
-CLOSE_REPLY_SECONDS = 1.0
 
 # Reasons for the codes aiohttp chooses itself (the hub's own closes name theirs).
 CLOSE_REASONS = {
@@ -83,11 +78,13 @@ class HubWebSocket(web.WebSocketResponse):
     """aiohttp's WebSocketResponse with the hub's close rules: every close
     frame carries a reason, and the TCP socket is shut down gracefully
     (lingering_shutdown, then finish) instead of closed under a client still
-    sending."""
+    sending. `linger` and `close_reply` are timing.close_linger and
+    timing.close_reply (hubd/timing.py)."""
 
-    def __init__(self, **kwargs) -> None:
-        kwargs.setdefault("timeout", CLOSE_REPLY_SECONDS)
-        super().__init__(**kwargs)
+    def __init__(self, *, linger: float, close_reply: float, **kwargs) -> None:
+        # aiohttp's `timeout`: how long its close waits for the client's close frame
+        super().__init__(timeout=close_reply, **kwargs)
+        self.linger = linger
         self.close_started: float | None = None  # loop time the hub's close began
         self.close_finished = False
         self._in_close = False  # close() was called and has not returned yet
@@ -106,13 +103,13 @@ class HubWebSocket(web.WebSocketResponse):
         """End the TCP connection once the handler is done with the socket:
         at once if the closing handshake is complete, else after reading and
         discarding what the client still sends until its close frame, its
-        FIN, or LINGER_SECONDS."""
+        FIN, or the linger."""
         request = self._req
         transport = request.transport if request is not None else None
         if transport is None:
             return
         if not self.peer_closed and not transport.is_closing():
-            await self._await_peer_close(transport, LINGER_SECONDS)
+            await self._await_peer_close(transport, self.linger)
         if not transport.is_closing():
             transport.close()
 

@@ -21,13 +21,13 @@ from hubd.journal.thread import DbThread
 
 log = structlog.get_logger("hubd.journal.checkpoint")
 
-CHECK_SECONDS = 0.5
 WAL_BYTES = 4 * 1024 * 1024
 
 
 class Checkpointer:
-    def __init__(self, path: Path, metrics):
+    def __init__(self, path: Path, metrics, every: float):
         self.path = Path(path)
+        self.every = every  # seconds between looks at the WAL's size
         self.wal = Path(f"{path}-wal")
         self.metrics = metrics
         self._thread = DbThread("journal-checkpoint")
@@ -43,7 +43,7 @@ class Checkpointer:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(CHECK_SECONDS)
+            await asyncio.sleep(self.every)
             try:
                 size = os.stat(self.wal).st_size
             except FileNotFoundError:

@@ -56,7 +56,6 @@ NOTIFICATION_BATCH_SECONDS = 60.0
 WAIT_DEFAULT_MS = 120_000
 WAIT_MAX_MS = 300_000
 FIRST_LINE_CHARS = 120
-PROOF_POLL_SECONDS = 120.0
 
 STATE_ORDER = {"queued": 0, "sent": 1, "delivered": 2, "acknowledged": 3, "replied": 4}
 UNREAD_STATES = frozenset(("queued", "sent", "delivered"))

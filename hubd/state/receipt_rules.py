@@ -12,20 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-# The reference hub's defaults (--recipient-liveness-window,
-# --waiter-liveness-window) and the seed's dark-seat persistence.
-REACTION_WINDOW_SECONDS = 90.0
-WAITER_WINDOW_SECONDS = 20.0
-DARK_SEAT_AFTER_SECONDS = 30.0
-
 
 @dataclass(frozen=True, slots=True)
 class LivenessPolicy:
     # False (--no-warn-stale-recipients): every socket match counts as live,
     # the compatibility behaviour
-    enabled: bool = True
-    reaction_window: float = REACTION_WINDOW_SECONDS
-    waiter_window: float = WAITER_WINDOW_SECONDS
+    enabled: bool
+    # the windows (their defaults are the reference hub's, in hubd/timing.py)
+    reaction_window: float
+    waiter_window: float
 
 
 @dataclass(frozen=True, slots=True)

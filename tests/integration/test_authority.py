@@ -8,10 +8,14 @@ import sqlite3
 
 import pytest
 
+from hubd.timing import Timing
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import free_port, hubd_process
 from tests.support.wsprobe import WsProbe
 from tests.support.waiting import wait_for
+
+# a hub that watches a peer polls it five times a second (production: every 30 s)
+QUICK_WATCH = Timing(watch_interval=0.2)
 
 
 def rows(hub_dir, kind):
@@ -60,7 +64,7 @@ def sites(tmp_path):
         policy = write_serving_policy(tmp_path / f"{hub}-policy", pki, grants)
         site = site_flags(pki, hub, policy)
         proc = hubd_process(tmp_path / hub, *site.serve, *site.connect, *extra, hub_id=hub,
-                            port=ports[hub], scheme="wss")
+                            port=ports[hub], scheme="wss", timing=QUICK_WATCH)
         procs[hub] = proc.start()
         return proc
 
@@ -78,7 +82,7 @@ def test_claims_route_to_the_owner_and_a_second_owner_partitions(tmp_path, sites
     # east owns PROJ and watches north; west routes PROJ claims to east;
     # north is misconfigured and believes it owns PROJ too.
     east = start("east", {"west": ["PROJ"], "north": ["PROJ"]}, "--namespace-owner", "PROJ=east",
-                 *route("multihub-watch", "north"), "--multihub-watch-interval", "1")
+                 *route("multihub-watch", "north"))
     west = start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
                  *route("claim-peer", "east"))
     start("north", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=north")
@@ -144,7 +148,7 @@ def test_claims_route_to_the_owner_and_a_second_owner_partitions(tmp_path, sites
 def test_partition_survives_restart_and_owner_down_fails_closed(tmp_path, sites):
     start, route, url = sites
     east = start("east", {"west": ["PROJ"], "north": ["PROJ"]}, "--namespace-owner", "PROJ=east",
-                 *route("multihub-watch", "north"), "--multihub-watch-interval", "1")
+                 *route("multihub-watch", "north"))
     start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
           *route("claim-peer", "east"))
     north = start("north", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=north")
@@ -323,7 +327,7 @@ def test_one_link_per_peer_carries_forwards_claims_and_the_watch(tmp_path, sites
     east = start("east", {"west": ["PROJ"]}, "--namespace-owner", "PROJ=east")
     west = start("west", {"east": ["PROJ"]}, "--namespace-owner", "PROJ=east",
                  *route("claim-peer", "east"), *route("multihub-watch", "east"),
-                 *route("message-peer", "east"), "--multihub-watch-interval", "1")
+                 *route("message-peer", "east"))
     route_up(west, "east")
 
     async def scenario():

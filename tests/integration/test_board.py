@@ -4,6 +4,7 @@ journal, and (for the rollback sentences) a really full disk."""
 import asyncio
 import subprocess
 
+from hubd.timing import Timing
 from tests.integration.test_claims import frame, journal, joined, same_as_replay, send, settled
 from tests.integration.test_faults import _fill, _mount_tmpfs
 from tests.support.inproc import running_hub
@@ -176,7 +177,8 @@ async def test_a_journal_failure_rolls_board_writes_back_privately(tmp_path):
     mnt = tmp_path / "small"
     _mount_tmpfs(mnt)
     try:
-        async with running_hub(mnt) as server:
+        # after a failed commit, mutations are refused for 0.2 s (production: 1 s)
+        async with running_hub(mnt, timing=Timing(journal_retry_first=0.2)) as server:
             alice = await joined(server.url, "p/alice")
             bob = await joined(server.url, "p/bob")
             await send(alice, "p/alice", "ledger_task", task_id="T", title="fits")
@@ -219,7 +221,7 @@ async def test_a_journal_failure_rolls_board_writes_back_privately(tmp_path):
                 if got["type"] == "ledger_task_posted":
                     break
                 assert asyncio.get_running_loop().time() < deadline, got
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.1)
             assert got["task"]["task_id"] == "T2"
             await same_as_replay(server)
             await alice.close()

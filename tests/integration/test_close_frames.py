@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from hubd.http import closing
 from hubd.http.closing import CLOSE_REASONS
+from hubd.timing import Timing
 from tests.support.inproc import running_hub
 from tests.support.rawws import RawWs, client_frame, text
 from tests.support.wsprobe import WsProbe
@@ -77,7 +77,7 @@ async def test_pipelined_bad_frames_each_get_a_close_frame(tmp_path):
 
 
 @pytest.mark.parametrize("setup, code, reason", [
-    ({"auth_timeout": 0.2}, 4012, "registration timeout"),
+    ({"timing": Timing(auth_timeout=0.2)}, 4012, "registration timeout"),
     ({"token": "s3cret"}, 4010, "auth denied"),
 ])
 async def test_hub_closes_carry_their_reason_to_a_client_still_sending(tmp_path, setup, code,
@@ -120,7 +120,8 @@ def conn_of(server, name):
 
 
 async def test_stalled_consumer_gets_a_graceful_1013_before_the_abort(tmp_path):
-    async with running_hub(tmp_path) as server:
+    # a one-second drain deadline (production's is five), swept ten times a second
+    async with running_hub(tmp_path, timing=Timing(sweep=0.1, send_stall=1.0)) as server:
         waking = await stall(server, "p/waking")
         sleeping = await stall(server, "p/sleeping")
         talker = await WsProbe.open(server.url)
@@ -136,7 +137,7 @@ async def test_stalled_consumer_gets_a_graceful_1013_before_the_abort(tmp_path):
         while not all(c.write_stalled_for(loop.time()) > 0 for c in conns.values()):
             await talker.chat("p/talker", "all", big)
             await talker.drain(0.01)
-        # The sweeper declares the stall (after the 5 s deadline) and tries a
+        # The sweeper declares the stall (after the drain deadline) and tries a
         # graceful close; the waking client reads from that moment on.
         while not conns["p/waking"].stall_closing:
             await asyncio.sleep(0.01)
@@ -186,10 +187,10 @@ def close_from_client(code: int = 1000, reason: bytes = b"bye") -> bytes:
 
 
 async def test_a_client_close_is_answered_and_the_connection_ended_at_once(
-        tmp_path, scheme_overrides, monkeypatch):
-    monkeypatch.setattr(closing, "LINGER_SECONDS", LONG_LINGER)
+        tmp_path, scheme_overrides):
     overrides, tls = scheme_overrides
-    async with running_hub(tmp_path, **overrides) as server:
+    async with running_hub(tmp_path, timing=Timing(close_linger=LONG_LINGER),
+                           **overrides) as server:
         ws = await RawWs.connect(server.port, tls=tls)
         await ws.send(register("p/leaving"))
         loop = asyncio.get_running_loop()
@@ -203,10 +204,10 @@ async def test_a_client_close_is_answered_and_the_connection_ended_at_once(
 
 
 async def test_a_hub_close_answered_by_the_client_ends_the_connection_at_once(
-        tmp_path, scheme_overrides, monkeypatch):
-    monkeypatch.setattr(closing, "LINGER_SECONDS", LONG_LINGER)
+        tmp_path, scheme_overrides):
     overrides, tls = scheme_overrides
-    async with running_hub(tmp_path, **overrides) as server:
+    async with running_hub(tmp_path, timing=Timing(close_linger=LONG_LINGER),
+                           **overrides) as server:
         holder = await WsProbe.open(server.url)
         await holder.recv_type("welcome")
         await holder.register("p/a")
@@ -224,3 +225,48 @@ async def test_a_hub_close_answered_by_the_client_ends_the_connection_at_once(
         assert rest.error is None and rest.frames == [], rest
         assert ended < PROMPT, f"the hub kept the connection {ended:.1f} s after the handshake"
         await holder.close()
+
+
+
+def test_a_stopping_hub_closes_every_socket_with_1001_and_exits_at_once(tmp_path):
+    """SIGTERM: every open socket gets 1001 "hub shutting down", an agent's
+    and a peer hub's inbound link alike, and the hub exits at once instead of
+    waiting out its listener's two-second shutdown timeout for the link."""
+    import signal
+    import time
+
+    from federation.tls import peer_client_context
+    from tests.support.federation import make_pki, site_flags, write_serving_policy
+    from tests.support.procs import hubd_process
+
+    pki = make_pki(tmp_path / "pki", ["east", "west"])
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    west = hubd_process(tmp_path / "west", *site_flags(pki, "west", policy).serve,
+                        hub_id="west", scheme="wss").start()
+    try:
+        async def scenario():
+            link = await RawWs.connect(west.port, tls=peer_client_context(
+                pki.file("east", "client", "cert"), pki.file("east", "client", "key")))
+            await link.send(text(json.dumps({"sender": "east", "target": "System",
+                                             "type": "heartbeat", "payload": "online",
+                                             "protocol_version": 3})))
+            agent = await RawWs.connect(west.port, tls=peer_client_context())
+            await agent.send(register("PROJ/agent"))
+            for ws in (link, agent):  # registered: the welcome arrived
+                assert (await ws.read_until_close(timeout=0.5)).frames
+            started = time.monotonic()
+            west.signal(signal.SIGTERM)
+            got = await asyncio.gather(link.read_all(timeout=5), agent.read_all(timeout=5))
+            for ws in (link, agent):
+                ws.close()
+            return got, started
+
+        (link, agent), started = asyncio.run(scenario())
+        assert link.close == (1001, "hub shutting down"), link
+        assert agent.close == (1001, "hub shutting down"), agent
+        west.proc.wait(5)
+        exited = time.monotonic() - started
+        assert west.proc.returncode == 0
+        assert exited < 2.0, f"the hub took {exited:.1f} s to exit"
+    finally:
+        west.stop()

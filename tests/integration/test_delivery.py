@@ -2,10 +2,12 @@
 acceptance matrix over raw v3 clients (tests/support/delivery_driver.py).
 
 One hub serves the whole module (each case uses its own names). Cases that
-end in a live stage record what their operations must show; the last test
-restarts the hub and checks every recorded operation replays from the
-journal to the same stage, facts and latest_event_seq. The two crash cases
-SIGKILL the hub themselves and check their own replay.
+end in a live stage record what their operations must show; once the
+module's cases have run (whichever ran, in whatever order: no case depends
+on another), `every_case_replays_from_the_journal` restarts the hub and
+checks every recorded operation replays from the journal to the same stage,
+facts and latest_event_seq. The two crash cases SIGKILL the hub themselves
+and check their own replay.
 """
 
 from __future__ import annotations
@@ -46,6 +48,49 @@ def spent_keys():
     """(sender, target, incarnation, idempotency key) the sender spent: still
     spent after a restart."""
     return []
+
+
+@pytest.fixture(scope="module")
+def offline_notes():
+    """audience -> the (stage, notification_id)s queued while it was offline:
+    still sent to it after a restart."""
+    return {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def every_case_replays_from_the_journal(hub, replay_ledger, spent_keys, offline_notes):
+    """After the module's cases, a restart: what they recorded replays from
+    the journal (a failure here is an error at the last case's teardown)."""
+    yield
+    if not (replay_ledger or spent_keys or offline_notes):
+        return
+    hub.stop()
+    hub.start()
+
+    async def case():
+        agents = {}
+        for sender, op in replay_ledger:
+            if sender not in agents:
+                agents[sender] = await Agent.join(hub.url, sender)
+        for (sender, op), facts in replay_ledger.items():
+            status = await agents[sender].status(op)
+            assert {k: status[k] for k in FACTS} == facts, (sender, op)
+        for n, (sender, target, inc, key) in enumerate(spent_keys):
+            if sender not in agents:
+                agents[sender] = await Agent.join(hub.url, sender)
+            answer = await agents[sender].request(target, inc, f"after-restart-{n}",
+                                                  idempotency_key=key)
+            assert answer["reason_code"] == "id_conflict", answer
+        # a notification queued while its audience was offline survived the restart
+        for audience, expected in offline_notes.items():
+            agent = await Agent.join(hub.url, audience)
+            await agent.probe.drain(0.4)
+            notes = agent.probe.seen("delivery_status")
+            assert [(f["stage"], f["notification_id"]) for f in notes] == expected
+            await agent.close()
+        for agent in agents.values():
+            await agent.close()
+    run(case())
 
 
 def run(coro):
@@ -581,7 +626,7 @@ def test_reconnect_replays_the_offer_and_a_new_token_supersedes(hub, replay_ledg
     run(case())
 
 
-def test_sender_notifications_missed_offline_replay_by_stable_id(hub):
+def test_sender_notifications_missed_offline_replay_by_stable_id(hub, offline_notes):
     async def case():
         bob = await Agent.join(hub.url, "o/bob", recipient=True)
         alice = await Agent.join(hub.url, "o/alice")
@@ -609,6 +654,7 @@ def test_sender_notifications_missed_offline_replay_by_stable_id(hub):
         # one more while offline, kept across the restart (checked at the end)
         await alice.close()
         await bob.report(offer, "completed")
+        offline_notes["o/alice"] = [("completed", f"delivery:{op}:4")]
         await bob.close()
     run(case())
 
@@ -744,38 +790,3 @@ def test_sigkill_after_delivery_before_ack(hub):
         await alice.close()
         await bob.close()
     run(after())
-
-
-# -- 9. everything above, after a restart
-
-
-def test_zz_every_case_replays_from_the_journal(hub, replay_ledger, spent_keys):
-    if not replay_ledger:
-        pytest.skip("no case recorded anything to replay (run with the whole module)")
-    hub.stop()
-    hub.start()
-
-    async def case():
-        agents = {}
-        for sender, op in replay_ledger:
-            if sender not in agents:
-                agents[sender] = await Agent.join(hub.url, sender)
-        for (sender, op), facts in replay_ledger.items():
-            status = await agents[sender].status(op)
-            assert {k: status[k] for k in FACTS} == facts, (sender, op)
-        for n, (sender, target, inc, key) in enumerate(spent_keys):
-            if sender not in agents:
-                agents[sender] = await Agent.join(hub.url, sender)
-            answer = await agents[sender].request(target, inc, f"after-restart-{n}",
-                                                  idempotency_key=key)
-            assert answer["reason_code"] == "id_conflict", answer
-        # a notification queued while its audience was offline survived the restart
-        alice = await Agent.join(hub.url, "o/alice")
-        op = operation_key(HUB_ID, "o/alice", "away")
-        await alice.probe.drain(0.4)
-        notes = alice.probe.seen("delivery_status")
-        assert [(f["stage"], f["notification_id"]) for f in notes] == \
-            [("completed", f"delivery:{op}:4")]
-        for agent in (alice, *agents.values()):
-            await agent.close()
-    run(case())

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from hubd.timing import Timing
 from tests.support.delivery_driver import CAPS, Agent, delivery_rows, operation_key
 from tests.support.federation import (fake_peer_hub, make_pki, site_flags,
                                      write_serving_policy)
@@ -203,14 +204,15 @@ def fake_status(key: str, request_id: str, stage: str = "queued") -> dict:
 
 
 @contextlib.asynccontextmanager
-async def east_on_fake_west(tmp_path, pki, version: int, on_frame, features=None):
+async def east_on_fake_west(tmp_path, pki, version: int, on_frame, features=None, timing=None):
     """A hand-written west (tests/support/federation.py fake_peer_hub) and a
-    real east peered with it, yielded once east's link to it is up."""
+    real east peered with it (its timers shortened by `timing`), yielded once
+    east's link to it is up."""
     async with fake_peer_hub(pki, "west", version, on_frame, features=features) as port:
         site = site_flags(pki, "east", None)
         east = hubd_process(tmp_path / "east", "--message-peer", f"west=wss://127.0.0.1:{port}/",
                             "--message-peer-pin", f"west={pki.server_pin('west')}",
-                            *site.connect, hub_id="east")
+                            *site.connect, hub_id="east", timing=timing)
         await asyncio.to_thread(east.start)
         try:
             await asyncio.to_thread(wait_for, lambda: link_state(east) == "up", 20.0,
@@ -328,8 +330,9 @@ def test_hubd_peers_read_features_not_the_integer(tmp_path, pki):
 
 def test_a_peer_that_never_answers_is_peer_unreachable_and_waiting_is_bounded(tmp_path, pki):
     """The fake peer takes every forward and answers none: each request is
-    refused peer_unreachable after the 10 s answer bound, and the one past
-    the 256 forwards that may wait at once is refused at once."""
+    refused peer_unreachable after the answer bound (two seconds here, the
+    seed's ten in production), and the one past the 256 forwards that may
+    wait at once is refused at once."""
     from federation.delivery_forward_rules import MAX_IN_FLIGHT
     taken = []
 
@@ -338,7 +341,8 @@ def test_a_peer_that_never_answers_is_peer_unreachable_and_waiting_is_bounded(tm
             taken.append(frame["body"]["request_id"])
 
     async def scenario():
-        async with east_on_fake_west(tmp_path, pki, 7, swallow) as east:
+        async with east_on_fake_west(tmp_path, pki, 7, swallow,
+                                     timing=Timing(forward_answer=2.0)) as east:
             alice = await Agent.join(east.url, "PROJ/alice")
             rids = [f"r{i}" for i in range(MAX_IN_FLIGHT + 1)]
             for rid in rids:

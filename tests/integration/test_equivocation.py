@@ -34,6 +34,7 @@ import pytest
 from federation.journal_access import append_operator_row
 from federation.log_model import Equivocation
 from federation.quarantine import MULTIHUB_EQUIVOCATION, equivocation_payload
+from hubd.timing import Timing
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import REPO, free_port, hubd_process
 from tests.support.wsprobe import WsProbe
@@ -41,6 +42,8 @@ from tests.support.waiting import wait_for
 
 
 MARKER = "TAMPERED-5d1e0c-rewritten-history"
+# east polls west this often (production: every 30 s; the flag's floor is 1 s)
+WATCH_INTERVAL = 0.2
 
 
 def journal(hub_dir):
@@ -89,7 +92,7 @@ def recover(hub_dir, peer):
 
 @pytest.fixture
 def pair(tmp_path):
-    """start(hub, ...) for east (watching west every second) and west (no
+    """start(hub, ...) for east (watching west every WATCH_INTERVAL) and west (no
     owner map: it grants PROJ claims itself, so a live one is an assertion)."""
     pki = make_pki(tmp_path / "pki", ["east", "west"])
     ports = {hub: free_port() for hub in ("east", "west")}
@@ -104,9 +107,10 @@ def pair(tmp_path):
         if hub == "east":
             extra = ["--namespace-owner", "PROJ=east", "--multihub-watch",
                      f"west={url['west']}", "--multihub-watch-pin",
-                     f"west={pki.server_pin('west')}", "--multihub-watch-interval", "1"]
+                     f"west={pki.server_pin('west')}"]
         proc = hubd_process(tmp_path / hub, *site.serve, *site.connect, *extra, hub_id=hub,
-                            port=ports[hub], scheme="wss")
+                            port=ports[hub], scheme="wss",
+                            timing=Timing(watch_interval=WATCH_INTERVAL))
         procs[hub] = proc
         return proc
 
@@ -171,7 +175,7 @@ def assert_quarantined_and_unchanged(east, east_dir, cursor_before):
     assert health["partitioned"] == []  # west's post-tamper claim was never folded
     assert rows(east_dir, "multihub_partition") == []
     polls = status["polls"]
-    time.sleep(3.0)  # three watch intervals
+    time.sleep(3 * WATCH_INTERVAL)  # three polls, were east still polling west
     assert watch(east)["polls"] == polls, "east kept polling a quarantined peer"
 
 

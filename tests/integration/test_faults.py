@@ -61,6 +61,14 @@ def _fill(path):
     return filler
 
 
+async def notified(probe, name: str) -> None:
+    """After `probe` read a receipt: the hub has journaled its receipt_notified
+    too (the write that delivered the receipt makes the Router journal it, a
+    round later, before it handles this round trip)."""
+    await probe.send_json({"sender": name, "type": "who_request"})
+    await probe.recv_type("who_snapshot")
+
+
 async def test_journal_write_failure_refuses_mutations_and_keeps_reads(tmp_path):
     mnt = tmp_path / "small"
     _mount_tmpfs(mnt)
@@ -70,12 +78,7 @@ async def test_journal_write_failure_refuses_mutations_and_keeps_reads(tmp_path)
             bob = await joined(server.url, "p/bob")
             await alice.chat("p/alice", "p/bob", "fits", client_msg_id="a1", receipt_requested=True)
             assert (await alice.recv_type("delivery_receipt"))["delivered"] is True
-            # the receipt's settlement (receipt_notified, once its write to
-            # alice completed) commits before the disk fills, or it is the
-            # commit that fails and a2 meets the refusal it caused
-            while server.hub.router.state.receipts.notifications_for("p/alice") or \
-                    server.hub.writer.committed_seq < server.hub.router.state.last_seq:
-                await asyncio.sleep(0.01)
+            await notified(alice, "p/alice")
             committed = server.hub.router.state.last_seq
             filler = _fill(mnt)
 
@@ -106,11 +109,12 @@ async def test_journal_write_failure_refuses_mutations_and_keeps_reads(tmp_path)
                 if frame["type"] == "delivery_receipt":
                     break
                 assert asyncio.get_running_loop().time() < deadline, frame
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.1)
             assert frame["delivered"] is True
             got = await bob.recv_type("chat", payload="small")
             assert got["client_msg_id"] == "a3"
             assert [f["payload"] for f in bob.seen("chat")] == ["fits", "small"]
+            await notified(alice, "p/alice")
             assert await server.hub.load_state() == server.hub.router.state
             await alice.close()
             await bob.close()

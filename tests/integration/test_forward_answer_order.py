@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 
 from federation.tls import peer_client_context
-from hubd.state.receipt_rules import LivenessPolicy
 from hubd.cli import build_parser, config_from_args
+from hubd.timing import Timing
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.inproc import running_hub
 from tests.support.wsprobe import WsProbe, joined
@@ -73,7 +73,7 @@ async def test_the_answer_precedes_the_deliveries_only_when_no_write_is_awaited(
     policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
     # a two-second reaction window, so bob goes stale in a test's time
     async with running_hub(tmp_path, hub_id="west", redsyn=False,
-                           liveness=LivenessPolicy(True, 2.0, 2.0),
+                           timing=Timing(reaction_window=2.0, waiter_window=2.0),
                            federation=west_federation(pki, policy)) as west:
         bob = await joined(west.url, "PROJ/bob")
         peer = await WsProbe.open(west.url, ssl=peer_client_context(

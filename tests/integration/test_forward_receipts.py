@@ -11,6 +11,7 @@ import pytest
 
 from federation.tls import peer_client_context
 from hubd.cli import build_parser, config_from_args
+from hubd.timing import Timing
 from tests.support.inproc import running_hub
 from tests.support.rawws import RawWs, text
 from tests.support.federation import make_pki, site_flags, write_serving_policy
@@ -161,8 +162,10 @@ async def test_a_forward_to_a_stalled_recipient_is_answered_transport_unavailabl
     parser = build_parser()
     args = parser.parse_args(["--hub-id", "west", *site_flags(pki, "west", policy).serve])
     federation = config_from_args(args, parser).federation
+    # a one-second drain deadline (production's is five), swept ten times a second
     async with running_hub(tmp_path, hub_id="west", redsyn=False, private_directed=True,
-                           federation=federation) as west:
+                           federation=federation,
+                           timing=Timing(sweep=0.1, send_stall=1.0)) as west:
         alice = await joined(west.url, "PROJ/alice")
         bob = await RawWs.connect(west.port, rcvbuf=4096, tls=peer_client_context())
         await bob.send(text(json.dumps({"sender": "PROJ/bob", "target": "System",

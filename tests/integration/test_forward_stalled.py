@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 
+from hubd.timing import Timing
 from tests.support.federation import fake_peer_hub, make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
 from tests.support.wsprobe import joined
@@ -22,7 +23,9 @@ def test_up_link_without_success_is_stalled_in_health_and_metrics(tmp_path):
     west.start()
     east = hubd_process(tmp_path / "east", *site_flags(pki, "east", None).connect,
                         "--message-peer", f"west=wss://127.0.0.1:{west.port}/",
-                        "--message-peer-pin", f"west={pki.server_pin('west')}", hub_id="east")
+                        "--message-peer-pin", f"west={pki.server_pin('west')}", hub_id="east",
+                        # stalled after a second and a half without success (production: ten)
+                        timing=Timing(stalled_after=1.5))
     east.start()
     try:
         async def send():

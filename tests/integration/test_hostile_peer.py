@@ -21,6 +21,7 @@ import time
 import pytest
 
 from federation.tls import peer_client_context
+from hubd.timing import Timing
 from tests.support.federation import fake_peer_hub, make_pki, site_flags, write_serving_policy
 from tests.support.procs import free_port, hubd_process
 from tests.support.wsprobe import WsProbe, joined
@@ -164,8 +165,9 @@ def test_malformed_log_snapshots_are_refused_and_the_watcher_serves_on(tmp_path,
             east = hubd_process(tmp_path / "east", "--namespace-owner", "PROJ=east",
                                 "--multihub-watch", f"west=wss://127.0.0.1:{port}/",
                                 "--multihub-watch-pin", f"west={pki.server_pin('west')}",
-                                "--multihub-watch-interval", "1",
-                                *site_flags(pki, "east", None).connect, hub_id="east")
+                                *site_flags(pki, "east", None).connect, hub_id="east",
+                                # a poll every 0.2 s (the flag's floor is 1 s)
+                                timing=Timing(watch_interval=0.2))
             await asyncio.to_thread(east.start)
             try:
                 deadline = time.monotonic() + 60

@@ -31,7 +31,7 @@ def test_check_prints_the_effective_configuration_and_creates_nothing(tmp_path):
     config = tmp_path / "site" / "hubd.toml"
     config.parent.mkdir()
     config.write_text('hub-id = "east"\nport = 9101\ndb = "journal.db"\n'
-                      'message-peer = ["west=ws://127.0.0.1:9102/"]\n')
+                      'message-peer = ["west=ws://127.0.0.1:9102/"]\nroster-timeout = 4\n')
     out = hubd("--config", str(config), "--check", "--max-clients", "9", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
@@ -39,6 +39,8 @@ def test_check_prints_the_effective_configuration_and_creates_nothing(tmp_path):
     for line in ('hub-id = "east"  # file', "port = 9101  # file", "max-clients = 9  # flag",
                  f'db = "{tmp_path}/site/journal.db"  # file',
                  'message-peer = ["west=ws://127.0.0.1:9102/"]  # file', "max-history = 1000  # default",
+                 # a timer flag shows the timing profile's value it leaves or sets
+                 "auth-timeout = 10.0  # default", "roster-timeout = 4.0  # file",
                  f"# broker socket {tmp_path}/site/journal.db-bus.sock, token "
                  f"{tmp_path}/site/journal.db-bus.token"):
         assert line in lines, (line, out.stdout)

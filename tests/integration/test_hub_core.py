@@ -3,6 +3,7 @@
 import asyncio
 
 from hubd.state.hub import HubState
+from hubd.timing import Timing
 from tests.support.inproc import running_hub
 from tests.support.wsprobe import WsProbe
 
@@ -265,7 +266,7 @@ async def test_secured_hub(tmp_path):
 
 
 async def test_registration_deadline(tmp_path):
-    async with running_hub(tmp_path, auth_timeout=0.3) as server:
+    async with running_hub(tmp_path, timing=Timing(auth_timeout=0.3)) as server:
         idle = await WsProbe.open(server.url)
         await idle.recv_type("welcome")
         closed = await idle.wait_closed(timeout=5)
@@ -353,7 +354,8 @@ async def test_slow_consumer_is_cut_off_and_others_carry_on(tmp_path):
     import os
     import socket
 
-    async with running_hub(tmp_path) as server:
+    # a one-second drain deadline (production's is five), swept ten times a second
+    async with running_hub(tmp_path, timing=Timing(sweep=0.1, send_stall=1.0)) as server:
         # A client that completes the handshake, registers, then never reads.
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

@@ -11,6 +11,10 @@ from aiohttp import WSMsgType, web
 
 from federation.config import PeerRoute
 from federation.actors.link import SILENT, PeerLink
+from hubd.timing import Timing
+
+# Silence found in well under a second instead of production's two.
+QUICK = Timing(link_ping=0.1, link_silence=0.4)
 
 
 class FakePeer:
@@ -67,7 +71,7 @@ async def test_a_silent_peer_is_closed_for_silence_and_redialled():
     await peer.start()
     ups, downs = [], []
     link = PeerLink(PeerRoute("west", f"ws://127.0.0.1:{peer.port}/", None, None), "east", None,
-                    on_up=ups.append, on_down=lambda p, cause: downs.append(cause))
+                    QUICK, on_up=ups.append, on_down=lambda p, cause: downs.append(cause))
     task = asyncio.get_running_loop().create_task(link.run())
     try:
         await wait_until(lambda: link.up, "link never came up")
@@ -98,12 +102,9 @@ async def test_wake_skips_the_reconnect_backoff():
     with socket.socket() as reserved:
         reserved.bind(("127.0.0.1", 0))
         port = reserved.getsockname()[1]  # nothing listens: every dial is refused
-        link = PeerLink(PeerRoute("west", f"ws://127.0.0.1:{port}/", None, None), "east", None)
-        from federation import liveness
-
-        saved = liveness.BACKOFF_START, liveness.BACKOFF_MAX
         # a backoff far longer than the test may take: only wake() can end it
-        liveness.BACKOFF_START = liveness.BACKOFF_MAX = 3600.0
+        link = PeerLink(PeerRoute("west", f"ws://127.0.0.1:{port}/", None, None), "east", None,
+                        Timing(link_backoff_first=3600.0, link_backoff_max=3600.0))
         task = asyncio.get_running_loop().create_task(link.run())
         try:
             await wait_until(lambda: link.last_error is not None, "no dial")
@@ -112,6 +113,5 @@ async def test_wake_skips_the_reconnect_backoff():
             await wait_until(lambda: link.last_error["at"] > first, "wake() did not redial")
             assert link.last_error["cause"] == "refused" and link.last_inbound is not None
         finally:
-            liveness.BACKOFF_START, liveness.BACKOFF_MAX = saved
             link.stop()
             task.cancel()

@@ -10,7 +10,7 @@ import json
 import sqlite3
 
 from hubd.handlers.receipts import DarkSeats
-from hubd.state.receipt_rules import LivenessPolicy
+from hubd.timing import Timing
 from tests.support.inproc import running_hub
 from tests.support.procs import hubd_process
 from tests.support.rawws import RawWs, text
@@ -44,7 +44,8 @@ def events_of(db, *kinds: str) -> list[tuple[int, str, dict]]:
 async def test_a_stale_recipient_gets_no_live_recipient_and_a_waiter_vouches(tmp_path):
     # a two-second reaction window, so "idle" is reached in a test's time (and
     # a reaction followed by a chat stays inside it even on a loaded box)
-    async with running_hub(tmp_path, liveness=LivenessPolicy(True, 2.0, 5.0)) as server:
+    async with running_hub(tmp_path,
+                           timing=Timing(reaction_window=2.0, waiter_window=5.0)) as server:
         alice = await joined(server.url, "p/alice")
         bob = await joined(server.url, "p/bob")
         liveness = (await who(alice, "p/alice"))["agent_liveness"]
@@ -113,7 +114,8 @@ async def test_a_stale_recipient_gets_no_live_recipient_and_a_waiter_vouches(tmp
 
 
 async def test_with_the_gate_off_a_stale_socket_still_counts(tmp_path):
-    async with running_hub(tmp_path, liveness=LivenessPolicy(False, 1.0, 1.0)) as server:
+    async with running_hub(tmp_path, warn_stale_recipients=False,
+                           timing=Timing(reaction_window=1.0, waiter_window=1.0)) as server:
         alice = await joined(server.url, "p/alice")
         bob = await joined(server.url, "p/bob")
         while (await who(alice, "p/alice"))["agent_liveness"]["p/bob"]["last_reaction_age"] <= 1:
@@ -132,7 +134,9 @@ def register(name: str) -> bytes:
 
 
 async def test_a_stalled_write_gives_recipient_transport_unavailable(tmp_path):
-    async with running_hub(tmp_path, private_directed=True) as server:
+    # a one-second drain deadline (production's is five), swept ten times a second
+    async with running_hub(tmp_path, private_directed=True,
+                           timing=Timing(sweep=0.1, send_stall=1.0)) as server:
         alice = await joined(server.url, "p/alice")
         bob = await RawWs.connect(server.port, rcvbuf=4096)  # registers, then never reads
         await bob.send(register("p/bob"))
@@ -252,7 +256,8 @@ def test_a_receipt_committed_before_a_sigkill_is_delivered_after_restart(tmp_pat
 
 
 async def test_a_seat_owning_work_without_a_waiter_gets_one_dark_seat_alert(tmp_path):
-    async with running_hub(tmp_path, dark_seat_after=1.0) as server:
+    # dark after a second, swept five times a second (production: 30 s, every second)
+    async with running_hub(tmp_path, timing=Timing(dark_seat_after=1.0, sweep=0.2)) as server:
         alice = await joined(server.url, "p/alice")
         carol = await joined(server.url, "p/carol")
         await carol.send_json({"sender": "p/carol", "target": "System", "type": "claim",

@@ -16,11 +16,14 @@ from types import SimpleNamespace
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from hubd.timing import Timing
 from hubd.wire.redsyn import e2e, signing
 from hubd.wire.redsyn.envelope import b64url
 from tests.support.procs import hubd_process
 from tests.support.redsyn_client import Client, login
 from tests.support.webhook_listener import Hook
+
+SHORT_LEASE = 0.1
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
@@ -38,10 +41,14 @@ def hub(tmp_path_factory):
     work = tmp_path_factory.mktemp("redsyn")
     db = work / "hubd.db"
     tokens = {key: login(db, person, name) for key, (person, name) in NODES.items()}
-    # A failing webhook is retried after 0.01 s, then 0.02, 0.04, ... (doubling,
-    # as in production from 10 s): its ten attempts take about 5 s.
+    # A failing webhook is retried after 0.002 s, then 0.004, 0.008, ...
+    # (doubling, as in production from 10 s): its ten attempts take about a
+    # second. Takes may
+    # lease for a tenth of a second (production: 1 s at least), and expiry is
+    # swept ten times a second.
     proc = hubd_process(work, "--redsyn-allow-loopback-webhooks",
-                        "--redsyn-webhook-first-retry", "0.01", db=db).start()
+                        "--redsyn-webhook-first-retry", "0.002", db=db,
+                        timing=Timing(redsyn_min_lease=SHORT_LEASE, sweep=0.1)).start()
     clients = {key: Client(proc.http_url, token) for key, token in tokens.items()}
     yield SimpleNamespace(proc=proc, db=db, work=work, tokens=tokens, **clients)
     proc.stop()
@@ -267,7 +274,7 @@ def test_leases_ten_takes_expiry_and_cancel(hub):
     assert sent.status == 201
     attempts = []
     while len(attempts) < 10:
-        items = hub.joel.take(worker, wait=5, lease=1)
+        items = hub.joel.take(worker, wait=5, lease=SHORT_LEASE)
         attempts += [i["attempts"] for i in items if i["id"] == "lease-1"]
     assert attempts == list(range(1, 11))
     [error] = hub.ana.take_until(asker, 1)
@@ -427,8 +434,9 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path):
             if items:
                 assert receiver.ack(box, [i["id"] for i in items]).status == 200
                 acked.update(i["id"] for i in items)
-        # one batch taken and not confirmed when the hub dies
-        in_flight = receiver.take(box, wait=5, lease=3)
+        # one batch taken and not confirmed when the hub dies (on the shortest
+        # lease: the restarted hub hands it out again once it lapses)
+        in_flight = receiver.take(box, wait=5, lease=1)
         assert in_flight
     except BaseException:
         stop.set()  # a failure before the kill must not leave the hub running
@@ -455,5 +463,36 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path):
                 acked.update(i["id"] for i in items)
         assert accepted <= acked, sorted(accepted - acked)[:10]
         assert {i["id"] for i in in_flight} <= acked  # leased at the crash, came back
+    finally:
+        proc.stop()
+
+
+def test_a_waiting_poll_is_answered_when_the_hub_stops(tmp_path):
+    """SIGTERM while an agent's poll waits: the poll is answered (no items, as
+    if its wait ran out; or 503 if its take was still with the Router) instead
+    of being dropped, and the hub exits at once instead of waiting out its
+    listener's shutdown timeout for it."""
+    db = tmp_path / "hubd.db"
+    token = login(db, "acme/general/joel", "laptop")
+    proc = hubd_process(tmp_path, db=db).start()
+    try:
+        client = Client(proc.http_url, token)
+        box = "acme/general/joel/idle"
+        answers = []
+        poll = threading.Thread(target=lambda: answers.append(
+            client.call("GET", f"/inbox/{box}?wait=30", timeout=10)))
+        poll.start()
+        # the poll has begun (a take is the agent's heartbeat)
+        assert wait_for(lambda: client.call("GET", f"/agents/{box}").status == 200)
+        started = time.monotonic()
+        proc.signal(signal.SIGTERM)
+        proc.proc.wait(10)
+        exited = time.monotonic() - started
+        poll.join(10)
+        [answer] = answers
+        assert (answer.status, answer.json) in ((200, {"items": []}), (503, {
+            "error": "the hub is shutting down; retry"})), (answer.status, answer.body)
+        assert proc.proc.returncode == 0
+        assert exited < 2.0, f"the hub took {exited:.1f} s to exit"
     finally:
         proc.stop()

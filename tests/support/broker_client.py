@@ -24,6 +24,10 @@ class BrokerError(Exception):
         self.error = error
 
 
+class BrokerClosed(ConnectionError):
+    """The hub closed the connection with no answer left to read."""
+
+
 class BrokerClient:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader = reader
@@ -69,7 +73,22 @@ class BrokerClient:
         await self.send_raw(json.dumps(obj).encode() + b"\n")
 
     async def answer(self, timeout: float = 10.0) -> dict:
-        return await asyncio.wait_for(self.answers.get(), timeout)
+        """The next answer; BrokerClosed at once if the hub closed the
+        connection and none is left, TimeoutError after `timeout`."""
+        async with asyncio.timeout(timeout):
+            while self.answers.empty():
+                if self.closed.is_set():
+                    raise BrokerClosed("the hub closed the connection")
+                getter = asyncio.ensure_future(self.answers.get())
+                closed = asyncio.ensure_future(self.closed.wait())
+                try:
+                    await asyncio.wait({getter, closed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    closed.cancel()
+                    getter.cancel()
+                if getter.done() and not getter.cancelled():
+                    return getter.result()
+            return self.answers.get_nowait()
 
     def take_id(self) -> int:
         id_ = self.next_id

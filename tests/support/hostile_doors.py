@@ -49,7 +49,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support.broker_client import BrokerClient
+from tests.support.broker_client import BrokerClient, BrokerClosed
 from tests.support.hostile_input import (ANSWERER, ASKER, MALLORY, NARROW, NARROW_SEAT, RAW_HTTP,
                                          broker_line, redsyn_case)
 from tests.support.procs import REPO, hubd_process
@@ -283,7 +283,7 @@ class Run:
         closed = asyncio.ensure_future(client.closed.wait())
         done, _ = await asyncio.wait({getter, closed}, return_when=asyncio.FIRST_COMPLETED)
         closed.cancel()
-        if getter in done:
+        if getter in done and not isinstance(getter.exception(), BrokerClosed):
             if getter.exception() is None:
                 return getter.result()
             self.summary.unanswered.append(("broker", repr(what)))

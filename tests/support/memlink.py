@@ -28,6 +28,7 @@ from federation.actors.peers import Subscribers
 from federation.actors.link_socket import PONG, TEXT
 from federation.clock import ManualClock
 from federation.config import PeerRoute
+from hubd.timing import Timing
 from hubd.wire import codec
 
 DELIVER, DROP, HANG = "deliver", "drop", "hang"
@@ -45,7 +46,7 @@ ENDED = Message(WSMsgType.CLOSED, None)
 
 def MemoryLink(peer: str, hub_id: str, clock: ManualClock, *, batching: bool = False,
                features: list[str] | None = None, protocol_version: int = 5,
-               inbox: int = INBOX, **events) -> PeerLink:
+               inbox: int = INBOX, timing: Timing = Timing(), **events) -> PeerLink:
     """A PeerLink to `peer` over an in-memory pair, running (a task on the
     current loop); `events` (on_up, on_down, ...) are subscribed, as are those
     given to `link.far.subscribe` later (the fan-out PeerLinks gives a link)."""
@@ -55,7 +56,7 @@ def MemoryLink(peer: str, hub_id: str, clock: ManualClock, *, batching: bool = F
     subscribers = Subscribers()
     subscribers.add(**events)
     far.subscribe = subscribers.add
-    link = PeerLink(PeerRoute(peer, f"memory://{peer}/", None, None), hub_id, None,
+    link = PeerLink(PeerRoute(peer, f"memory://{peer}/", None, None), hub_id, None, timing,
                     on_up=subscribers.on_up, on_down=subscribers.on_down,
                     on_result=subscribers.on_result, on_rejected=subscribers.on_rejected,
                     clock=clock, dialer=far, inbox=inbox)

@@ -209,19 +209,37 @@ class HubProcess:
 
 def hubd_process(workdir: Path, *args: str, port: int | None = None, hub_id: str | None = "test-hub",
                  db: Path | None = None, env: dict | None = None, scheme: str = "ws",
-                 host: str = "127.0.0.1") -> HubProcess:
-    """A hubd process (not yet started) with a fresh journal in workdir."""
+                 host: str = "127.0.0.1", timing=None) -> HubProcess:
+    """A hubd process (not yet started) with a fresh journal in workdir.
+    `timing` (a hubd.timing.Timing) shortens its timers: the fields that
+    differ from production's go to the hub in a --timing file."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     db = db or workdir / "hubd.db"
     argv = [sys.executable, "-m", "hubd", "--host", host, "--port", str(port), "--db", str(db)]
     if hub_id:
         argv += ["--hub-id", hub_id]
+    if timing is not None:
+        argv += ["--timing", str(timing_file(workdir / f"timing-{port}.json", timing))]
     argv += list(args)
     full_env = dict(os.environ)
     full_env.update(env or {})
     return HubProcess(argv, port, host=host, scheme=scheme, env=full_env,
                       log_path=workdir / f"hubd-{port}.log", ready_path="/readyz")
+
+
+def timing_file(path: Path, timing) -> Path:
+    """Write the fields of `timing` that differ from production's as a hubd
+    --timing file (docs/architecture.md, "The timing profile")."""
+    import json
+    from dataclasses import asdict
+
+    from hubd.timing import Timing
+
+    production = asdict(Timing())
+    path.write_text(json.dumps({name: value for name, value in asdict(timing).items()
+                                if value != production[name]}))
+    return path
 
 
 def broker_files(db: Path) -> tuple[Path, Path]:

@@ -8,6 +8,7 @@ import pytest
 from federation.actors.claim_forwarder import (LEASE_ENDED, LEASE_HELD, ClaimForwarder,
                                                ClaimForwarderFull, ForwardClaim)
 from federation.clock import ManualClock, settle
+from hubd.timing import Timing
 from tests.support.memlink import DROP, HANG, MemoryLink
 
 LEASE = {"task_id": "t-1", "owner": "PROJ/amy", "epoch": 4, "version": 0,
@@ -32,6 +33,7 @@ class Harness:
         self.clock = ManualClock()
         self.link = MemoryLink("east", "west", self.clock)
         self.verdicts = []
+        options.setdefault("timeout", Timing().claim_answer)
         self.forwarder = ClaimForwarder({"east": self.link}, self.verdicts.append,
                                         clock=self.clock, **options)
         self.task = None
@@ -278,7 +280,8 @@ def test_an_actor_that_dies_answers_its_pending_requests_and_fails_loudly():
         clock = ManualClock()
         link = MemoryLink("east", "west", clock)
         link.far.connect()
-        forwarder = ClaimForwarder({"east": link}, deliver, clock=clock)
+        forwarder = ClaimForwarder({"east": link}, deliver, timeout=Timing().claim_answer,
+                                   clock=clock)
         task = asyncio.ensure_future(forwarder.run())
         for n in range(3):
             forwarder.submit(request(n))

@@ -8,8 +8,11 @@ import pytest
 
 from federation.actors.delivery_sender import DeliveryAsk, DeliverySender
 from federation.clock import ManualClock, settle
-from federation.delivery_forward_rules import ANSWER_TIMEOUT, PEER_REJECTED, PEER_UNREACHABLE
+from federation.delivery_forward_rules import PEER_REJECTED, PEER_UNREACHABLE
+from hubd.timing import Timing
 from tests.support.memlink import DROP, MemoryLink
+
+ANSWER_TIMEOUT = Timing().forward_answer  # production's: the seed's ten seconds
 
 
 def delivery(n: int, kind: str = "delivery_request") -> DeliveryAsk:
@@ -32,7 +35,7 @@ class Harness:
         self.told = []
         self.link = MemoryLink("west", "east", self.clock, **link_options)
         self.sender = DeliverySender("west", self.link, self.link.far.subscribe, self.told.append,
-                                     clock=self.clock)
+                                     timeout=ANSWER_TIMEOUT, clock=self.clock)
         self.task = asyncio.ensure_future(self.sender.run())
 
     async def __aenter__(self):
@@ -146,7 +149,7 @@ def test_the_sender_refuses_past_its_bound():
         clock = ManualClock()
         link = MemoryLink("west", "east", clock)
         sender = DeliverySender("west", link, link.far.subscribe, lambda answered: None,
-                                clock=clock, bound=2)
+                                timeout=ANSWER_TIMEOUT, clock=clock, bound=2)
         assert sender.submit(delivery(1)) and sender.submit(delivery(2))
         assert not sender.submit(delivery(3))
     run(scenario)

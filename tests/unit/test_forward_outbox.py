@@ -10,13 +10,17 @@ from prometheus_client import CollectorRegistry
 import federation.actors.outbox as outbox_module
 from federation.clock import ManualClock, PeerRetry, settle
 from federation.metrics import ForwardMetrics
-from federation.actors.outbox import ANSWER_TIMEOUT, ForwardOutbox
+from federation.actors.outbox import ForwardOutbox
 from federation.actors.outbox_messages import (Backlog, PeerAlive, RetrySchedule, Settled,
                                                StillPending)
 from federation.state import PendingForward
 from hubd.state import forward_table as dl
+from hubd.timing import Timing
 from tests.support.memlink import DROP, HANG, MemoryLink
 
+
+TIMING = Timing()  # the production profile
+ANSWER_TIMEOUT = TIMING.forward_answer
 
 def forward(n: int, clock: ManualClock, ttl: float = 3600.0,
             receipt: bool = True) -> PendingForward:
@@ -53,7 +57,7 @@ class Harness:
         self.link = MemoryLink("west", "east", self.clock, batching=batching)
         self.outbox = ForwardOutbox(
             "east", "west", self.link, self._attach, ForwardMetrics(CollectorRegistry(), None),
-            self._report, self._load, clock=self.clock)
+            self._report, self._load, timing=TIMING, clock=self.clock)
         self.task = None
 
     def _attach(self, **events):
@@ -489,7 +493,7 @@ def test_the_roster_timeout_is_the_seeds_ten_seconds_unless_a_flag_shortens_it()
     from hubd.cli import build_parser, config_from_args
     parser = build_parser()
     for argv, seconds in (([], 10.0), (["--roster-timeout", "0.5"], 0.5)):
-        assert config_from_args(parser.parse_args(argv), parser).federation.roster_timeout == \
+        assert config_from_args(parser.parse_args(argv), parser).timing.roster_timeout == \
             seconds
     with pytest.raises(SystemExit):
         config_from_args(parser.parse_args(["--roster-timeout", "0"]), parser)

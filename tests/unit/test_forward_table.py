@@ -3,8 +3,9 @@ schedule as a pure function of its inputs."""
 
 import pytest
 
-from federation.clock import RETRY_MAX, next_retry, retry_delay
+from federation.clock import next_retry, retry_delay
 from hubd.state import forward_table as dl
+from hubd.timing import Timing
 
 
 def test_every_forward_path_through_the_table():
@@ -53,15 +54,18 @@ def test_answers_map_to_events():
 
 
 def test_retry_schedule():
-    assert [retry_delay(n, 0.5) for n in range(10)] == \
+    T = Timing()  # the production profile
+    RETRY_MAX = T.forward_retry_max
+    assert [retry_delay(n, 0.5, T) for n in range(10)] == \
         [1, 2, 4, 8, 16, 32, 64, 128, 256, RETRY_MAX]
-    assert retry_delay(0, 0.0) == 0.75 and retry_delay(3, 0.999) == pytest.approx(8 * 1.2495)
+    assert retry_delay(0, 0.0, T) == 0.75
+    assert retry_delay(3, 0.999, T) == pytest.approx(8 * 1.2495)
     with pytest.raises(ValueError):
-        retry_delay(0, 1.0)
+        retry_delay(0, 1.0, T)
     # the due time moves with the injected clock, not with the machine's
-    assert next_retry(0, 500.0, None, 0.5) == (501.0, 1)
-    assert next_retry(2, 10.0, 5.0, 0.5) == (14.0, 3)
+    assert next_retry(0, 500.0, None, 0.5, T) == (501.0, 1)
+    assert next_retry(2, 10.0, 5.0, 0.5, T) == (14.0, 3)
     # a flapping link keeps its count; a steady one that says "not now" starts over
-    assert next_retry(9, 0.0, 5.0, 0.5) == (RETRY_MAX, 10)
-    assert next_retry(8, 0.0, 31.0, 0.5) == (1.0, 1)
-    assert next_retry(5, 0.0, 31.0, 0.5) == (32.0, 6)
+    assert next_retry(9, 0.0, 5.0, 0.5, T) == (RETRY_MAX, 10)
+    assert next_retry(8, 0.0, 31.0, 0.5, T) == (1.0, 1)
+    assert next_retry(5, 0.0, 31.0, 0.5, T) == (32.0, 6)

@@ -7,12 +7,14 @@ import asyncio
 
 import pytest
 
-from federation import liveness
-from federation.actors.link import CONNECT_TIMEOUT, Ask
+from federation.actors.link import Ask
 from federation.actors.link_socket import (BUSY, CLOSED, SILENT, STALLED, TIMEOUT,
                                            LinkError)
 from federation.clock import ManualClock, settle
+from hubd.timing import Timing
 from tests.support.memlink import HANG, MemoryLink
+
+TIMING = Timing()  # production's, which MemoryLink's links run with
 
 
 def run(scenario):
@@ -38,9 +40,9 @@ def ask(link, n: int, reply_type: str = "multihub_log_snapshot", key=None) -> as
 
 async def keep_talking(link, clock, seconds: float) -> None:
     """The peer keeps sending (so it is not silent) while time passes."""
-    for _ in range(int(seconds / liveness.PING_INTERVAL)):
+    for _ in range(int(seconds / TIMING.link_ping)):
         link.far.send({"type": "presence", "sender": "System"})
-        await clock.advance(liveness.PING_INTERVAL)
+        await clock.advance(TIMING.link_ping)
 
 
 def test_the_link_registers_under_its_hub_id_and_reads_the_welcome():
@@ -66,7 +68,7 @@ def test_a_write_that_does_not_complete_cuts_the_link_and_fails_what_waited():
         waiting = ask(link, 1)
         await settle()
         assert not waiting.done() and link.health()["inbox"] == 1  # behind the stuck write
-        await keep_talking(link, clock, liveness.WRITE_STALL_DEADLINE - 1.0)
+        await keep_talking(link, clock, TIMING.link_write_stall - 1.0)
         assert link.up and not waiting.done()
         await keep_talking(link, clock, 1.5)
         assert events == ["up", ("down", STALLED)]
@@ -87,7 +89,7 @@ def test_a_silent_peer_is_closed_for_silence_on_the_clock():
         clock = ManualClock()
         link, events = await connected(clock)
         link.far.silent = True  # answers no ping
-        await clock.advance(liveness.SILENCE_DEADLINE - 0.1)
+        await clock.advance(TIMING.link_silence - 0.1)
         assert link.up
         await clock.advance(1.0)
         assert events[:2] == ["up", ("down", SILENT)] and link.silence_closes == 1
@@ -192,7 +194,7 @@ def test_a_peer_that_never_welcomes_is_given_up_at_the_connect_timeout_of_the_cl
         link.far.connect()
         await settle()
         assert not link.up and link.far.registered is not None
-        await clock.advance(CONNECT_TIMEOUT + 0.1)
+        await clock.advance(TIMING.link_connect + 0.1)
         assert link.last_error["cause"] == TIMEOUT and not link.up
     run(scenario)
 

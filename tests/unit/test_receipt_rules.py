@@ -22,7 +22,7 @@ def test_a_fresh_waiter_vouches_for_its_seat_and_a_silent_one_does_not():
 
 
 def test_the_gate_switched_off_treats_every_match_as_live():
-    off = rules.LivenessPolicy(False)
+    off = rules.LivenessPolicy(False, 90.0, 20.0)
     assert rules.liveness(0.0, None, 10_000.0, off).proven_live is True
 
 

@@ -8,11 +8,14 @@ import time
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from hubd.timing import Timing
 from hubd.wire.redsyn import e2e, signing, webhook
 from hubd.wire.redsyn.canonical import NotCanonicalizable, canonical_json, number
 from hubd.wire.redsyn.envelope import (MAX_ENVELOPE_BYTES, MAX_FILES_BYTES, Address, RedsynError,
                                   Topic, b64url, parse_address, validate)
 from hubd.wire.redsyn.json_text import decode_body
+
+SEED_FIRST_RETRY = Timing().redsyn_webhook_first_retry  # the production profile's: 10 s
 
 # RFC 8785 appendix B: IEEE-754 bit patterns and their canonical text.
 RFC8785_NUMBERS = [
@@ -276,7 +279,7 @@ def test_webhook_signature_is_genuine_and_only_when_recent_and_exact():
 
 
 def test_webhook_retry_schedule():
-    delays = [webhook.retry_delay(n) for n in range(1, 11)]
+    delays = [webhook.retry_delay(n, SEED_FIRST_RETRY) for n in range(1, 11)]
     assert delays == [10, 20, 40, 80, 160, 320, 640, 1280, 2560, None]
     assert sum(d for d in delays if d) < 10 * 3600
     # the cap: an hour
@@ -285,7 +288,7 @@ def test_webhook_retry_schedule():
 
 def test_webhook_retry_delay_cap_applies_beyond_the_doubling():
     import hubd.wire.redsyn.webhook as w
-    assert min(w.FIRST_RETRY_SECONDS * 2 ** 9, w.MAX_RETRY_SECONDS) == 3600
+    assert min(SEED_FIRST_RETRY * 2 ** 9, w.MAX_RETRY_SECONDS) == 3600
 
 
 @pytest.mark.parametrize("url,loopback,ok", [

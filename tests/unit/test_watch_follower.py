@@ -5,6 +5,7 @@ import asyncio
 
 from federation.clock import ManualClock, settle
 from federation.actors.watch import Equivocated, Observed, SetQuarantine, WatchFollower
+from hubd.timing import Timing
 from tests.support.memlink import DROP, MemoryLink
 
 LOG = [
@@ -26,7 +27,8 @@ class Harness:
     def __init__(self, interval=5.0):
         self.clock = ManualClock()
         self.told = []
-        self.follower = WatchFollower("north", None, interval, self.told.append, "east",
+        self.follower = WatchFollower("north", None, Timing(watch_interval=interval),
+                                      self.told.append, "east",
                                       clock=self.clock)
         self.link = MemoryLink("north", "east", self.clock, on_up=self.follower.link_up)
         self.follower.link = self.link

@@ -2,9 +2,10 @@
 the session's transcript (docs/broker.md, "Delivery proof").
 
 After a push to a session that gave a `transcriptPath`, the door looks for
-`[murmur m<id>` in the tail of that file every PROOF_CHECK_SECONDS, for at most
-the proof poll (120 s). A tag found moves the delivery to `delivered` through
-the Router (journaled like a `delivered` line); one not found leaves it `sent`.
+`[murmur m<id>` in the tail of that file every timing.broker_proof_check, for
+at most timing.broker_proof_window (the seed's 120 s). A tag found moves the
+delivery to `delivered` through the Router (journaled like a `delivered`
+line); one not found leaves it `sent`.
 Bounded: at most MAX_PENDING proofs are watched (past it the oldest is dropped
 and counted), and only the last TAIL_BYTES of a transcript are read.
 
@@ -28,7 +29,6 @@ from hubd.wire import broker as wire
 
 log = structlog.get_logger("hubd.broker")
 
-PROOF_CHECK_SECONDS = 1.0
 MAX_PENDING = 4096
 TAIL_BYTES = 256 * 1024
 
@@ -51,10 +51,12 @@ def found_tags(text: str, message_ids) -> set[int]:
 
 
 class ProofWatcher(Listener):
-    def __init__(self, hub, poll_seconds: float = bs.PROOF_POLL_SECONDS):
+    def __init__(self, hub):
         super().__init__()
         self.hub = hub
-        self.poll_seconds = poll_seconds
+        timing = hub.config.timing
+        self.every = timing.broker_proof_check
+        self.poll_seconds = timing.broker_proof_window
         # (handle, message id) -> (transcript path, deadline on the loop clock)
         self.pending: OrderedDict = OrderedDict()
         self.dropped = 0
@@ -78,7 +80,7 @@ class ProofWatcher(Listener):
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(PROOF_CHECK_SECONDS)
+            await asyncio.sleep(self.every)
             if not self.pending:
                 continue
             now = loop.time()

@@ -13,7 +13,7 @@ What a line means is decided inside the Router (hubd/handlers/broker/).
 
 Bounds: connections are admitted by `Admission` (admission.py: one bound for
 authenticated connections, another for those not yet authenticated); a
-connection must authenticate within AUTH_SECONDS; a connection whose unsent
+connection must authenticate within timing.broker_auth; a connection whose unsent
 output passes MAX_WRITE_BUFFER (a listener that does not read) is closed;
 lines are at most 1 MiB.
 """
@@ -46,7 +46,6 @@ from . import admission
 
 log = structlog.get_logger("hubd.broker")
 
-AUTH_SECONDS = 10.0
 # connections the kernel queues before the door accepts them: room for a burst
 # of both bounds at once (asyncio's default, 100, turns a burst of CLI hooks
 # into failed connects; Linux caps it at net.core.somaxconn)
@@ -327,20 +326,21 @@ class BrokerDoor:
     async def _read(self, conn: BrokerConnection, reader: asyncio.StreamReader) -> None:
         splitter = LineSplitter()
         authenticated = False
+        auth_seconds = self.hub.config.timing.broker_auth
         while not conn.closed:
             try:
                 if authenticated:
                     data = await reader.read(READ_CHUNK)
                 else:
-                    async with asyncio.timeout(AUTH_SECONDS):
+                    async with asyncio.timeout(auth_seconds):
                         data = await reader.read(READ_CHUNK)
             except TimeoutError:
                 conn.write(wire.encode_error(None, wire.TIMEOUT, f"No auth line within "
-                                                                f"{AUTH_SECONDS:g} s."))
+                                                                f"{auth_seconds:g} s."))
                 return
             if not data:
                 try:  # the client half-closed: its answers still go out
-                    async with asyncio.timeout(AUTH_SECONDS):
+                    async with asyncio.timeout(auth_seconds):
                         await conn.settled()
                 except TimeoutError:
                     pass

@@ -49,12 +49,10 @@ VERSION_HEADER = "Redsyn-Version"
 MAX_WAIT = 60.0
 MAX_POLLS_PER_NODE = 16
 # A waiting poll looks again when the earliest lease or back-off in its box
-# lapses (a little after, so the lapse is past), and at least this often.
-RECHECK_SECONDS = 5.0
+# lapses (a little after, so the lapse is past), and at least every
+# timing.redsyn_recheck.
 LAPSE_SLACK_SECONDS = 0.02
 WEBHOOK_NODE = "hub:webhook"
-WEBHOOK_TIMEOUT = 10.0
-WEBHOOK_LEASE = 60.0
 WEBHOOK_PARALLEL = 32
 
 
@@ -68,9 +66,12 @@ class RedsynDoor(Listener):
         super().__init__()
         self.hub = hub
         self.allow_loopback_webhooks: bool = hub.config.redsyn_allow_loopback_webhooks
+        self.timing = hub.config.timing
         self._waiters: dict[str, asyncio.Event] = {}
         self._polls: dict[str, int] = defaultdict(int)
         self._webhook_wake = asyncio.Event()
+        self._closing = False
+        self._calls: set[asyncio.Future] = set()  # answers the Router still owes
 
     # -- lifetime
 
@@ -83,6 +84,17 @@ class RedsynDoor(Listener):
     def start(self, group: asyncio.TaskGroup) -> None:
         group.create_task(self._webhooks(), name="redsyn-webhooks")
 
+    async def shutting_down(self) -> None:
+        """The hub is stopping (its Router already has): every waiting poll is
+        answered now with no items, as if its wait had run out, and a request
+        the Router did not answer gets 503; the agent tries again."""
+        self._closing = True
+        for waiter in self._waiters.values():
+            waiter.set()
+        for future in self._calls:
+            if not future.done():
+                future.set_exception(RedsynError(503, "the hub is shutting down; retry"))
+
     def add_routes(self, app: web.Application) -> None:
         app.router.add_route("*", PREFIX + "/{tail:.*}", self.handle)
 
@@ -91,6 +103,7 @@ class RedsynDoor(Listener):
     async def ask(self, command) -> object:
         """Put one command on the Router's inbox; its answer, or the RedsynError
         that says why not."""
+        self._calls.add(command.reply)
         try:
             await self.hub.router.inbox.put(command)
             return await command.reply
@@ -107,6 +120,8 @@ class RedsynDoor(Listener):
             raise RedsynError(503, refused.text) from None
         except Exception:  # the Router logged it and kept nothing of the call
             raise RedsynError(500, "internal error") from None
+        finally:
+            self._calls.discard(command.reply)
 
     def _future(self) -> asyncio.Future:
         return asyncio.get_running_loop().create_future()
@@ -254,7 +269,7 @@ class RedsynDoor(Listener):
             raise RedsynError(400, f"wait must be 0 to {MAX_WAIT:g} seconds")
         if not 1 <= limit <= mb.MAX_ITEMS_PER_TAKE:
             raise RedsynError(400, f"limit must be 1 to {mb.MAX_ITEMS_PER_TAKE}")
-        lease = mb.check_lease(query.get("lease"))
+        lease = mb.check_lease(query.get("lease"), self.timing.redsyn_min_lease)
         if self._polls[node.id] >= MAX_POLLS_PER_NODE:
             self.hub.metrics.redsyn_polls_refused += 1
             raise RedsynError(429, f"this node already holds {MAX_POLLS_PER_NODE} open polls")
@@ -271,7 +286,7 @@ class RedsynDoor(Listener):
                 remaining = deadline - loop.time()
                 if items or remaining <= 0:
                     return web.json_response({"items": items})
-                look_again = min(remaining, RECHECK_SECONDS)
+                look_again = min(remaining, self.timing.redsyn_recheck)
                 if ready_at is not None:
                     look_again = min(look_again,
                                      max(ready_at - time.time(), 0.0) + LAPSE_SLACK_SECONDS)
@@ -279,6 +294,8 @@ class RedsynDoor(Listener):
                     await asyncio.wait_for(waiter.wait(), look_again)
                 except TimeoutError:
                     pass
+                if self._closing:  # the Router has stopped: nothing more to take
+                    return web.json_response({"items": []})
         finally:
             self._polls[node.id] -= 1
             if not self._polls[node.id]:
@@ -293,11 +310,12 @@ class RedsynDoor(Listener):
         slots = asyncio.Semaphore(WEBHOOK_PARALLEL)
         connector = TCPConnector(
             socket_factory=guarded_socket_factory(self.allow_loopback_webhooks))
-        async with ClientSession(timeout=ClientTimeout(total=WEBHOOK_TIMEOUT),
+        timing = self.timing
+        async with ClientSession(timeout=ClientTimeout(total=timing.redsyn_webhook_timeout),
                                  connector=connector) as http:
             while True:
                 try:
-                    await asyncio.wait_for(self._webhook_wake.wait(), 1.0)
+                    await asyncio.wait_for(self._webhook_wake.wait(), timing.redsyn_webhook_poll)
                 except TimeoutError:
                     pass
                 self._webhook_wake.clear()
@@ -327,7 +345,8 @@ class RedsynDoor(Listener):
         self.hub.metrics.redsyn_webhook_rounds += 1
         try:
             async with slots:
-                items, ready_at = await self.ask(Take(self.id, agent, 16, WEBHOOK_LEASE, fields,
+                items, ready_at = await self.ask(Take(self.id, agent, 16,
+                                                      self.timing.redsyn_webhook_lease, fields,
                                                       self._future()))
                 for item in items:
                     body = json.dumps(item).encode()

@@ -21,6 +21,9 @@ def redsyn_door() -> Plugin:
     async def opening(hub) -> None:
         await door["door"].open()
 
-    return Plugin("redsyn-door", bind=bind, opening=opening,
+    async def closing() -> None:
+        await door["door"].shutting_down()
+
+    return Plugin("redsyn-door", bind=bind, opening=opening, closing=closing,
                   http_routes=lambda app: door["door"].add_routes(app),
                   start=lambda router, group: door["door"].start(group))

@@ -209,8 +209,9 @@ def webhooks(router: Router, session, command) -> None:
 def webhook_failed(router: Router, session, command) -> None:
     fields = command.fields
     agent_, id_ = fields["agent"], fields["id"]
+    first_retry = router.config.timing.redsyn_webhook_first_retry
     _decide(router, command, lambda state, now: mb.Decision(
-        mb.webhook_failed(state, agent_, id_, now, router.config.redsyn_webhook_first_retry)
+        mb.webhook_failed(state, agent_, id_, now, first_retry)
         if id_ in state.boxes.get(agent_, {}) else []))
 
 

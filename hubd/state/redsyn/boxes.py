@@ -240,11 +240,12 @@ def files_of(state: RedsynState, node: Node, id_: str) -> bytes:
 
 
 
-def check_lease(value) -> float:
+def check_lease(value, shortest: float) -> float:
+    """A take's lease: `shortest` (timing.redsyn_min_lease, 1 s) to MAX_LEASE seconds."""
     try:
         lease = float(value) if value is not None else DEFAULT_LEASE
     except ValueError:
         raise RedsynError(400, "lease is seconds, a number") from None
-    if not 1 <= lease <= MAX_LEASE:
-        raise RedsynError(400, f"lease must be 1 to {MAX_LEASE} seconds")
+    if not shortest <= lease <= MAX_LEASE:
+        raise RedsynError(400, f"lease must be {shortest:g} to {MAX_LEASE} seconds")
     return lease

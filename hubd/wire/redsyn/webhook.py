@@ -11,7 +11,6 @@ import hmac
 from .envelope import RedsynError
 from .webhook_address import url_refusal
 
-FIRST_RETRY_SECONDS = 10.0
 MAX_RETRY_SECONDS = 3600.0
 MAX_ATTEMPTS = 10
 GENUINE_WINDOW_SECONDS = 300
@@ -42,10 +41,11 @@ def genuine(headers, body: bytes, key: str, now: float) -> bool:
     return hmac.compare_digest(expected, parts["v1"])
 
 
-def retry_delay(failures: int, first: float = FIRST_RETRY_SECONDS) -> float | None:
+def retry_delay(failures: int, first: float) -> float | None:
     """Seconds to wait after the n-th failed attempt (n >= 1) before the next,
-    or None when the delivery is given up (ten attempts made): 10, 20, 40, ...
-    capped at an hour. `first` is 10 s but for tests (--redsyn-webhook-first-retry)."""
+    or None when the delivery is given up (ten attempts made): `first`, twice
+    that, four times ... capped at an hour. `first` is the seed's 10 s
+    (timing.redsyn_webhook_first_retry) but for tests."""
     if failures < 1:
         raise ValueError("retry_delay counts failed attempts from 1")
     if failures >= MAX_ATTEMPTS:

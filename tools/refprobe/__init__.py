@@ -1,0 +1,1 @@
+"""Black-box probes of the reference hub; see tools/probe_reference.py."""
