@@ -145,6 +145,18 @@ def pins_for_certificate(data: bytes) -> CertificatePins:
     return CertificatePins(sha256=certificate_pin(der), spki_sha256=spki_pin(der))
 
 
+def describe_certificate(der: bytes | None) -> str:
+    """A presented certificate by its pins, for a refusal an operator reads
+    (what to pin, if it is the right certificate)."""
+    if der is None:
+        return "no certificate"
+    try:
+        pins = pins_for_certificate(der)
+    except PinError:
+        return "an unparseable certificate"
+    return f"{pins.sha256} ({pins.spki_sha256})"
+
+
 def pins_for_file(path: Union[str, Path]) -> CertificatePins:
     try:
         data = Path(path).read_bytes()

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import structlog
 
 from hubd.core.plugin import Plugin
+from hubd.handlers import routing
 
 from federation import delivery_forward_rules, remote_leases
 from federation import state as forward_state
@@ -30,6 +31,7 @@ from federation.actors.watch import Equivocated, Observed
 from federation.config import FederationConfig
 from federation.handlers import authority as authority_state
 from federation.handlers import claims, delivery_forward, forwarding, logpull, receiver
+from federation.health_problems import federation_problems
 
 log = structlog.get_logger("hubd.federation")
 
@@ -82,6 +84,7 @@ class Federation:
             commands=COMMANDS,
             health_sections={"message_forward": self._health_forwarding,
                              "multihub": self._health_authority},
+            health_problems=(federation_problems,),
             bind=self.bind,
             restored=self.restored,
             rebuilt=self.rebuilt,
@@ -193,15 +196,15 @@ class Federation:
 
     def forward_chat(self, router, session, frame: dict, remote, retry: bool) -> None:
         if self.forwarding is None:
-            router.error(session, f"Hub '{remote.hub}' is not a configured message peer of "
-                                  "this hub.")
+            router.error(session, routing.no_route(router, remote.hub, session.name),
+                         client_msg_id=frame.get("client_msg_id"))
             return
         self.forwarding.forward_chat(router, session, frame, remote, retry)
 
-    def refusal(self, router, hub_id: str) -> str | None:
+    def refusal(self, router, hub_id: str, sender: str | None) -> str | None:
         if self.forwarding is None:
-            return f"hub '{hub_id}' is not a message peer of this hub"
-        return self.forwarding.refusal(router, hub_id)
+            return routing.no_route(router, hub_id, sender)
+        return self.forwarding.refusal(router, hub_id, sender)
 
     def forward_from(self, router, sender: str, frame: dict, remote, retry: bool) -> None:
         self.forwarding.forward_from(router, sender, frame, remote, retry)

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from federation.pins import PinError, PinSet, pins_for_certificate
+from federation.pins import PinSet, describe_certificate
 
 # Decision reasons: stable, lower-case, for logs and metrics labels.
 GRANTED = "granted"
@@ -207,7 +207,7 @@ class ServingPolicy:
             return Decision(False, PIN_MISMATCH,
                             f"client certificate of sender {sender!r} matches none of the "
                             f"{len(record.certificate_pins)} pin(s) of federation record "
-                            f"{domain!r}; it presented {_describe_certificate(peer_cert_der)}",
+                            f"{domain!r}; it presented {describe_certificate(peer_cert_der)}",
                             domain)
         # The record's namespaces are what the peer may address; the grant's
         # own namespace is one of them (checked at load). This is how the
@@ -227,11 +227,3 @@ class ServingPolicy:
         grant = self._by_sender[sender]
         record = self.store.record(grant.domain_id)
         return record.namespaces if record is not None else frozenset()
-
-
-def _describe_certificate(der: bytes) -> str:
-    try:
-        pins = pins_for_certificate(der)
-    except PinError:
-        return "an unparseable certificate"
-    return f"{pins.sha256} ({pins.spki_sha256})"

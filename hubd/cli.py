@@ -66,8 +66,18 @@ SUBCOMMANDS = {
 }
 
 
+class ErrorFirstParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is told in one line, first: the usage of 66
+    flags is 40 lines, and the error came after them (where a terminal or a
+    journalctl excerpt cut it off)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n"
+                     f"(`{self.prog} --help` lists every option)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ErrorFirstParser(
         prog="hubd",
         description="Coordination hub for fleets of AI agents. Without options: one hub on "
                     f"127.0.0.1:{DEFAULT_PORT} with its journal in ./{DEFAULT_DB}.",

@@ -32,11 +32,13 @@ from hubd.actors.journal_writer import JournalWriter
 from hubd.actors.journal_writer import Flush
 from hubd.actors.router import Router
 from hubd.actors.snapshotter import Snapshotter
+from hubd.auth_log import AuthDenials
 from hubd.config import HubConfig
 from hubd.core.commands import TICK, ConfigReloaded
 from hubd.core.endpoints import Endpoints
 from hubd.core.message import CLOSE_GOING_AWAY
 from hubd.core.plugin import Installed, Plugin
+from hubd.health import OK, journal_problems, judge
 from hubd.journal import snapshots
 from hubd.journal.checkpoint import Checkpointer
 from hubd.journal.restore import Projection, SnapshotPolicy, policy_for, project
@@ -60,6 +62,7 @@ class Hub:
         self.config = config
         self.installed = Installed(plugins)
         self.metrics = HubMetrics()
+        self.auth_denials = AuthDenials()
         self.hub_id: str = config.hub_id or ""
         # every open endpoint of every door, by id: where released messages go
         self.endpoints = Endpoints()
@@ -144,8 +147,9 @@ class Hub:
     def health_base(self) -> dict:
         """The /health facts that are not the Router's (hubd/handlers/status.py
         adds presence and the plugins' sections, inside the Router)."""
-        return {
-            "status": "degraded" if self.corrupt_rows or self.unknown_kinds.events else "ok",
+        document = {
+            "status": OK,
+            "reasons": [],
             "hub_id": self.hub_id,
             "version": f"hubd {__import__('hubd').__version__}",
             "protocol_version": PROTOCOL_VERSION,
@@ -158,6 +162,7 @@ class Hub:
             "journal_unknown_kinds": self.unknown_kinds.names(),
             "identity": self.identity.summary(),
         }
+        return judge(document, (journal_problems,))
 
     def _journal_failed(self, failure) -> None:
         if self.router is not None:

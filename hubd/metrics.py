@@ -28,6 +28,8 @@ class HubMetrics:
         self.frames_in_bytes = 0
         self.chats_routed = 0
         self.dead_letters = 0
+        # chats to a seat on a hub this hub has no route to (refused)
+        self.chats_no_route = 0
         # consume-live receipts (hubd/handlers/receipts.py): verdicts by kind,
         # liveness warnings, dark-seat alerts, receipts decided unwritten
         # because too many awaited writes
@@ -209,6 +211,10 @@ class _Collector:
                                   "held its bound of open polls.", value=m.redsyn_polls_refused)
         yield _by_label("hubd_http_refused", "HTTP requests the listener gave up on, by reason "
                         "(malformed, client_gone, handler_failed).", "reason", m.http_refused)
+        yield CounterMetricFamily("hubd_chats_no_route",
+                                  "Chats refused because they name a seat on a hub this hub "
+                                  "has no route to (not a configured message peer).",
+                                  value=m.chats_no_route)
         yield CounterMetricFamily("hubd_auth_denied", "Connections refused for a missing or wrong token.",
                                   value=m.auth_denied)
         yield CounterMetricFamily("hubd_name_conflicts", "Registrations refused with name_conflict.",

@@ -11,6 +11,7 @@ import time
 import structlog
 from aiohttp import web
 
+from hubd import __version__
 from hubd.composition import build_hub
 from hubd.config import HubConfig
 from hubd.http.app import make_app
@@ -34,6 +35,7 @@ class HubServer:
         self._site: web.TCPSite | None = None
         self._run: asyncio.Task | None = None
         self.port: int | None = None
+        self._replayed_seq = 0
 
     @property
     def url(self) -> str:
@@ -66,8 +68,12 @@ class HubServer:
             raise StartupError(f"cannot listen on {config.host}:{config.port}: "
                                f"{exc.strerror}") from exc
         self.port = self._runner.addresses[0][1]
+        identity = self.hub.identity.summary()
+        # what a client must bring: a token (agent_auth: shared-token, or
+        # principals, or none on an open hub), and whether the listener is TLS
         log.info("listening", url=self.url, hub_id=self.hub.hub_id, journal=str(config.db),
-                 secured=config.token is not None)
+                 agent_auth=identity["mode"], tokenless_agents=identity["tokenless"],
+                 tls=self.ssl_context is not None)
         from hubd.http.host_trust import is_loopback_bind
 
         if not is_loopback_bind(config.host) and not config.advertised_hosts:
@@ -83,9 +89,24 @@ class HubServer:
             await self._runner.cleanup()
             await self.hub.shutdown()
             raise StartupError(str(exc)) from exc
+        log.info("hubd started", version=__version__, hub_id=self.hub.hub_id,
+                 journal=str(config.db), doors=self.doors(),
+                 journal_seq=self.hub.writer.committed_seq)
+        self._replayed_seq = self.hub.writer.committed_seq
         self._run = asyncio.get_running_loop().create_task(self._supervise())
         while not self.hub.ready and not self._run.done():
             await asyncio.sleep(0.001)
+
+    def doors(self) -> dict:
+        """Where each door listens (the startup banner's)."""
+        config = self.config
+        doors = {"websocket": self.url}
+        if config.redsyn:
+            http = self.url.replace("ws", "http", 1)
+            doors["redsyn"] = f"{http}redsyn/v1"
+        if config.broker is not None:
+            doors["broker"] = str(config.broker.socket_path)
+        return doors
 
     async def _supervise(self) -> int:
         code = 0
@@ -101,10 +122,16 @@ class HubServer:
 
     async def wait(self) -> int:
         """Serve until the hub stops; then close everything. The exit code."""
+        code = 1
         try:
             code = await self._run
         finally:
             await self._close()
+            hub = self.hub
+            log.info("hubd stopped", hub_id=hub.hub_id, exit_code=code,
+                     uptime_seconds=round(time.time() - hub.started, 3),
+                     journal_seq=hub.writer.committed_seq,
+                     events_written=hub.writer.committed_seq - self._replayed_seq)
         return code
 
     async def stop(self) -> int:

@@ -44,6 +44,7 @@ from federation.actors.link_socket import (AUTH, BINARY, BUSY, CLOSED, PIN_MISMA
                                            LinkError, SocketDialer)
 from federation.clock import SYSTEM, wait_for
 from federation.config import PeerRoute
+from federation.pins import describe_certificate
 from hubd.timing import Timing
 from hubd.wire import codec
 from hubd.wire.envelope import PROTOCOL_VERSION, strict_int
@@ -289,9 +290,9 @@ class PeerLink:
             der = conn.certificate_der()
             if der is None or not route.pins.matches(der):
                 log.warning("peer certificate no longer matches its pins; closing the link",
-                            peer=self.peer)
-                self._end(conn, PIN_MISMATCH,
-                          "certificate no longer matches the reloaded pins")
+                            peer=self.peer, presented=describe_certificate(der))
+                self._end(conn, PIN_MISMATCH, pin_mismatch_detail(self.peer, route, der,
+                                                                  "the reloaded pins"))
 
     def stop(self) -> None:
         self._stop = True
@@ -355,8 +356,8 @@ class PeerLink:
         if route.pins is not None:
             der = conn.certificate_der()
             if der is None or not route.pins.matches(der):
-                raise LinkError(PIN_MISMATCH, f"{self.peer} presented a certificate that "
-                                              "matches none of its pins")
+                raise LinkError(PIN_MISMATCH, pin_mismatch_detail(self.peer, route, der,
+                                                                  "its pins"))
         register = {"sender": self.hub_id, "target": "System", "type": "heartbeat",
                     "payload": "online", "protocol_version": PROTOCOL_VERSION}
         if route.token:
@@ -573,3 +574,12 @@ class PeerLink:
                 "last_error": self.last_error, "peer_protocol_version": self.peer_protocol_version,
                 "clock_skew_seconds": round(self.clock_skew, 3) if self.clock_skew is not None
                 else None}
+
+
+def pin_mismatch_detail(peer: str, route: PeerRoute, der: bytes | None, pins: str) -> str:
+    """Why a pinned link is refused, with what the peer presented (so the
+    operator can tell a rotated certificate from a wrong host) and how to
+    read a hub's pins without trusting them first."""
+    return (f"{peer} presented {describe_certificate(der)}, which matches none of {pins}; "
+            f"if that is {peer}'s certificate, pin it (`hubd certs fetch {route.uri}` "
+            "prints a hub's pins)")

@@ -39,7 +39,7 @@ from federation.metrics import ForwardMetrics
 from federation.state import (PendingForward, outbox_of, pending_from_event, retries_of,
                               retry_payload)
 from hubd.actors.router import Router
-from hubd.handlers.routing import route_chat
+from hubd.handlers.routing import no_route, route_chat
 from hubd.handlers.mailbox import deliver_notifications
 from hubd.state import forward_table, receipt_table
 from hubd.state.forward_table import ACCEPTED, DUPLICATE
@@ -188,7 +188,7 @@ class Forwarding:
 
     def forward_chat(self, router: Router, session: Session, frame: dict, remote: RemoteSeat,
                      retry: bool) -> None:
-        refused = self.refusal(router, remote.hub)
+        refused = self.refusal(router, remote.hub, session.name)
         if refused is not None:
             router.error(session, refused, client_msg_id=frame.get("client_msg_id"))
             return
@@ -197,10 +197,10 @@ class Forwarding:
                                        "with the same client_msg_id.",
                               client_msg_id=frame.get("client_msg_id"))
 
-    def refusal(self, router: Router, peer: str) -> str | None:
-        """Why a chat to `peer` cannot be accepted now, or None."""
+    def refusal(self, router: Router, peer: str, sender: str | None) -> str | None:
+        """Why a chat from `sender` to `peer` cannot be accepted now, or None."""
         if not self.knows(peer):
-            return f"Hub '{peer}' is not a configured message peer of this hub."
+            return no_route(router, peer, sender)
         backlog = outbox_of(router.state).count(peer)
         if backlog >= MAX_PENDING_PER_PEER:
             router.metrics.refuse_quota("forward_backlog")

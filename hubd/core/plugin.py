@@ -106,8 +106,9 @@ class RemoteHubs(Protocol):
                    hub_id: str) -> None:
         """Answer a who_request about that peer's seats."""
 
-    def refusal(self, router: "Router", hub_id: str) -> str | None:
-        """Why a chat to that peer cannot be accepted now (a full backlog), or None."""
+    def refusal(self, router: "Router", hub_id: str, sender: str | None) -> str | None:
+        """Why a chat from `sender` to that peer cannot be accepted now (no
+        route: routing.no_route; a full backlog), or None."""
 
     def forward_from(self, router: "Router", sender: str, frame: dict, remote,
                      retry: bool) -> None:
@@ -153,6 +154,9 @@ class Plugin:
     replaces_state_sections: Mapping[str, Callable] = field(default_factory=dict)
     # /health sections: name -> fn(hub)
     health_sections: Mapping[str, Callable[[Any], object]] = field(default_factory=dict)
+    # why /health says degraded: pure checks of the document, each returning
+    # its reasons (hubd/health.py)
+    health_problems: Sequence[Callable[[dict], list[str]]] = ()
     # boxes a chat can land in besides a seat's (see Mailbox), in the order
     # they are asked
     mailboxes: Sequence[Mailbox] = ()
@@ -244,6 +248,7 @@ class Installed:
         self.on_unregister = self._all("on_unregister")
         self.periodic = self._all("periodic")
         self.peer_claims = self._all("peer_claims")
+        self.health_problems = self._all("health_problems")
         self.mailboxes = self._all("mailboxes")
         self.claim_gate = self._one("claim_gate")
         self.remote_hubs = self._one("remote_hubs")

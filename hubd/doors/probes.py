@@ -1,9 +1,12 @@
 """The operator's HTTP probes: /health (JSON status), /readyz (journal
-replayed?) and /metrics (Prometheus). Each request passes the Host/Origin
-guard; /health and /metrics also need the bearer token when one is set.
+replayed?), /metrics (Prometheus), and the status page (`/` from a browser,
+hubd/doors/status_page.py; its view as JSON on /status). Each request passes
+the Host/Origin guard; all but /readyz also need the bearer token when one is
+set.
 
-/health and /metrics are the Router's answers to a Request (`hub.health`,
-`hub.metrics`: hubd/handlers/status.py), so this door reads no Router state.
+/health, /status and /metrics are the Router's answers to a Request
+(`hub.health`, `hub.status`, `hub.metrics`: hubd/handlers/status.py), so
+this door reads no Router state.
 While the Router does not serve (the journal replay, the shutdown) they are
 made here from what is not the Router's: the hub's own facts, and the metrics
 registry (nothing else reads or writes it then).
@@ -18,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from hubd.core.commands import Request
+from hubd.doors import status_page
 from hubd.http.guard import guard
 
 # the Router answers between two commands; one stuck longer than this is
@@ -25,7 +29,9 @@ from hubd.http.guard import guard
 ANSWER_SECONDS = 5.0
 
 
-def add_probes(app: web.Application, hub) -> None:
+def add_probes(app: web.Application, hub):
+    """Add the probes' routes; returns the status page's handler (app.py
+    serves it on `/` to browsers)."""
     config = hub.config
 
     def authorised(request: web.Request) -> bool:
@@ -54,6 +60,30 @@ def add_probes(app: web.Application, hub) -> None:
             document = {**hub.health_base(), "connections": 0, "online_agents": 0}
         return web.json_response(document)
 
+    async def status_view() -> dict | None:
+        view = await ask_router(hub, "hub.status")
+        if view is _UNANSWERED:
+            return None
+        if view is None:  # the Router does not serve (yet, or any more)
+            view = {**hub.health_base(), "connections": 0, "online_agents": 0}
+        return view
+
+    async def status() -> web.Response:
+        view = await status_view()
+        if view is None:
+            return web.json_response({**hub.health_base(), "status": "router_unresponsive"},
+                                     status=503)
+        return web.json_response(view)
+
+    async def page() -> web.Response:
+        view, code = await status_view(), 200
+        if view is None:
+            view = {**hub.health_base(), "status": "router_unresponsive",
+                    "reasons": ["the hub's router did not answer"]}
+            code = 503
+        return web.Response(text=status_page.render(view), content_type="text/html",
+                            headers=status_page.HEADERS, status=code)
+
     async def readyz() -> web.Response:
         if hub.ready:
             return web.json_response({"ready": True, "journal_replayed": True})
@@ -70,6 +100,8 @@ def add_probes(app: web.Application, hub) -> None:
     app.router.add_get("/health", probe(health, needs_token=True))
     app.router.add_get("/readyz", probe(readyz, needs_token=False))
     app.router.add_get("/metrics", probe(metrics, needs_token=True))
+    app.router.add_get("/status", probe(status, needs_token=True))
+    return probe(page, needs_token=True)
 
 
 _UNANSWERED = object()

@@ -31,7 +31,7 @@ from hubd.core.message import (CLOSE_AUTH, CLOSE_REGISTRATION_TIMEOUT, CLOSE_TRY
 from hubd.http.closing import HubWebSocket, close_frame, lingering_shutdown
 from hubd.http.guard import guard
 from hubd.wire import codec
-from hubd.wire.envelope import hub_frame
+from hubd.wire.envelope import HUB_WIRE, hub_frame
 from hubd.wire.fields import check_fields, refusal
 from hubd.wire.wsframe import text_frame
 
@@ -379,6 +379,7 @@ class Connection:
             self.credential = credential.digest
             return True
         hub.metrics.auth_denied += 1
+        hub.auth_denials.denied(HUB_WIRE, reason, peer=self.peer_host, seat=target)
         self.send(text_frame(codec.encode(
             hub_frame(hub.hub_id, "auth_denied", target, reason, time.time()))))
         self.close(CLOSE_AUTH, "auth denied")

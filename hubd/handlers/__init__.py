@@ -13,7 +13,7 @@ from hubd.state import hub as hub_state
 from hubd.state import idem as idem_state
 
 from . import (board, capabilities, chat, claims, delivery, dialects, mailbox, queries,
-               receipts, sessions, status)
+               receipts, routing, sessions, status)
 
 
 def core_plugin() -> Plugin:
@@ -49,7 +49,7 @@ def core_plugin() -> Plugin:
                   receipts.WritesReported: receipts.writes_reported,
                   delivery.NotificationsReleased: delivery.released},
         requests=status.REQUESTS,
-        live=(receipts.ReceiptDesk, receipts.DarkSeats, claims.ClaimsLive,
+        live=(routing.Unroutable, receipts.ReceiptDesk, receipts.DarkSeats, claims.ClaimsLive,
               delivery.DeliveryLive, capabilities.LiveCards),
         rebuilt=receipts.rebuilt,
         state_sections=claims.STATE_SECTIONS,

@@ -26,13 +26,18 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+import structlog
+
 from hubd.actors.router import Router
 from hubd.core.message import Message
+from hubd.logs import LimitedLog
 from hubd.state import events as ev
 from hubd.state.chat import is_directed
 from hubd.state.presence import RX_SUFFIX, Presence, Session
 from hubd.wire.envelope import finite_number
 from hubd.wire.targets import RemoteSeat, RemoteTargetError, Target, parse_remote, parse_target
+
+log = structlog.get_logger("hubd.routing")
 
 
 # -- a chat to this hub's seats and boxes
@@ -181,13 +186,35 @@ def knows_hub(router: Router, hub_id: str) -> bool:
     return remote_hubs is not None and remote_hubs.knows(hub_id)
 
 
-def hub_refusal(router: Router, hub_id: str) -> str | None:
-    """Why a chat to a seat on `hub_id` cannot be accepted now (not a peer, a
-    full forward backlog), or None."""
+class Unroutable:
+    """Chats to a hub this hub has no route to: the log's line budget (a
+    client sending to a wrong hub in a loop writes MAX_LINES lines a window)."""
+
+    def __init__(self, router: Router):
+        self.line = LimitedLog(log, "warning")
+
+
+def no_route(router: Router, hub_id: str, sender: str | None) -> str:
+    """A chat from `sender` to a seat on `hub_id`, a hub this hub has no route
+    to (not a configured message peer): counted (hubd_chats_no_route_total),
+    logged, and the refusal's text. A reply refused here is often a one-way
+    setup (the peer forwards here, this hub has no --message-peer for it):
+    the log line names both. Whoever finds the hub unknown calls this (the
+    federation plugin when installed, this module when not)."""
+    router.metrics.chats_no_route += 1
+    router.live_of(Unroutable).line(
+        "chat to a hub with no route; refused (add --message-peer for it if it should have "
+        "one)", hub=hub_id, sender=sender)
+    return f"Hub '{hub_id}' is not a configured message peer of this hub."
+
+
+def hub_refusal(router: Router, hub_id: str, sender: str | None) -> str | None:
+    """Why a chat from `sender` to a seat on `hub_id` cannot be accepted now
+    (no route, a full forward backlog), or None."""
     remote_hubs = router.installed.remote_hubs
     if remote_hubs is None:
-        return f"hub '{hub_id}' is not a message peer of this hub"
-    return remote_hubs.refusal(router, hub_id)
+        return no_route(router, hub_id, sender)
+    return remote_hubs.refusal(router, hub_id, sender)
 
 
 def owner_seat(router: Router, address: str) -> str | None:
@@ -201,8 +228,8 @@ def forward_chat(router: Router, session: Session, frame: dict, remote: RemoteSe
     """A chat verb to a seat on a peer hub: forwarded, or refused to the sender."""
     remote_hubs = router.installed.remote_hubs
     if remote_hubs is None:
-        router.error(session, f"Hub '{remote.hub}' is not a configured message peer of "
-                              "this hub.")
+        router.error(session, no_route(router, remote.hub, session.name),
+                     client_msg_id=frame.get("client_msg_id"))
         return
     remote_hubs.forward_chat(router, session, frame, remote, retry)
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import structlog
-
 from hubd.actors.router import Router
 from hubd.core.commands import Closed, Credit, Opened, PrincipalsChanged
 from hubd.core.message import CLOSE_AUTH, CLOSE_CAPACITY, CLOSE_NAME_CONFLICT, CLOSE_PER_HOST
@@ -22,8 +20,6 @@ from hubd.state.presence import Session
 from hubd.state.principals import (admission_refusal, session_refusal, speak_refusal,
                                    takeover_refusal)
 from hubd.wire.envelope import PROTOCOL_VERSION, reserved_name_reason, strict_int
-
-log = structlog.get_logger("hubd.sessions")
 
 WELCOME_TEXT = "Welcome to hubd"
 # hubd extensions a peer hub may use on this connection (the reference ignores
@@ -92,6 +88,8 @@ def _name_conflict(router: Router, session: Session, name: str, text: str, reaso
 
 def _auth_denied(router: Router, session: Session, name: str, reason: str) -> None:
     router.metrics.auth_denied += 1
+    router.hub.auth_denials.denied(session.door, reason, peer=session.peer_host,
+                                   principal=session.principal, seat=name)
     router.send(session.endpoint, router.frame("auth_denied", name, reason))
     router.close(session.endpoint, CLOSE_AUTH, "auth denied")
 
@@ -156,9 +154,7 @@ def revalidate(router: Router, command: PrincipalsChanged) -> None:
         if session.peer_hub is not None:
             continue  # a peer hub's link answers to the serving policy
         refused = session_refusal(table, session.credential, session.name)
-        if refused is not None:
-            log.info("session closed: its principal no longer admits it",
-                     endpoint=session.endpoint, principal=session.principal, reason=refused)
+        if refused is not None:  # logged as an auth denial, with who and why
             _auth_denied(router, session, session.name or "unknown", refused)
 
 

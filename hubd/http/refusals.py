@@ -21,37 +21,15 @@ import logging
 import structlog
 from aiohttp.http_exceptions import HttpProcessingError
 
+from hubd.logs import LineBudget
+
 log = structlog.get_logger("hubd.http")
 
-WINDOW_SECONDS = 10.0
-MAX_LINES = 10
 MAX_DETAIL = 200
 
 MALFORMED = "malformed"
 CLIENT_GONE = "client_gone"
 HANDLER_FAILED = "handler_failed"
-
-
-class LineBudget:
-    """At most `lines` log lines per `window` seconds (pure: the caller
-    gives the clock). `take(now)` says whether to write one now, and how
-    many were held back since the last one written."""
-
-    def __init__(self, lines: int = MAX_LINES, window: float = WINDOW_SECONDS):
-        self.lines, self.window = lines, window
-        self._window_start = float("-inf")
-        self._written = 0
-        self._held = 0
-
-    def take(self, now: float) -> tuple[bool, int]:
-        if now - self._window_start >= self.window:
-            self._window_start, self._written = now, 0
-        if self._written >= self.lines:
-            self._held += 1
-            return False, 0
-        self._written += 1
-        held, self._held = self._held, 0
-        return True, held
 
 
 def kind_of(exc: BaseException | None) -> str:

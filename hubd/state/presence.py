@@ -225,6 +225,39 @@ class Presence:
             self.push_only[(door, identity)] = endpoint
         return old if old != endpoint else None
 
+    # -- who is online, door by door (the status page's)
+
+    def online_by_door(self, limit: int) -> dict[str, dict]:
+        """door -> {"count": how many, "listed": up to `limit` of them, by
+        name}: the seats (of whatever door registered them), the identities
+        a door serves itself (broker handles), the agents heard without a
+        connection (REDSYN: the latest heard, with when and through what),
+        and the peer hubs' links (under "peer-hubs")."""
+        found: dict[str, list] = {}
+        for session in self.sessions.values():
+            if session.peer_hub is not None:
+                door, entry = "peer-hubs", {"name": session.peer_hub,
+                                            "peer_host": session.peer_host}
+            elif session.name is not None:
+                door, entry = session.door, {"name": session.name,
+                                             "peer_host": session.peer_host,
+                                             "since": session.registered_at}
+            elif session.serves is not None:
+                door, entry = session.door, {"name": session.serves,
+                                             "listening": session.listening}
+            else:
+                continue  # opened, not registered yet (or a door's own endpoint)
+            found.setdefault(door, []).append(entry)
+        heard_count: dict[str, int] = {}
+        for (door, identity), (when, through) in reversed(self.heard.items()):
+            heard_count[door] = heard_count.get(door, 0) + 1
+            if heard_count[door] <= limit:  # the latest heard; the rest counted
+                found.setdefault(door, []).append({"name": identity, "last_heard": when,
+                                                   "through": through})
+        return {door: {"count": len(entries) + max(heard_count.get(door, 0) - limit, 0),
+                       "listed": sorted(entries, key=lambda e: e["name"])[:limit]}
+                for door, entries in sorted(found.items())}
+
     # -- agents heard without a connection
 
     def hear(self, door: str, identity: str, through: str, now: float) -> None:

@@ -165,6 +165,12 @@ def test_partition_survives_restart_and_owner_down_fails_closed(tmp_path, sites)
     north.stop()  # the contestant goes away: a failed poll must not heal
     east.stop()
     east.start()
+    # /health says why east is degraded: the partition, and the watch it cannot poll
+    health = east.get_json("/health")
+    assert health["status"] == "degraded", health
+    assert "namespace PROJ: partitioned (two hubs claim to own it); claims in it are " \
+           "refused until it heals" in health["reasons"], health["reasons"]
+    assert any(r.startswith("watch of north: link down") for r in health["reasons"])
 
     async def after_restart():
         bob = await agent(url["east"], "PROJ/bob")

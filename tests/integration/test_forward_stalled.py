@@ -44,6 +44,10 @@ def test_up_link_without_success_is_stalled_in_health_and_metrics(tmp_path):
         stalled = wait_for(lambda: entry()["stalled"] and entry(), timeout=60)
         assert stalled["link"] == "up" and stalled["pending"] == 5
         assert stalled["stalled_since"] == max(stalled["up_since"], stalled["last_success"])
+        health = json.loads(east.get_text("/health"))
+        assert health["status"] == "degraded" and health["reasons"] == [
+            "message peer west: forwards stalled (the link is up, nothing settles) since "
+            f"{stalled['stalled_since']}"], health["reasons"]
         metrics = east.get_text("/metrics")
         assert 'hubd_peer_link_stalled{peer="west"} 1.0' in metrics
         assert 'hubd_forward_total{outcome="retried",peer="west"}' in metrics

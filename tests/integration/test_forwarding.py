@@ -77,6 +77,9 @@ def test_chat_east_to_west_with_receipt(tmp_path, pki):
         asyncio.run(scenario())
         health = east.get_json("/health")["message_forward"]["west"]
         assert health["link"] == "up" and health["pending"] == 0
+        # the chat to a hub east has no route to was counted and logged
+        assert east.metric("hubd_chats_no_route_total") == 1
+        assert "chat to a hub with no route" in east.log() and "hub=nowhere" in east.log()
     finally:
         east.stop()
         west.stop()

@@ -9,7 +9,7 @@ import math
 import socket
 import time
 
-from hubd.http.refusals import MAX_LINES, WINDOW_SECONDS
+from hubd.logs import MAX_LINES, WINDOW_SECONDS
 from tests.support.procs import hubd_process
 from tests.support.redsyn_client import Client, login
 from tests.support.waiting import wait_for

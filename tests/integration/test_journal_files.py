@@ -131,6 +131,9 @@ def test_events_of_kinds_this_hubd_does_not_know_are_reported_not_skipped(tmp_pa
         assert health["journal_unknown_events"] == 2
         assert health["journal_unknown_kinds"] == ["lease_from_the_future"]
         assert health["journal_corrupt_rows"] == 0
+        assert health["reasons"] == [
+            "journal: 2 event(s) of kinds this hubd does not know (lease_from_the_future); "
+            "mutations are refused: run the hubd that wrote them"]
         said = [line for line in hub.log().splitlines() if "does not know" in line]
         assert len(said) == 1 and "lease_from_the_future" in said[0] and "first_seq=2" in said[0]
 

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("wire", ("hubd.wire",)),
     ("base", ("hubd.logs", "hubd.metrics", "hubd.faults", "hubd.state", "hubd.journal",
-              "hubd.config", "hubd.config_file", "hubd.owner_only", "hubd.timing")),
+              "hubd.config", "hubd.config_file", "hubd.owner_only", "hubd.timing",
+              "hubd.health", "hubd.auth_log")),
     ("core", ("hubd.core",)),
     ("actors", ("hubd.actors",)),
     ("handlers", ("hubd.handlers",)),

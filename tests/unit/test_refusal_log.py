@@ -3,8 +3,9 @@ aiohttp reports (hubd/http/refusals.py)."""
 
 from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, LineTooLong
 
-from hubd.http.refusals import (CLIENT_GONE, HANDLER_FAILED, MALFORMED, LineBudget, ServerLog,
+from hubd.http.refusals import (CLIENT_GONE, HANDLER_FAILED, MALFORMED, ServerLog,
                                 kind_of)
+from hubd.logs import LineBudget
 from hubd.metrics import HubMetrics
 
 

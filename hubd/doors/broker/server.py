@@ -384,6 +384,9 @@ class BrokerDoor:
         if not hmac.compare_digest(request.fields["token"].encode("utf-8", "surrogatepass"),
                                    self.token.encode()):
             self.metrics.broker_bad_tokens += 1
+            pid = peer_process(conn.writer)
+            self.hub.auth_denials.denied(wire.DOOR, "wrong broker token",
+                                         peer=f"pid {pid}" if pid is not None else None)
             conn.write(wire.encode_error(request.id, wire.BAD_TOKEN, "Wrong broker token."))
             conn.close()
             return False

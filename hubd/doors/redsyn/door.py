@@ -166,12 +166,18 @@ class RedsynDoor(Listener):
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
+            self._denied(request, "no bearer token")
             raise RedsynError(401, "Authorization: Bearer <token> is required "
                                    "(hubd redsyn login makes one)")
         credential = self.hub.identity.table.authenticate(token.strip())
         if credential is None:
+            self._denied(request, "unknown or revoked token")
             raise RedsynError(401, "unknown or revoked token")
         return node_of(credential)
+
+    def _denied(self, request: web.Request, reason: str) -> None:
+        self.hub.auth_denials.denied(DOOR, reason, peer=request.remote,
+                                     seat=f"{request.method} {request.path}")
 
     async def _json(self, request: web.Request):
         if request.content_length is not None and \

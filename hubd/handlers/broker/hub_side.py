@@ -30,9 +30,10 @@ from .outputs import after_message
 log = structlog.get_logger("hubd.broker")
 
 
-def hub_target_check(router: Router):
-    """For a broker send: None for a hub target it may name, else why not (a
-    full forward backlog refuses the whole send, before anything is journaled)."""
+def hub_target_check(router: Router, sender: str):
+    """For a broker send from `sender`: None for a hub target it may name,
+    else why not (a full forward backlog refuses the whole send, before
+    anything is journaled)."""
     def check(target: str) -> str | None:
         remote = routing.remote_target(target)
         if remote is None:
@@ -40,8 +41,8 @@ def hub_target_check(router: Router):
         if isinstance(remote, RemoteTargetError):
             return remote.text
         if not routing.knows_hub(router, remote.hub):
-            return f"Hub '{remote.hub}' is not a configured message peer of this hub."
-        refused = routing.hub_refusal(router, remote.hub)
+            return routing.no_route(router, remote.hub, sender)
+        refused = routing.hub_refusal(router, remote.hub, sender)
         if refused is not None:  # the forward backlog is full: nothing is journaled
             raise Refusal(wire.RATE_LIMITED, refused)
         return None

@@ -137,7 +137,7 @@ def v_send(router, live, session, f, native):
     handle = _bound(router, live, session)
     return journal(router, live, rules.decide_send(
         bs.of(router.state), handle, session.via, f, router.now, listening(router),
-        live.namespace, hub_target_check(router), live.limits))
+        live.namespace, hub_target_check(router, handle), live.limits))
 
 
 def v_reply(router, live, session, f, native):

@@ -62,7 +62,7 @@ def _journal(router: Router, reply, decision: mb.Decision) -> bool:
     for chat in decision.chats:
         remote = routing.remote_target(chat["frame"]["target"])
         if remote is not None:
-            refused = routing.hub_refusal(router, remote.hub)
+            refused = routing.hub_refusal(router, remote.hub, chat["sender"])
             if refused is not None:
                 _fail(reply, RedsynError(503, refused))
                 return False
