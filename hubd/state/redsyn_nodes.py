@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hubd.state.principals import Principal
-from hubd.wire.redsyn.envelope import Address, RedsynError
+from hubd.wire.redsyn.envelope import Address, Forbidden, RedsynError
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Node:
 
 
 def forbidden(error: str, **extra) -> RedsynError:
-    return RedsynError(403, error, **extra)
+    return Forbidden(error, **extra)
 
 
 def speaks_for(node: Node, agent: str) -> bool:

@@ -15,6 +15,7 @@ from hubd.journal import principals as store
 from hubd.wire.redsyn.envelope import b64url
 from tests.support.procs import hubd_process
 from tests.support.redsyn_client import Client, login
+from tests.support.waiting import wait_for
 
 JOEL = "acme/dev/joel"
 ANA = "acme/dev/ana"
@@ -157,6 +158,13 @@ def test_a_token_speaks_only_for_its_principals_seats(tmp_path):
         for answer in refused:
             assert answer.status == 403, (answer.status, answer.body)
             assert "acme/dev/kim/laptop" in answer.json["error"]
+        # each is an auth denial in the log: the door, whose token, what it asked, why
+        denials = wait_for(lambda: len(found := [line for line in proc.log().splitlines()
+                                                 if "auth denied" in line]) == len(refused)
+                           and found)
+        for line in denials:
+            assert "door=redsyn" in line and "principal=acme/dev/kim" in line, line
+            assert "acme/dev/kim/laptop" in line and "seat=" in line, line
         # its own seat works on every endpoint
         assert node.announce(mine).status == 200
         assert node.call("POST", "/topics/acme/dev/news/subscribe", {"agent": mine}).status == 200

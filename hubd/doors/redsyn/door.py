@@ -35,7 +35,7 @@ from hubd.http.guard import guard
 from hubd.state import redsyn as mb
 from hubd.state.events import UnstorableEvent
 from hubd.wire.redsyn import envelope as wire
-from hubd.wire.redsyn.envelope import API_VERSION, DOOR, KNOWN_VERSIONS, RedsynError
+from hubd.wire.redsyn.envelope import API_VERSION, DOOR, KNOWN_VERSIONS, Forbidden, RedsynError
 from hubd.wire.redsyn.json_text import decode_body
 from hubd.wire.redsyn.webhook import signature_header
 
@@ -46,6 +46,7 @@ log = structlog.get_logger("hubd.redsyn")
 
 PREFIX = "/redsyn/v1"
 VERSION_HEADER = "Redsyn-Version"
+PRINCIPAL = "hubd.redsyn.principal"  # the request key: whose token it carried
 MAX_WAIT = 60.0
 MAX_POLLS_PER_NODE = 16
 # A waiting poll looks again when the earliest lease or back-off in its box
@@ -156,6 +157,8 @@ class RedsynDoor(Listener):
             node = self._authenticate(request)
             response = await self._route(request, node)
         except RedsynError as exc:
+            if isinstance(exc, Forbidden):
+                self._denied(request, exc.error, request.get(PRINCIPAL))
             response = web.json_response(exc.document(), status=exc.status)
         response.headers[VERSION_HEADER] = version if version in KNOWN_VERSIONS else API_VERSION
         counts = self.hub.metrics.redsyn_requests
@@ -173,10 +176,11 @@ class RedsynDoor(Listener):
         if credential is None:
             self._denied(request, "unknown or revoked token")
             raise RedsynError(401, "unknown or revoked token")
+        request[PRINCIPAL] = credential.principal.name  # for a later denial's line
         return node_of(credential)
 
-    def _denied(self, request: web.Request, reason: str) -> None:
-        self.hub.auth_denials.denied(DOOR, reason, peer=request.remote,
+    def _denied(self, request: web.Request, reason: str, principal: str | None = None) -> None:
+        self.hub.auth_denials.denied(DOOR, reason, peer=request.remote, principal=principal,
                                      seat=f"{request.method} {request.path}")
 
     async def _json(self, request: web.Request):

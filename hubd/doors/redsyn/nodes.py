@@ -21,7 +21,7 @@ from hubd.config import DEFAULT_DB
 from hubd.journal import principals as store
 from hubd.state.principals import Credential, PrincipalError
 from hubd.state.redsyn import Node
-from hubd.wire.redsyn.envelope import NAME, RedsynError, parse_person
+from hubd.wire.redsyn.envelope import NAME, Forbidden, RedsynError, parse_person
 
 _MACHINE = re.compile(NAME)
 TOKEN_PREFIX = "rsn_"
@@ -39,8 +39,8 @@ def node_of(credential: Credential) -> Node:
     try:
         parse_person(person)
     except RedsynError:
-        raise RedsynError(403, f"principal {person!r} is not a REDSYN person "
-                               "(org/team/user)") from None
+        raise Forbidden(f"principal {person!r} is not a REDSYN person "
+                        "(org/team/user)") from None
     return Node(node_id(person, credential.label), person, credential.principal)
 
 

@@ -52,6 +52,14 @@ class RedsynError(Exception):
         return {"error": self.error, "status": self.status, **self.extra}
 
 
+class Forbidden(RedsynError):
+    """403 for authority: the caller may not act for this agent or person.
+    The door logs it as an auth denial (a 403 for a quota is not one)."""
+
+    def __init__(self, error: str, **extra):
+        super().__init__(403, error, **extra)
+
+
 def bad(error: str) -> RedsynError:
     return RedsynError(400, error)
 
@@ -257,7 +265,7 @@ def validate(document, sender_person: str, encoded_size: int) -> Incoming:
     person = Address(org, team, user, "_")
     sender = parse_address(document.get("from"), person, "from")
     if sender.person != sender_person:
-        raise RedsynError(403, f"this node speaks for {sender_person}/..., not for {sender}")
+        raise Forbidden(f"this node speaks for {sender_person}/..., not for {sender}")
     if sender.session == "new" and kind != "request":
         raise bad("#new opens a session for a request; a reply goes back in its own session")
 
