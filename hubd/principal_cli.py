@@ -101,7 +101,9 @@ def _print_list(rows: list[dict]) -> None:
     for row in rows:
         print(f"{row['name']}: seats {', '.join(row['seats'])}")
         for grant, value in row["grants"].items():
-            shown = "default" if value is None else (", ".join(value) or "none")
+            # org_admin has no default: none
+            shown = ("none" if grant == "org_admin" else "default") if value is None \
+                else (", ".join(value) or "none")
             print(f"  {grant}: {shown}")
         tokens = row["tokens"]
         print("  tokens: " + (", ".join(f"{t['label']} ({_when(t['created_at'])})"

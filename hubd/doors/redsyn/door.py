@@ -143,7 +143,8 @@ class RedsynDoor(Listener):
     # -- HTTP
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        version = request.headers.get(VERSION_HEADER, API_VERSION)
+        asked = request.headers.get(VERSION_HEADER)
+        version = asked or API_VERSION
         try:
             refused = guard(self.hub, request)  # DNS rebinding, browsers: as every path
             if refused is not None:
@@ -154,6 +155,8 @@ class RedsynDoor(Listener):
             if not self.hub.ready:
                 raise RedsynError(503, "the hub is starting (journal replay)")
             node = self._authenticate(request)
+            if asked is None:  # the date the caller's organization was pinned to
+                version = self._pinned_version(node)
             response = await self._route(request, node)
         except RedsynError as exc:
             response = web.json_response(exc.document(), status=exc.status)
@@ -161,6 +164,10 @@ class RedsynDoor(Listener):
         counts = self.hub.metrics.redsyn_requests
         counts[response.status] = counts.get(response.status, 0) + 1
         return response
+
+    def _pinned_version(self, node: mb.Node) -> str:
+        org = self.hub.identity.table.orgs.get(node.person.split("/")[0])
+        return org["redsyn_version"] if org is not None else API_VERSION
 
     def _authenticate(self, request: web.Request) -> mb.Node:
         header = request.headers.get("Authorization", "")
