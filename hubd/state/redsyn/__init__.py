@@ -14,8 +14,9 @@ The names below are the mailbox's public face (`from hubd.state import redsyn`).
 
 from .agents import check_policy, decide_announce, decide_key, key_of, own_agent
 from .boxes import (ack_ids, check_lease, decide_ack, decide_cancel, decide_poll, decide_subscribe,
-                    decide_take, delivered, files_of, next_ready, sweep, webhook_failed)
-from .model import (ACK, ANNOUNCE, CANCEL, DEFAULT_LEASE, KEY, KINDS, MAX_ITEMS_PER_TAKE,
+                    decide_take, delivered, files_of, give_up_refused, next_ready, sweep,
+                    webhook_failed)
+from .model import (ACK, ANNOUNCE, CANCEL, DEFAULT_LEASE, KEY, KINDS, LINK, MAX_ITEMS_PER_TAKE,
                     MAX_LEASE, MAX_TAKES, MESSAGE, PRESENCE_SECONDS, SUBSCRIBE, TAKE,
                     UNDELIVERABLE, WEBHOOK_FAILED, Agent, Decision, Delivery, Limits, Message,
                     RedsynState, known_here, request_asker)
@@ -34,6 +35,7 @@ __all__ = [
     "Delivery",
     "KEY",
     "KINDS",
+    "LINK",
     "Limits",
     "MAX_ITEMS_PER_TAKE",
     "MAX_LEASE",
@@ -65,6 +67,7 @@ __all__ = [
     "decide_take",
     "delivered",
     "files_of",
+    "give_up_refused",
     "key_of",
     "known_here",
     "next_ready",

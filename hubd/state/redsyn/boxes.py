@@ -14,6 +14,7 @@ from hubd.wire.redsyn.envelope import DEFAULT_TTL, RedsynError, parse_address, p
 from hubd.wire.redsyn.webhook import MAX_ATTEMPTS as WEBHOOK_ATTEMPTS, retry_delay
 
 from .agents import own_agent
+from .links import link_between, message_refusal, org_of
 from .model import (ACK, CANCEL, DEFAULT_LEASE, MAX_LEASE, MAX_SUBSCRIBERS, MAX_TAKES, SUBSCRIBE,
                     TAKE, UNDELIVERABLE, WEBHOOK_FAILED, Decision, Delivery, MESSAGE, RedsynState,
                     request_asker)
@@ -88,7 +89,7 @@ def decide_take(state: RedsynState, node: Node, address: str, lease: float, limi
         if delivery.lease_until > now or delivery.not_before > now:
             blocked.add(delivery.session)
             continue
-        reason = _due(state, agent, id_, delivery, now)
+        reason = _due(state, agent, id_, delivery, now) or _link_refusal(state, agent, id_)
         if reason is not None:
             events.extend(_undeliverable(state, agent, id_, reason, now))
             continue
@@ -98,6 +99,33 @@ def decide_take(state: RedsynState, node: Node, address: str, lease: float, limi
         events.append((TAKE, {"agent": agent, "node": node.id, "ids": ids,
                               "lease_until": lease_until}))
     return Decision(events, items)
+
+
+def _link_refusal(state: RedsynState, agent: str, id_: str) -> str | None:
+    """Checked again as it is handed out: the link it crossed may no longer
+    admit it (docs/redsyn.md, "Organizations and links")."""
+    message = state.messages[id_]
+    sender_org = org_of(message.envelope["from"])
+    link = link_between(state, sender_org, org_of(agent))
+    return message_refusal(message, agent, link)
+
+
+def give_up_refused(state: RedsynState, link: dict, now: float) -> list:
+    """What waits between the link's two organizations that `link` (as it is
+    about to be) no longer admits: given up now, each sender told."""
+    events: list = []
+    orgs = set(link["orgs"])
+    for agent, box in state.boxes.items():
+        if org_of(agent) not in orgs:
+            continue
+        for id_ in box:
+            message = state.messages[id_]
+            if org_of(message.envelope["from"]) not in orgs:
+                continue
+            reason = message_refusal(message, agent, link)
+            if reason is not None:
+                events.extend(_undeliverable(state, agent, id_, reason, now))
+    return events
 
 
 def next_ready(state: RedsynState, node: Node, agent: str, now: float) -> float | None:

@@ -21,7 +21,8 @@ from hubd.state.events import CHAT
 from hubd.state.hub import Appliers
 from hubd.wire.redsyn.envelope import DEFAULT_TTL, parse_address
 
-from .model import (ACK, ANNOUNCE, CANCEL, KEY, KINDS, MESSAGE, REMEMBERED_FINISHED, SUBSCRIBE,
+from .links import apply_link
+from .model import (ACK, ANNOUNCE, CANCEL, KEY, KINDS, LINK, MESSAGE, REMEMBERED_FINISHED, SUBSCRIBE,
                     TAKE, UNDELIVERABLE, WEBHOOK_FAILED, Agent, Delivery, Message, RedsynState,
                     known_here, request_asker)
 
@@ -61,7 +62,7 @@ def _apply_message(state: RedsynState, p: dict, ts: float) -> None:
         sender = parse_address(env["from"])
         _session_for(state, sender.agent_address, thread, sender.session)
     message = Message(env, p["person"], p["node"], p["digest"], p["size"], env["expires"],
-                      p.get("files"), p.get("files_sha256", ""))
+                      p.get("files"), p.get("files_sha256", ""), client=p.get("client"))
     state.messages[env["id"]] = message
     for target in p["deliveries"]:
         agent, session = target["agent"], target["session"]
@@ -272,7 +273,7 @@ def apply_chat_delivery(state: RedsynState, frame: dict, entry: dict, seq: int,
 _APPLY = {KEY: _apply_key, ANNOUNCE: _apply_announce, MESSAGE: _apply_message,
           TAKE: _apply_take, ACK: _apply_ack, UNDELIVERABLE: _apply_undeliverable,
           CANCEL: _apply_cancel, SUBSCRIBE: _apply_subscribe,
-          WEBHOOK_FAILED: _apply_webhook_failed}
+          WEBHOOK_FAILED: _apply_webhook_failed, LINK: apply_link}
 
 
 # -- the hub's projection of REDSYN events and of chats that land in REDSYN
