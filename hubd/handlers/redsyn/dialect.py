@@ -29,10 +29,7 @@ from hubd.state.events import UnstorableEvent
 from hubd.wire.redsyn.envelope import DOOR, RedsynError, parse_address
 
 from .. import routing
-from .mailbox import RedsynLive, journal, state_of
-
-# a REDSYN message to a seat, routed as a chat: the REDSYN boxes do not take it back
-REDSYN_ROUTE = {"redsyn": 1}
+from .mailbox import REDSYN_ROUTE, RedsynLive, journal, owner_of, state_of
 
 
 def _fail(reply, error: RedsynError) -> None:
@@ -224,11 +221,27 @@ def _orgs(router: Router) -> dict:
     return router.hub.identity.table.orgs
 
 
+def _to_peer(router: Router, decision: mb.Decision, link: dict) -> mb.Decision:
+    """A change of a link whose other organization a peer hub owns goes there
+    too, through the forward outbox (docs/redsyn.md, "Across sites")."""
+    [(_, payload)] = decision.events[:1]
+    org = payload["org"]
+    other = next(o for o in link["orgs"] if o != org)
+    seat = routing.owner_seat(router, f"{other}/{links.LINKS_SEAT}")
+    if seat is not None:
+        decision.chats.append(links.link_chat(org, seat, payload))
+    return decision
+
+
 def link_propose(router: Router, session, command) -> None:
     fields = command.fields
-    _decide(router, command, lambda state, now: links.decide_propose(
-        state, fields["node"], fields["doc"], _orgs(router), now,
-        new_id=lambda: fields["new_id"]))
+
+    def decide(state: mb.RedsynState, now: float) -> mb.Decision:
+        decision = links.decide_propose(state, fields["node"], fields["doc"], _orgs(router),
+                                        now, new_id=lambda: fields["new_id"],
+                                        owner_of=owner_of(router))
+        return _to_peer(router, decision, decision.answer)
+    _decide(router, command, decide)
 
 
 def link_change(router: Router, session, command) -> None:
@@ -240,8 +253,8 @@ def link_change(router: Router, session, command) -> None:
         decision, after = links.decide_change(state, fields["node"], fields["id"],
                                               fields["action"], fields["doc"], now)
         if fields["action"] in ("suspend", "end", "terms"):
-            decision.events.extend(mb.give_up_refused(state, after, now))
-        return decision
+            decision.events.extend(mb.give_up_refused(state, after, now, decision.chats))
+        return _to_peer(router, decision, after)
     _decide(router, command, decide)
 
 

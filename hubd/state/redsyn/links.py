@@ -27,10 +27,18 @@ MAX_OPEN_LINKS = 1000   # links that have not ended, per organization
 MAX_ENDED_LINKS = 10_000  # ended links remembered (the oldest forgotten first)
 
 DEFAULT_TERMS = {"expose": [], "signed_only": True, "allow_ips": []}
+# the seat a link change is forwarded from and to (ORG/redsyn-links): a hub
+# seat name, so the peer's namespace grant for ORG covers it
+LINKS_SEAT = "redsyn-links"
 
 
 def org_of(address: str) -> str:
     return address.split("/", 1)[0]
+
+
+def seat_address(name: str) -> str:
+    """An address without its session or hub (`a/b/c/d#s1`, `a/b/c/d@west`)."""
+    return name.partition("#")[0].partition("@")[0]
 
 
 # -- terms
@@ -151,15 +159,37 @@ def check_crossing(state: RedsynState, sender: str, recipient: str, **how) -> No
 
 def message_refusal(message, recipient: str, link: dict | None) -> str | None:
     """A stored message checked again for one recipient against the link
-    between their organizations (hand-out, link change), or None."""
+    between their organizations (hand-out, link change), or None. A chat from
+    a WebSocket seat is not a link's (its sender came in under the hub's
+    principals); one a REDSYN agent on a peer hub sent (`remote`) is."""
     envelope = message.envelope
-    sender = envelope["from"].partition("#")[0]
-    if envelope.get("via") == "websocket" or envelope.get("error") or \
+    remote = envelope.get("remote")
+    sender = seat_address(envelope["from"])
+    if envelope.get("error") or (envelope.get("via") == "websocket" and remote is None) or \
             org_of(sender) == org_of(recipient):
-        return None  # a chat from a seat; the hub's own error replies; one organization
+        return None
+    signed, client = (remote["signed"], remote["client"]) if remote is not None else \
+        (bool(envelope.get("signed")), message.client)
     return link_refusal(link, org_of(sender), recipient,
                         answering=envelope["kind"] in ("reply", "progress"),
-                        signed=bool(envelope.get("signed")), client=message.client)
+                        signed=signed, client=client)
+
+
+def error_chat(agent: str, asker: str, request_id, reason: str) -> dict:
+    """The seed's error reply to a REDSYN agent on a peer hub (`asker`,
+    address@HUB), as a chat the routing service forwards: it lands in the
+    asker's box as the reply to its request `request_id`."""
+    return {"sender": agent, "frame": {
+        "type": "chat", "target": asker, "payload": f"not delivered: {reason}",
+        "redsyn": {"kind": "reply", "error": True, "reply_to": request_id}}}
+
+
+def link_chat(org: str, other_seat: str, payload: dict) -> dict:
+    """A link change for the hub that owns the other organization
+    (`other_seat`, ORG/redsyn-links@HUB), forwarded as a chat."""
+    return {"sender": f"{org}/{LINKS_SEAT}", "frame": {
+        "type": "chat", "target": other_seat, "payload": f"redsyn link {payload['action']}",
+        "redsyn": {"link": payload}}}
 
 
 # -- the projection's part
@@ -258,8 +288,9 @@ def _acting_org(node: Node, link: dict, doc: dict, prefer: str | None = None) ->
 
 
 def decide_propose(state: RedsynState, node: Node, doc, orgs: dict, now: float,
-                   new_id) -> Decision:
-    """POST /links: one organization's admin proposes a link with another."""
+                   new_id, owner_of=lambda org: None) -> Decision:
+    """POST /links: one organization's admin proposes a link with another:
+    one of this hub (`orgs`), or one a peer hub owns (`owner_of(org)`)."""
     if not isinstance(doc, dict):
         raise RedsynError(400, "a proposal is {\"org\", \"peer\", \"terms\"?, \"reason\"?}")
     org, peer = check_org(doc.get("org")), check_org(doc.get("peer"))
@@ -267,7 +298,7 @@ def decide_propose(state: RedsynState, node: Node, doc, orgs: dict, now: float,
         raise RedsynError(400, f"a link is between two organizations; {org} is both sides")
     _admin(node, org)
     for name in (org, peer):
-        if name not in orgs:
+        if name not in orgs and (name == org or owner_of(name) is None):
             raise RedsynError(404, f"no organization {name} (hubd redsyn org create {name})")
     terms, reason = check_terms(org, doc.get("terms")), _reason(doc)
     existing = link_between(state, org, peer)
@@ -298,19 +329,29 @@ def decide_change(state: RedsynState, node: Node, id_: str, action: str, doc,
     link = state.links.get(id_)
     if link is None:
         raise RedsynError(404, f"no link {id_}")
-    proposer, peer = link["orgs"]
-    org = _acting_org(node, link, doc, prefer=peer if action == "accept" else None)
+    org = _acting_org(node, link, doc, prefer=link["orgs"][1] if action == "accept" else None)
     reason = _reason(doc)
-    current = link["state"]
+    terms = _check_transition(link, org, action, doc.get("terms"))
+    payload = {"id": id_, "action": action, "org": org, "by": node.id, "terms": terms,
+               "reason": reason}
+    after = _preview(state, payload, now)
+    return Decision([(LINK, payload)], public(after, with_log=False)), after
+
+
+def _check_transition(link: dict, org: str, action: str, terms) -> dict | None:
+    """Whether `org` may do `action` to the link in its state (RedsynError if
+    not); the checked terms for accept and terms."""
+    id_, current = link["id"], link["state"]
+    proposer, peer = link["orgs"]
+    if action not in ACTIONS[1:]:
+        raise RedsynError(400, f"a link's actions are {', '.join(ACTIONS[1:])}")
     if current == "ended":
         raise RedsynError(409, f"link {id_} has ended; propose a new one")
-    terms = None
     if action == "accept":
         if org == proposer:
             raise forbidden(f"{proposer} proposed link {id_}; an admin of {peer} accepts it")
         if current != "proposed":
             raise RedsynError(409, f"link {id_} is {current}, not proposed")
-        terms = check_terms(org, doc.get("terms"))
     elif action == "suspend":
         if current == "proposed":
             raise RedsynError(409, f"link {id_} is proposed, not active; end it to decline")
@@ -319,12 +360,44 @@ def decide_change(state: RedsynState, node: Node, id_: str, action: str, doc,
     elif action == "resume":
         if org not in link["suspended_by"]:
             raise RedsynError(409, f"{org} has not suspended link {id_}")
-    elif action == "terms":
-        terms = check_terms(org, doc.get("terms"))
-    payload = {"id": id_, "action": action, "org": org, "by": node.id, "terms": terms,
-               "reason": reason}
-    after = _preview(state, payload, now)
-    return Decision([(LINK, payload)], public(after, with_log=False)), after
+    return check_terms(org, terms) if action in ("accept", "terms") else None
+
+
+def peer_change_refusal(state: RedsynState, payload, origin: str, owner_of,
+                        orgs: dict) -> str | None:
+    """A link change a peer hub made and forwarded (docs/redsyn.md, "Across
+    sites"): why this hub does not take it, or None. The side it acts for must
+    be an organization the peer hub owns (`owner_of(org)`, the namespace
+    owners), and the change must fit this hub's copy of the link as it would
+    have fitted the peer's; a proposal must name an organization of this hub."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("id"), str) or \
+            not isinstance(payload.get("org"), str) or not isinstance(payload.get("by"), str):
+        return "not a link change"
+    org, action = payload["org"], payload.get("action")
+    if owner_of(org) != origin:
+        return f"hub {origin} does not own {org}, so it cannot act for it"
+    try:
+        if action == "propose":
+            sides = payload.get("orgs")
+            if not isinstance(sides, list) or len(sides) != 2 or sides[0] != org:
+                return "a proposal names [its org, the peer]"
+            peer = check_org(sides[1])
+            if peer not in orgs:
+                return f"no organization {peer} on this hub"
+            if payload["id"] in state.links or link_between(state, org, peer) is not None:
+                return f"{org} and {peer} already have a link here"
+            if check_terms(org, payload.get("terms")) != payload.get("terms"):
+                return "its terms are not in their checked form"
+            return None
+        link = state.links.get(payload["id"])
+        if link is None or org not in link["orgs"]:
+            return f"no link {payload['id']} of {org} here"
+        terms = _check_transition(link, org, action, payload.get("terms"))
+        if terms is not None and terms != payload.get("terms"):
+            return "its terms are not in their checked form"
+    except RedsynError as exc:
+        return exc.error
+    return None
 
 
 def _preview(state: RedsynState, payload: dict, now: float) -> dict:

@@ -15,7 +15,7 @@ from hubd.wire.redsyn.envelope import (DEFAULT_TTL, Address, Incoming, RedsynErr
 from hubd.wire.redsyn.signing import fingerprint, verify_arrival
 
 from .agents import _prefix_allows
-from .links import check_crossing
+from .links import check_crossing, org_of, seat_address
 from .model import MESSAGE, Decision, Limits, RedsynState
 
 
@@ -141,11 +141,11 @@ def decide_post(state: RedsynState, node: Node, incoming: Incoming, now: float,
     elif isinstance(to, str) or (request is None and seat_of is not None
                                  and seat_of(to.agent_address, state) is not None):
         seat = to if isinstance(to, str) else seat_of(to.agent_address, state)
-        # a seat on this hub; not an answer to a seat's own request (its chat
-        # came in under the hub's principals, not a link); not built: a seat
-        # on a peer hub
-        if not isinstance(to, str) and "@" not in seat:
-            check_crossing(state, sender.agent_address, seat.partition("#")[0],
+        # not an answer to a WebSocket seat's own request (its chat came in
+        # under the hub's principals, not a link); a REDSYN agent's on a peer
+        # hub (`remote`) is checked like any other
+        if not isinstance(to, str) or request.envelope.get("remote") is not None:
+            check_crossing(state, sender.agent_address, seat_address(seat),
                            answering=request is not None, signed=signed_payload is not None,
                            client=client)
         delivered_to = seat
@@ -193,7 +193,8 @@ def decide_post(state: RedsynState, node: Node, incoming: Incoming, now: float,
                            "fingerprint": fingerprint(sig["key"])}
     payload = {"envelope": envelope, "person": node.person, "node": node.id, "digest": digest,
                "size": incoming.size, "deliveries": deliveries}
-    if client is not None and sender.org != delivered_to.split("/", 1)[0].removeprefix("topic:"):
+    if client is not None and sender.org != org_of(seat_address(delivered_to).removeprefix(
+            "topic:")):
         payload["client"] = client  # re-checked against the link's allow-list at hand-out
     if incoming.files is not None:
         payload["files"] = b64url(incoming.files)
@@ -207,7 +208,8 @@ def decide_post(state: RedsynState, node: Node, incoming: Incoming, now: float,
             "type": "chat", "target": seat, "payload": chat_payload(envelope),
             "redsyn": {k: envelope[k] for k in (
                 "id", "kind", "from", "thread", "reply_to", "ts", "error", "refs", "signed")
-                if envelope.get(k) is not None}}})
+                if envelope.get(k) is not None} | (
+                {"client": payload["client"]} if "client" in payload else {})}})
     return Decision([(MESSAGE, payload)], _post_answer(envelope, duplicate=False), chats)
 
 

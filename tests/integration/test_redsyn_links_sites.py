@@ -1,0 +1,144 @@
+"""A REDSYN link between organizations on two federated hubs (docs/redsyn.md,
+"Across sites"): acme lives at east, globex at west (--namespace-owner). The
+link is proposed at east and accepted at west, each change forwarded to the
+other hub; messages cross through the forward outbox; the receiving hub
+enforces the link too: a suspension at west gives up what waits there and
+answers the sender at east with the seed's error reply."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tests.integration.test_redsyn_federation import TlsClient
+from tests.support.federation import make_pki, site_flags, write_serving_policy
+from tests.support.procs import free_port, hubd_process
+from tests.support.redsyn_client import login
+
+PEOPLE = {
+    "east": {"ivan": ("acme/it/ivan", "laptop"), "ana": ("acme/general/ana", "laptop")},
+    "west": {"gus": ("globex/it/gus", "laptop"), "bob": ("globex/erp/bob", "box")},
+}
+ORGS = {"east": ("acme", "acme/it/ivan"), "west": ("globex", "globex/it/gus")}
+CLI = "acme/general/ana/cli"
+BILLING = "globex/erp/bob/billing"
+
+
+def start_sites(tmp_path):
+    pki = make_pki(tmp_path / "pki", ["east", "west"])
+    ports = {"east": free_port(), "west": free_port()}
+    grants = {"east": {"west": ["acme"]}, "west": {"east": ["globex"]}}
+    owners = ["--namespace-owner", "acme=east", "--namespace-owner", "globex=west"]
+    procs, clients = {}, {}
+    for hub, peer in (("west", "east"), ("east", "west")):
+        (tmp_path / hub).mkdir(parents=True, exist_ok=True)
+        db = tmp_path / hub / "hubd.db"
+        tokens = {key: login(db, *who) for key, who in PEOPLE[hub].items()}
+        org, admin = ORGS[hub]
+        for args in (("create", org), ("add-admin", org, admin)):
+            subprocess.run([sys.executable, "-m", "hubd", "redsyn", "org", *args, "--db",
+                            str(db)], check=True, capture_output=True, timeout=60)
+        policy = write_serving_policy(tmp_path / f"{hub}-policy", pki, grants[hub])
+        site = site_flags(pki, hub, policy)
+        procs[hub] = hubd_process(
+            tmp_path / hub, *site.serve, *site.connect,
+            *site.peer_flags(pki, peer, f"wss://127.0.0.1:{ports[peer]}/"), *owners,
+            hub_id=hub, scheme="wss", port=ports[hub], db=db)
+        clients[hub] = tokens
+    for proc in procs.values():
+        proc.start()
+    return procs, {key: TlsClient(procs[hub].http_url, token)
+                   for hub, tokens in clients.items() for key, token in tokens.items()}
+
+
+def until(check, what: str, timeout: float = 20.0):
+    """Poll a hub's answer until `check` holds (a forwarded change arrives
+    when the peer link carries it: no fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def state_at(client, link: str):
+    answer = client.call("GET", f"/links/{link}")
+    return answer.json["state"] if answer.status == 200 else None
+
+
+def request(client, text: str):
+    return client.send({"kind": "request", "from": "cli", "to": BILLING,
+                        "body": {"type": "text/plain", "text": text}})
+
+
+def test_a_link_across_two_hubs_is_agreed_used_and_enforced_at_both(tmp_path):
+    procs, c = start_sites(tmp_path)
+    try:
+        assert c["bob"].announce(BILLING).status == 200
+        refused = request(c["ana"], "no link yet")
+        assert refused.status == 403 and "no active link" in refused.json["error"]
+
+        made = c["ivan"].call("POST", "/links", {
+            "org": "acme", "peer": "globex",
+            "terms": {"expose": ["acme/general"], "signed_only": False}})
+        assert made.status == 201, made.body
+        link = made.json["id"]
+        until(lambda: state_at(c["gus"], link) == "proposed", "the proposal at west")
+        # west's admin accepts at west; east learns it through the peer link
+        accepted = c["gus"].call("POST", f"/links/{link}/accept", {
+            "terms": {"expose": ["globex/erp"], "signed_only": False}})
+        assert accepted.status == 200, accepted.body
+        until(lambda: state_at(c["ana"], link) == "active", "the acceptance at east")
+
+        # used: a request from east, its reply from west
+        sent = request(c["ana"], "is invoice 123 paid?")
+        assert sent.status == 201, sent.body
+        [asked] = c["bob"].take_until(BILLING, 1)
+        assert asked["from"] == f"{CLI}@east" and asked["body"]["text"] == "is invoice 123 paid?"
+        answer = c["bob"].send({"kind": "reply", "from": "billing", "reply_to": asked["id"],
+                                "body": {"type": "text/plain", "text": "paid"}})
+        assert answer.status == 201, answer.body
+        [reply] = c["ana"].take_until(CLI, 1)
+        assert reply["reply_to"] == sent.json["id"] and reply["body"]["text"] == "paid"
+        assert reply["error"] is False
+        assert c["ana"].ack(CLI, [reply["id"]]).status == 200
+
+        # the receiving hub enforces the link: a message waiting at west when
+        # globex suspends is given up there and ana hears it at east
+        waiting = request(c["ana"], "second")
+        assert waiting.status == 201, waiting.body
+        until(lambda: c["bob"].call("GET", f"/agents/{BILLING}").json["waiting"] == 1,
+              "the second request at west")
+        suspended = c["gus"].call("POST", f"/links/{link}/suspend", {"reason": "audit"})
+        assert suspended.status == 200 and suspended.json["state"] == "suspended"
+        assert c["bob"].take(BILLING) == []
+        [told] = c["ana"].take_until(CLI, 1)
+        assert told["error"] is True and told["reply_to"] == waiting.json["id"]
+        assert told["body"]["text"] == (f"not delivered: link {link} between acme and globex "
+                                        "is suspended by globex")
+        assert c["ana"].ack(CLI, [told["id"]]).status == 200
+        # and east, once it has the suspension, refuses before anything is sent
+        until(lambda: state_at(c["ana"], link) == "suspended", "the suspension at east")
+        refused = request(c["ana"], "while suspended")
+        assert refused.status == 403 and "suspended by globex" in refused.json["error"]
+
+        # resumed at west, ended from east: both hubs read the same log
+        assert c["gus"].call("POST", f"/links/{link}/resume", {}).status == 200
+        until(lambda: state_at(c["ana"], link) == "active", "the resumption at east")
+        assert c["ivan"].call("POST", f"/links/{link}/end", {}).status == 200
+        until(lambda: state_at(c["bob"], link) == "ended", "the end at west")
+        logs = {hub: [(e["action"], e["org"], e["by"]) for e in
+                      c[who].call("GET", f"/links/{link}").json["log"]]
+                for hub, who in (("east", "ana"), ("west", "bob"))}
+        assert logs["east"] == logs["west"] == [
+            ("propose", "acme", "acme/it/ivan:laptop"),
+            ("accept", "globex", "globex/it/gus:laptop"),
+            ("suspend", "globex", "globex/it/gus:laptop"),
+            ("resume", "globex", "globex/it/gus:laptop"),
+            ("end", "acme", "acme/it/ivan:laptop")]
+    finally:
+        for proc in procs.values():
+            proc.stop()
