@@ -193,3 +193,73 @@ def test_terms_are_checked():
                                       "allow_ips": ["10.0.0.7", "2001:db8::/32"]}) == {
         "expose": ["acme", "acme/dev/joel/shout"], "signed_only": True,
         "allow_ips": ["10.0.0.7/32", "2001:db8::/32"]}
+
+
+# -- across sites: what a hub takes from a peer hub
+
+def test_a_peer_hubs_link_change_is_taken_only_from_the_orgs_owner_and_if_it_fits():
+    """acme lives at east; this hub (west) holds globex."""
+    west = Hub()
+    owner = {"acme": "east"}.get
+    local = {"globex": {"redsyn_version": "2026-09-25"}}
+    proposal = {"id": "lnk-1", "action": "propose", "orgs": ["acme", "globex"], "org": "acme",
+                "by": "acme/it/ivan:laptop", "terms": links.check_terms("acme", None)}
+    assert links.peer_change_refusal(west.state, proposal, "north", owner, local) == \
+        "hub north does not own acme, so it cannot act for it"
+    assert "no organization initech" in links.peer_change_refusal(
+        west.state, {**proposal, "orgs": ["acme", "initech"]}, "east", owner, local)
+    assert "checked form" in links.peer_change_refusal(
+        west.state, {**proposal, "terms": {"expose": ["acme"]}}, "east", owner, local)
+    assert links.peer_change_refusal(west.state, proposal, "east", owner, local) is None
+    west.run(mb.Decision([(mb.LINK, proposal)]))
+    # east may not accept for globex, nor resume what it did not suspend
+    accept = {"id": "lnk-1", "action": "accept", "org": "globex", "by": "x",
+              "terms": links.check_terms("globex", None)}
+    assert "does not own globex" in links.peer_change_refusal(
+        west.state, accept, "east", owner, local)
+    resume = {"id": "lnk-1", "action": "resume", "org": "acme", "by": "x"}
+    assert "acme has not suspended" in links.peer_change_refusal(
+        west.state, resume, "east", owner, local)
+    assert links.peer_change_refusal(west.state, "nonsense", "east", owner, local) == \
+        "not a link change"
+
+
+def test_a_peer_hubs_message_is_checked_where_it_lands():
+    """A chat a REDSYN agent at east sent, forwarded to globex's agent here:
+    refused by this hub's link, it lands nowhere and is recorded as refused."""
+    west = Hub()
+    west.run(mb.decide_announce(west.state, BOB, BILLING, {"listening": True}))
+    frame = {"type": "chat", "sender": "acme/general/ana/cli@east", "target": BILLING,
+             "payload": "hi", "forwarded_from": "east",
+             "redsyn": {"id": "m1", "kind": "request", "signed": False, "client": "10.0.0.1"}}
+    entry = mb.chat_delivery(west.state, frame, {"forwarded": {}}, 7)
+    assert entry["refused"] == ("acme and globex have no active link (nothing crosses "
+                                "organizations without one)")
+    assert entry["remote"] == {"signed": False, "client": "10.0.0.1", "id": "m1",
+                               "error": False}
+    mb.apply_chat(west.state, {**frame, "seq": 7}, {"boxes": {"redsyn": [entry]}}, 7, west.now)
+    assert BILLING not in west.state.boxes
+    linked(west, globex_terms={"expose": ["globex/erp"], "signed_only": False,
+                               "allow_ips": ["10.0.0.0/8"]})
+    entry = mb.chat_delivery(west.state, frame, {"forwarded": {}}, 8)
+    assert "refused" not in entry
+    mb.apply_chat(west.state, {**frame, "seq": 8}, {"boxes": {"redsyn": [entry]}}, 8, west.now)
+    assert list(west.state.boxes[BILLING]) == ["chat.8"]
+    outside = {**frame, "redsyn": {**frame["redsyn"], "client": "192.0.2.1"}}
+    assert "192.0.2.1 is not on it" in mb.chat_delivery(
+        west.state, outside, {"forwarded": {}}, 9)["refused"]
+    # suspended here: what waits is given up, and the sender at east is told
+    # by a chat (the routing service forwards it)
+    chats: list = []
+    decision, after = links.decide_change(west.state, GLOBEX_ADMIN, "lnk-1", "suspend", {},
+                                          west.now)
+    decision.events.extend(mb.give_up_refused(west.state, after, west.now, chats))
+    west.run(decision)
+    assert BILLING not in west.state.boxes
+    assert chats == [{"sender": BILLING, "frame": {
+        "type": "chat", "target": "acme/general/ana/cli@east",
+        "payload": "not delivered: link lnk-1 between acme and globex is suspended by globex",
+        "redsyn": {"kind": "reply", "error": True, "reply_to": "m1"}}}]
+    # the peer's error replies are not the link's to refuse
+    error = {**frame, "redsyn": {"kind": "reply", "error": True, "reply_to": "m0"}}
+    assert "refused" not in mb.chat_delivery(west.state, error, {"forwarded": {}}, 10)
