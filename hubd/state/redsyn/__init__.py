@@ -4,7 +4,8 @@ decisions that produce its events.
 - model.py: the state, its event kinds and bounds;
 - projection.py: `apply`, the only thing that changes the state (live and at
   replay), and the chats that land in REDSYN boxes;
-- agents.py, posting.py, boxes.py: the pure decisions (`decide_*`, `sweep`):
+- links.py: links between organizations and the one rule for crossing them;
+- agents.py, posting.py, boxes.py, links.py: the pure decisions (`decide_*`, `sweep`):
   they read the state and the clock they are given and return
   `Decision(events, answer)`, changing nothing themselves, so a refused call
   (RedsynError) has changed nothing.
