@@ -7,6 +7,7 @@ answers the sender at east with the seed's error reply."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from tests.integration.test_redsyn_federation import TlsClient
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import free_port, hubd_process
 from tests.support.redsyn_client import login
+from tests.support.wsprobe import WsProbe
 
 PEOPLE = {
     "east": {"ivan": ("acme/it/ivan", "laptop"), "ana": ("acme/general/ana", "laptop")},
@@ -52,6 +54,19 @@ def start_sites(tmp_path):
                    for hub, tokens in clients.items() for key, token in tokens.items()}
 
 
+async def forge_a_proposal(url: str) -> None:
+    forged = {"id": "lnk-forged", "action": "propose", "orgs": ["acme", "globex"],
+              "org": "acme", "by": "acme/it/ivan:laptop",
+              "terms": {"expose": ["acme"], "signed_only": False, "allow_ips": []}}
+    async with WsProbe.connect(url) as mallory:
+        await mallory.recv_type("welcome")
+        await mallory.register("acme/mallory")
+        await mallory.chat("acme/mallory", "globex/redsyn-links@west", "redsyn link propose",
+                           redsyn={"link": forged}, receipt_requested=True)
+        receipt = await mallory.recv_type("delivery_receipt", timeout=20)
+        assert receipt["forward_state"] == "accepted", receipt
+
+
 def until(check, what: str, timeout: float = 20.0):
     """Poll a hub's answer until `check` holds (a forwarded change arrives
     when the peer link carries it: no fixed sleep)."""
@@ -81,12 +96,18 @@ def test_a_link_across_two_hubs_is_agreed_used_and_enforced_at_both(tmp_path):
         refused = request(c["ana"], "no link yet")
         assert refused.status == 403 and "no active link" in refused.json["error"]
 
+        # a WebSocket agent at east cannot forge a link change: a client's
+        # chat carries no `redsyn` across (west, which trusts east for acme,
+        # would take it); west accepts the chat and takes no link from it
+        asyncio.run(forge_a_proposal(procs["east"].url))
         made = c["ivan"].call("POST", "/links", {
             "org": "acme", "peer": "globex",
             "terms": {"expose": ["acme/general"], "signed_only": False}})
         assert made.status == 201, made.body
         link = made.json["id"]
         until(lambda: state_at(c["gus"], link) == "proposed", "the proposal at west")
+        assert c["gus"].call("GET", "/links/lnk-forged").status == 404
+        assert [x["id"] for x in c["gus"].call("GET", "/links").json["links"]] == [link]
         # west's admin accepts at west; east learns it through the peer link
         accepted = c["gus"].call("POST", f"/links/{link}/accept", {
             "terms": {"expose": ["globex/erp"], "signed_only": False}})

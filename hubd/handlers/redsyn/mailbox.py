@@ -102,8 +102,9 @@ def plan(router: Router, state: mb.RedsynState, frame: dict, sender: str, target
     when this hub takes it (links.peer_change_refusal), so the one apply
     applies it live and at replay."""
     redsyn = frame.get("redsyn")
-    origin = frame.get("forwarded_from")
     if isinstance(redsyn, dict) and "link" in redsyn:
+        # only what a peer hub forwarded (the receiver's route says from which)
+        origin = ((route_extra or {}).get("forwarded") or {}).get("origin")
         if origin is None:
             return None
         refused = links.peer_change_refusal(state, redsyn["link"], origin, owner_of(router),

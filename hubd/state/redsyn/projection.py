@@ -208,7 +208,8 @@ def chat_delivery(state: RedsynState, frame: dict, route: dict, seq: int) -> dic
     sender = frame.get("sender")
     if not isinstance(sender, str) or not sender or sender == target:
         return None
-    redsyn = frame.get("redsyn") if frame.get("forwarded_from") else None
+    # a peer hub's REDSYN message: the receiver's route says it was forwarded
+    redsyn = frame.get("redsyn") if "forwarded" in route else None
     redsyn = redsyn if isinstance(redsyn, dict) else None
     open_requests = state.seat_requests.get((sender, target)) or []
     # the request a peer's answer names, else the oldest still open
