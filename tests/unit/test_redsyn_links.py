@@ -109,10 +109,13 @@ def test_every_event_crosses_only_over_an_active_link_that_admits_it():
     assert "acme and globex have no active link" in refused(ask, 403)
     propose(hub)
     assert "is proposed, not active" in refused(ask, 403)
-    change(hub, GLOBEX_ADMIN, "accept")
+    # terms set before accepting are kept by an accept that names none
+    change(hub, GLOBEX_ADMIN, "terms", {"terms": {"expose": ["globex/sales"]}})
+    assert change(hub, GLOBEX_ADMIN, "accept")["terms"]["globex"]["expose"] == ["globex/sales"]
     assert "globex does not expose globex/erp/bob/billing" in refused(ask, 403)
     change(hub, GLOBEX_ADMIN, "terms", {"terms": {"expose": ["globex/erp"]}})
     assert "takes only signed messages into globex" in refused(ask, 403)
+    assert refused(lambda: change(hub, GLOBEX_ADMIN, "terms", {}), 400)
     change(hub, GLOBEX_ADMIN, "terms", {"terms": {
         "expose": ["globex/erp"], "signed_only": False, "allow_ips": ["10.1.0.0/16"]}})
     assert "only from its allow-list; None" in refused(ask, 403)

@@ -360,6 +360,10 @@ def _check_transition(link: dict, org: str, action: str, terms) -> dict | None:
     elif action == "resume":
         if org not in link["suspended_by"]:
             raise RedsynError(409, f"{org} has not suspended link {id_}")
+    if action == "terms" and terms is None:
+        raise RedsynError(400, "a change of terms is {\"terms\": {...}}")
+    if action == "accept" and terms is None:
+        return dict(link["terms"][org])  # the terms its side set before, or the defaults
     return check_terms(org, terms) if action in ("accept", "terms") else None
 
 
@@ -422,23 +426,22 @@ def public(link: dict, with_log: bool = True) -> dict:
     return out
 
 
-def _member_orgs(node: Node) -> set:
-    mine = {node.person.split("/")[0]}
+def _sees(node: Node, link: dict) -> bool:
+    """A node of either side: a person of it, or an admin of it (or of every
+    organization)."""
     principal = node.principal
-    return mine | set(principal.org_admin or ()) if principal is not None else mine
+    admins = set(principal.org_admin or ()) if principal is not None else set()
+    return "*" in admins or bool(({node.person.split("/")[0]} | admins) & set(link["orgs"]))
 
 
 def read_link(state: RedsynState, node: Node, id_: str) -> dict:
-    """GET /links/{id}: a node of either side (a person of it, or an admin)."""
+    """GET /links/{id}: its change log with it."""
     link = state.links.get(id_)
-    if link is None or not _member_orgs(node) & set(link["orgs"]) and not (
-            node.principal is not None and "*" in (node.principal.org_admin or ())):
+    if link is None or not _sees(node, link):
         raise RedsynError(404, f"no link {id_}")
     return public(link)
 
 
 def list_links(state: RedsynState, node: Node) -> dict:
-    mine = _member_orgs(node)
-    every = node.principal is not None and "*" in (node.principal.org_admin or ())
     return {"links": [public(link, with_log=False) for link in state.links.values()
-                      if every or mine & set(link["orgs"])]}
+                      if _sees(node, link)]}
