@@ -8,50 +8,13 @@ answers the sender at east with the seed's error reply."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 
-from tests.integration.test_redsyn_federation import TlsClient
-from tests.support.federation import make_pki, site_flags, write_serving_policy
-from tests.support.procs import free_port, hubd_process
-from tests.support.redsyn_client import login
+from tests.integration.test_redsyn_federation import PEOPLE, TlsClient, start_sites
 from tests.support.wsprobe import WsProbe
 
-PEOPLE = {
-    "east": {"ivan": ("acme/it/ivan", "laptop"), "ana": ("acme/general/ana", "laptop")},
-    "west": {"gus": ("globex/it/gus", "laptop"), "bob": ("globex/erp/bob", "box")},
-}
-ORGS = {"east": ("acme", "acme/it/ivan"), "west": ("globex", "globex/it/gus")}
 CLI = "acme/general/ana/cli"
 BILLING = "globex/erp/bob/billing"
-
-
-def start_sites(tmp_path):
-    pki = make_pki(tmp_path / "pki", ["east", "west"])
-    ports = {"east": free_port(), "west": free_port()}
-    grants = {"east": {"west": ["acme"]}, "west": {"east": ["globex"]}}
-    owners = ["--namespace-owner", "acme=east", "--namespace-owner", "globex=west"]
-    procs, clients = {}, {}
-    for hub, peer in (("west", "east"), ("east", "west")):
-        (tmp_path / hub).mkdir(parents=True, exist_ok=True)
-        db = tmp_path / hub / "hubd.db"
-        tokens = {key: login(db, *who) for key, who in PEOPLE[hub].items()}
-        org, admin = ORGS[hub]
-        for args in (("create", org), ("add-admin", org, admin)):
-            subprocess.run([sys.executable, "-m", "hubd", "redsyn", "org", *args, "--db",
-                            str(db)], check=True, capture_output=True, timeout=60)
-        policy = write_serving_policy(tmp_path / f"{hub}-policy", pki, grants[hub])
-        site = site_flags(pki, hub, policy)
-        procs[hub] = hubd_process(
-            tmp_path / hub, *site.serve, *site.connect,
-            *site.peer_flags(pki, peer, f"wss://127.0.0.1:{ports[peer]}/"), *owners,
-            hub_id=hub, scheme="wss", port=ports[hub], db=db)
-        clients[hub] = tokens
-    for proc in procs.values():
-        proc.start()
-    return procs, {key: TlsClient(procs[hub].http_url, token)
-                   for hub, tokens in clients.items() for key, token in tokens.items()}
 
 
 async def forge_a_proposal(url: str) -> None:
@@ -90,7 +53,9 @@ def request(client, text: str):
 
 
 def test_a_link_across_two_hubs_is_agreed_used_and_enforced_at_both(tmp_path):
-    procs, c = start_sites(tmp_path)
+    procs, tokens = start_sites(tmp_path, agree_link=False)
+    c = {key: TlsClient(procs["east" if key in PEOPLE["east"] else "west"].http_url, token)
+         for key, token in tokens.items()}
     try:
         assert c["bob"].announce(BILLING).status == 200
         refused = request(c["ana"], "no link yet")
