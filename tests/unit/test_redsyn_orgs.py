@@ -68,3 +68,8 @@ def test_the_org_commands_print_json_and_exit_by_outcome(tmp_path):
     assert org("remove-admin", "acme", "acme/it/ivan")[0] == 0
     assert org("remove-admin", "acme", "acme/it/ivan")[0] == 1
     assert org("add-admin", "globex", "acme/it/ivan")[0] == 2  # no such org
+    # hubd principal add gives the same grant
+    subprocess.run([sys.executable, "-m", "hubd", "principal", "add", "acme/it/olga", "--seat",
+                    "acme/it/olga/*", "--org-admin", "acme", "--db", db], check=True,
+                   capture_output=True, timeout=60)
+    assert org("show", "acme")[1]["admins"] == ["acme/it/olga"]
