@@ -1,12 +1,14 @@
 """REDSYN links between organizations (docs/redsyn.md, "Organizations and
 links"): their states, who may change them, and whether a message may cross.
 
-Pure: `decide_link` reads the mailbox state, the organizations the hub knows
-and the caller, and returns a `Decision` (or raises RedsynError, having
-changed nothing); `apply_link` is the projection's part (the one `apply`);
-`crossing_refusal` says why a message may not cross between two
-organizations now, the one rule used when a message is posted, when it is
-handed out, and when a link changes under what waits.
+Pure: `decide_propose` and `decide_change` read the mailbox state, the
+organizations the hub knows and the caller, and return a `Decision` (or
+raise RedsynError, having changed nothing); `peer_change_refusal` says
+whether a change a peer hub forwarded is taken; `apply_link` is the
+projection's part (the one `apply`); `crossing_refusal` says why a message
+may not cross between two organizations now, the one rule used when a
+message is posted, when it lands from a peer hub, when it is handed out, and
+when a link changes under what waits.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import ipaddress
 from collections import OrderedDict
 
 from hubd.state.redsyn_nodes import Node, forbidden
-from hubd.wire.redsyn.envelope import Address, RedsynError, check_org, parse_address
+from hubd.wire.redsyn.envelope import RedsynError, check_org, parse_address
 
 from .model import LINK, Decision, RedsynState
 
@@ -26,7 +28,13 @@ MAX_LOG = 1000          # entries kept per link (log_dropped counts the rest)
 MAX_OPEN_LINKS = 1000   # links that have not ended, per organization
 MAX_ENDED_LINKS = 10_000  # ended links remembered (the oldest forgotten first)
 
-DEFAULT_TERMS = {"expose": [], "signed_only": True, "allow_ips": []}
+TERMS = ("expose", "signed_only", "allow_ips")
+
+
+def default_terms() -> dict:
+    """Nothing exposed, signed only, from any address."""
+    return {"expose": [], "signed_only": True, "allow_ips": []}
+
 # the seat a link change is forwarded from and to (ORG/redsyn-links): a hub
 # seat name, so the peer's namespace grant for ORG covers it
 LINKS_SEAT = "redsyn-links"
@@ -47,8 +55,8 @@ def seat_address(name: str) -> str:
 def check_terms(org: str, doc) -> dict:
     """One side's terms (400 unless well formed): what comes into `org`."""
     if doc is None:
-        return dict(DEFAULT_TERMS)
-    if not isinstance(doc, dict) or set(doc) - set(DEFAULT_TERMS):
+        return default_terms()
+    if not isinstance(doc, dict) or set(doc) - set(TERMS):
         raise RedsynError(400, "terms are {\"expose\"?: [prefix, ...], \"signed_only\"?: bool, "
                                "\"allow_ips\"?: [address or network, ...]}")
     expose = doc.get("expose", [])
@@ -200,7 +208,7 @@ def apply_link(state: RedsynState, p: dict, ts: float) -> None:
     if action == "propose":
         org, peer = p["orgs"]
         link = {"id": p["id"], "orgs": [org, peer], "state": "proposed", "suspended_by": [],
-                "terms": {org: p["terms"], peer: dict(DEFAULT_TERMS)}, "created": ts,
+                "terms": {org: p["terms"], peer: default_terms()}, "created": ts,
                 "changed": ts, "log": [], "log_dropped": 0, "n": 0}
         state.links[p["id"]] = link
         state.link_pairs[frozenset((org, peer))] = p["id"]
