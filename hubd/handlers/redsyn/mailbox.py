@@ -9,6 +9,7 @@ webhook pusher; the Router never calls into the door.
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 
 import structlog
 
@@ -95,30 +96,26 @@ def owner_of(router: Router):
     return owner
 
 
-def plan(router: Router, state: mb.RedsynState, frame: dict, sender: str, target,
-         route_extra: dict | None):
-    """The REDSYN boxes as a mailbox of the routing service; and a link change
-    a peer hub forwarded (to ORG/redsyn-links), recorded in the chat's route
-    when this hub takes it (links.peer_change_refusal), so the one apply
-    applies it live and at replay."""
-    redsyn = frame.get("redsyn")
-    if isinstance(redsyn, dict) and "link" in redsyn:
-        # only what a peer hub forwarded (the receiver's route says from which)
-        origin = ((route_extra or {}).get("forwarded") or {}).get("origin")
-        if origin is None:
-            return None
-        refused = links.peer_change_refusal(state, redsyn["link"], origin, owner_of(router),
-                                            router.hub.identity.table.orgs)
-        if refused is not None:
-            log.warning("link change from a peer hub refused", origin=origin, reason=refused)
-            return None
-        return Planned([{"link": redsyn["link"]}])
-    return mb.plan_chat(router, state, frame, sender, target, route_extra)
+def peer_link(router: Router, state: mb.RedsynState, change, route_extra: dict | None):
+    """A link change a peer hub forwarded (a chat to ORG/redsyn-links):
+    recorded in the chat's route when this hub takes it
+    (links.peer_change_refusal), so the one apply applies it live and at
+    replay; mb.plan_chat asks this only for such a chat."""
+    # only what a peer hub forwarded (the receiver's route says from which)
+    origin = ((route_extra or {}).get("forwarded") or {}).get("origin")
+    if origin is None:
+        return None
+    refused = links.peer_change_refusal(state, change, origin, owner_of(router),
+                                        router.hub.identity.table.orgs)
+    if refused is not None:
+        log.warning("link change from a peer hub refused", origin=origin, reason=refused)
+        return None
+    return Planned([{"link": change}])
 
 
 # a chat to a REDSYN agent lands in its box (mb.plan_chat decides where; the
 # chat's route records it)
-MAILBOX = Mailbox(DOOR, "redsyn", plan, delivered)
+MAILBOX = Mailbox(DOOR, "redsyn", partial(mb.plan_chat, peer_link=peer_link), delivered)
 
 # a REDSYN message to a seat, routed as a chat: the REDSYN boxes do not take it back
 REDSYN_ROUTE = {"redsyn": 1}

@@ -249,10 +249,14 @@ def _check_remote(state: RedsynState, entry: dict, sender: str, redsyn: dict) ->
 
 
 def plan_chat(router, state: RedsynState, frame: dict, sender: str, target,
-              route_extra: dict | None) -> Planned | None:
+              route_extra: dict | None, peer_link=None) -> Planned | None:
     """The REDSYN boxes as a mailbox of the routing service (hubd/core/plugin.py
     Mailbox.plan): a pure decision on this projection and the chat (the
-    Router is not read)."""
+    Router is not read). A link change a peer hub forwarded is `peer_link`'s
+    (hubd/handlers/redsyn/mailbox.py: it asks the Router who owns what)."""
+    redsyn = frame.get("redsyn")
+    if isinstance(redsyn, dict) and "link" in redsyn:
+        return peer_link(router, state, redsyn["link"], route_extra) if peer_link else None
     entry = chat_delivery(state, frame, route_extra or _NO_ROUTE, frame["seq"])
     return Planned([entry]) if entry is not None else None
 
