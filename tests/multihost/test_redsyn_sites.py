@@ -38,10 +38,11 @@ def organization(db, site: str) -> str:
     return token
 
 
-def agree_link(topo, admins: dict, ca: str) -> None:
+def agree_link(topo, admins: dict, ca: str):
     """acme's admin at east proposes a link to globex, globex's at west accepts
     it (each step run in its site's namespace; the first ones retried until
-    the hub there answers): nothing crosses organizations without one."""
+    the hub there answers): nothing crosses organizations without one.
+    Returns the step runner and the link's id."""
     relay = f"https://127.0.0.1:{PORT}/redsyn/v1"
 
     def run(site: str, *args) -> dict:
@@ -58,6 +59,8 @@ def agree_link(topo, admins: dict, ca: str) -> None:
     run("west", "wait", link, "proposed")
     run("west", "accept", link, json.dumps({"expose": ["globex"], "signed_only": False}))
     run("east", "wait", link, "active")
+    return run, link
+
 
 
 def test_a_redsyn_agent_asks_the_complete_agent_at_another_site(tmp_path):
@@ -97,7 +100,7 @@ def test_a_redsyn_agent_asks_the_complete_agent_at_another_site(tmp_path):
             if "announced: 200" in agent_out.read_text():
                 break
         wait_for_line(agent_out, "announced: 200", agent)
-        agree_link(topo, admins, ca)
+        step, link = agree_link(topo, admins, ca)
         asked = None
         for _ in range(60):  # until east's hub answers
             asked = topo.run("east", [sys.executable, "-m", "tests.support.redsyn_ask", relay,
@@ -116,6 +119,13 @@ def test_a_redsyn_agent_asks_the_complete_agent_at_another_site(tmp_path):
         assert reply["kind"] == "reply" and reply["body"]["text"] == "HELLO WEST"
         assert reply["from"] == "globex/erp/bob/shout@west" and reply["to"] == sent["from"]
         assert "answered" in agent_out.read_text()
+        # globex suspends at west; once east has it, east refuses at once
+        step("west", "suspend", link)
+        step("east", "wait", link, "suspended")
+        refused = topo.run("east", [sys.executable, "-m", "tests.support.redsyn_ask", relay,
+                                    tokens["east"], "cli", "globex/erp/bob/shout", "again"],
+                           check=False, timeout=120, cwd=REPO, env=env(REDSYN_CA=ca))
+        assert refused.returncode != 0 and "403" in refused.stderr, refused.stderr[-2000:]
 
 
 def test_a_redsyn_agent_and_a_websocket_agent_at_different_sites(tmp_path):

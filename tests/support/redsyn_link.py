@@ -4,6 +4,7 @@ too, so a test can run each step inside a network namespace):
   python -m tests.support.redsyn_link RELAY TOKEN propose ORG PEER [TERMS_JSON]
   python -m tests.support.redsyn_link RELAY TOKEN accept ID TERMS_JSON
   python -m tests.support.redsyn_link RELAY TOKEN wait ID STATE
+  python -m tests.support.redsyn_link RELAY TOKEN suspend|resume|end ID
 
 Each prints the link as JSON (REDSYN_CA: the hub's CA). `wait` polls until
 the link is in STATE at this hub (a change made at another hub arrives
@@ -91,8 +92,11 @@ def main() -> int:
         link = propose(relay, token, rest[0], rest[1], terms)
     elif action == "accept":
         link = accept(relay, token, rest[0], json.loads(rest[1]))
-    else:
+    elif action == "wait":
         link = wait(relay, token, rest[0], rest[1])
+    else:
+        status, link = call(relay, token, "POST", f"/links/{rest[0]}/{action}", {})
+        assert status == 200, link
     print(json.dumps(link), flush=True)
     return 0
 
