@@ -22,9 +22,9 @@ from hubd.state.hub import Appliers
 from hubd.wire.redsyn.envelope import DEFAULT_TTL, parse_address
 
 from .links import apply_link, crossing_refusal, seat_address
-from .model import (ACK, ANNOUNCE, CANCEL, KEY, KINDS, LINK, MESSAGE, REMEMBERED_FINISHED, SUBSCRIBE,
-                    TAKE, UNDELIVERABLE, WEBHOOK_FAILED, Agent, Delivery, Message, RedsynState,
-                    known_here, request_asker)
+from .model import (ACK, ANNOUNCE, CANCEL, KEY, KINDS, LINK, MESSAGE, REMEMBERED_FINISHED,
+                    SUBSCRIBE, TAKE, UNDELIVERABLE, WEBHOOK_FAILED, Agent, Delivery, Message,
+                    RedsynState, known_here, request_asker)
 
 def apply(state: RedsynState, kind: str, payload: dict, ts: float) -> None:
     _APPLY[kind](state, payload, ts)
