@@ -198,11 +198,16 @@ def forward_digest(sender_seat: str, target_seat: str, kind: str, body: dict) ->
     return hashlib.sha256(canonical).hexdigest()
 
 
+# a chat's fields that cross to the peer beside its payload (`redsyn`: what a
+# REDSYN message or link change says, for the peer's REDSYN boxes and links)
+FORWARDED_FIELDS = ("client_msg_id", "metadata", "priority", "reply_to", "redsyn")
+
+
 def forward_body(frame: dict) -> dict:
     """The part of a chat that crosses to the peer."""
     body = {"payload": frame.get("payload"), "origin_msg_id": frame["msg_id"],
             "origin_timestamp": frame["timestamp"]}
-    for name in ("client_msg_id", "metadata", "priority", "reply_to"):
+    for name in FORWARDED_FIELDS:
         if name in frame:
             body[name] = frame[name]
     return body

@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="a seat whose live turn it may interrupt or steer with a delivery "
                           "request, while it holds that request's task claim (repeatable; "
                           "default: none)")
+    add.add_argument("--org-admin", action="append", metavar="ORG",
+                     help="a REDSYN organization whose links it may agree to and change "
+                          "(repeatable; default: none; hubd redsyn org add-admin does the same)")
     add.add_argument("--replace", action="store_true",
                      help="change an existing principal's seats and grants")
 
@@ -80,7 +83,8 @@ def _grants(args) -> dict:
     for grant, values, none in (("claim", args.claim, args.no_claim),
                                 ("board", args.board, args.no_board),
                                 ("mailbox", args.mailbox, False),
-                                ("control", args.control, False)):
+                                ("control", args.control, False),
+                                ("org_admin", args.org_admin, False)):
         if none and values:
             raise PrincipalError(f"--{grant} and --no-{grant} contradict each other")
         if none:
@@ -101,7 +105,9 @@ def _print_list(rows: list[dict]) -> None:
     for row in rows:
         print(f"{row['name']}: seats {', '.join(row['seats'])}")
         for grant, value in row["grants"].items():
-            shown = "default" if value is None else (", ".join(value) or "none")
+            # org_admin has no default: none
+            shown = ("none" if grant == "org_admin" else "default") if value is None \
+                else (", ".join(value) or "none")
             print(f"  {grant}: {shown}")
         tokens = row["tokens"]
         print("  tokens: " + (", ".join(f"{t['label']} ({_when(t['created_at'])})"

@@ -34,7 +34,8 @@ import structlog
 from federation import delivery_forward_rules
 from federation.handlers import delivery_forward
 from federation.policy import NAMESPACE_NOT_GRANTED
-from federation.state import INBOX_IDS, forward_digest, inbox_of, verdict_result
+from federation.state import (FORWARDED_FIELDS, INBOX_IDS, forward_digest, inbox_of,
+                              verdict_result)
 from hubd.actors.router import Router
 from hubd.core.message import CLOSE_AUTH
 from hubd.core.plugin import Verbs
@@ -54,7 +55,7 @@ MAX_FORWARD_ID_BYTES = 128
 MAX_BODY_BYTES = 262_144
 MAX_BATCH = 1024  # forwards in one multihub_message_forward_batch
 MAX_DETAIL_BYTES = 512
-BODY_FIELDS = ("client_msg_id", "metadata", "priority", "reply_to")
+BODY_FIELDS = FORWARDED_FIELDS
 
 # refusal codes (the seed's list)
 INVALID_ORIGIN = "invalid_origin"

@@ -30,6 +30,10 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
         router.metrics.refuse_quota(refused)
         router.error(session, f"Durable ingress quota exceeded ({refused}).")
         return
+    # `redsyn` is the hub's own word on a chat the REDSYN door made (its kind,
+    # signature, client address, a link change); it crosses to peer hubs,
+    # which act on it, so no client's chat carries one
+    frame.pop("redsyn", None)
     target_raw = frame.get("target") or "all"
     remote = None
     if "@" in target_raw:

@@ -2,7 +2,8 @@
 
 Three tables beside the event journal: `principals` (name, seats, grants),
 `principal_tokens` (SHA-256 digests only: a token is printed once and never
-stored) and a version row bumped by every change. The CLI changes them
+stored) and a version row bumped by every change; the REDSYN organizations'
+table (`redsyn_orgs.py`) is read with them and bumps the same row. The CLI changes them
 whether or not a hub runs; a running hub re-reads them when the version moves
 (it looks twice a second), so a change applies within a second.
 
@@ -37,6 +38,9 @@ SCHEMA = (
     "CREATE TABLE IF NOT EXISTS principals_version (id INTEGER PRIMARY KEY CHECK (id = 1), "
     "version INTEGER NOT NULL)",
     "INSERT OR IGNORE INTO principals_version (id, version) VALUES (1, 0)",
+    # REDSYN organizations (hubd/journal/redsyn_orgs.py): read with the principals
+    "CREATE TABLE IF NOT EXISTS redsyn_orgs (name TEXT PRIMARY KEY, "
+    "redsyn_version TEXT NOT NULL, created_at REAL NOT NULL)",
 )
 TOKEN_PREFIX = "hubd_"
 
@@ -226,7 +230,11 @@ class JournalPrincipals:
                 rows = conn.execute("SELECT name, seats, grants FROM principals").fetchall()
                 tokens = conn.execute("SELECT principal, digest, label FROM "
                                       "principal_tokens").fetchall()
-            table = build_table([_row_principal(*row) for row in rows], tokens, shared_token)
+                orgs = conn.execute("SELECT name, redsyn_version, created_at FROM "
+                                    "redsyn_orgs").fetchall()
+            table = build_table([_row_principal(*row) for row in rows], tokens, shared_token,
+                                orgs={name: {"redsyn_version": version, "created_at": created}
+                                      for name, version, created in orgs})
             self.version = version
             return table
 

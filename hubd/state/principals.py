@@ -32,7 +32,7 @@ from hubd.state.presence import RX_SUFFIX
 
 EVERY = "*"
 SHARED_TOKEN_PRINCIPAL = "shared-token"
-GRANTS = ("claim", "board", "mailbox", "control")
+GRANTS = ("claim", "board", "mailbox", "control", "org_admin")
 # grants whose patterns are seat patterns (the others name namespaces)
 SEAT_GRANTS = ("mailbox", "control")
 MAX_PRINCIPALS = 10_000
@@ -122,6 +122,9 @@ class Principal:
     board: tuple[str, ...] | None = None
     mailbox: tuple[str, ...] | None = None
     control: tuple[str, ...] | None = None
+    # REDSYN organizations whose links it may propose, accept and change
+    # (docs/redsyn.md, "Organizations and links"); None: none
+    org_admin: tuple[str, ...] | None = None
 
     def speaks_for(self, seat: str) -> bool:
         base = seat[:-len(RX_SUFFIX)] if seat.endswith(RX_SUFFIX) else None
@@ -147,6 +150,9 @@ class Principal:
 
     def may_control(self, seat: str) -> bool:
         return any(seat_matches(p, seat) for p in self.control or ())
+
+    def admins_org(self, org: str) -> bool:
+        return any(p in (org, EVERY) for p in self.org_admin or ())
 
     def grants(self) -> dict:
         """The grants as stored and shown (None: the default)."""
@@ -213,6 +219,12 @@ class PrincipalTable:
     held_seats: frozenset = frozenset()
     held_prefixes: frozenset = frozenset()
     held_everything: bool = False
+    # REDSYN organizations: name -> {"redsyn_version", "created_at"} (`hubd
+    # redsyn org create`; kept beside the principals, re-read with them)
+    orgs: dict = field(default_factory=dict)
+
+    def org_admins(self, org: str) -> list[str]:
+        return sorted(name for name, p in self.principals.items() if p.admins_org(org))
 
     @property
     def open(self) -> bool:
@@ -261,7 +273,8 @@ class PrincipalTable:
 
 
 def build_table(principals: list[Principal], tokens: list[tuple[str, str, str]],
-                shared_token: str | None = None, source: str = "journal") -> PrincipalTable:
+                shared_token: str | None = None, source: str = "journal",
+                orgs: dict | None = None) -> PrincipalTable:
     """principals, and tokens as (principal name, digest, label)."""
     if len(principals) > MAX_PRINCIPALS:
         raise PrincipalError(f"at most {MAX_PRINCIPALS} principals")
@@ -292,7 +305,7 @@ def build_table(principals: list[Principal], tokens: list[tuple[str, str, str]],
                           held_seats=frozenset(p for p in patterns
                                                if p != EVERY and not p.endswith("/*")),
                           held_prefixes=frozenset(p[:-1] for p in patterns if p.endswith("/*")),
-                          held_everything=EVERY in patterns)
+                          held_everything=EVERY in patterns, orgs=dict(orgs or {}))
 
 
 def parse_principals_file(doc: object, shared_token: str | None = None,

@@ -1,7 +1,8 @@
 """Two hubs in two network namespaces joined by a veth link: the seed's
 complete agent (REDSYN, HTTP only) serves at west; a REDSYN agent at east asks
 it through east's hub, which forwards to west (west owns the namespace), and
-the reply comes back the same way."""
+the reply comes back the same way, over a link between the two organizations
+their admins agreed first."""
 
 import json
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.netns import Topology, require_netns
 from tests.support.redsyn_client import login
+from tests.support.redsyn_link import org_with_admin
 from tests.support.sitecmd import REPO, env
 
 PORT = 8876
@@ -25,6 +27,42 @@ def wait_for_line(path: Path, text: str, proc, timeout=60.0):
         time.sleep(0.1)
 
 
+ADMINS = {"east": ("acme", "acme/it/ivan"), "west": ("globex", "globex/it/gus")}
+
+
+def organization(db, site: str) -> str:
+    """The site's organization and its admin; the admin's token."""
+    org, admin = ADMINS[site]
+    token = login(db, admin, "laptop")
+    org_with_admin(db, org, admin)
+    return token
+
+
+def agree_link(topo, admins: dict, ca: str):
+    """acme's admin at east proposes a link to globex, globex's at west accepts
+    it (each step run in its site's namespace; the first ones retried until
+    the hub there answers): nothing crosses organizations without one.
+    Returns the step runner and the link's id."""
+    relay = f"https://127.0.0.1:{PORT}/redsyn/v1"
+
+    def run(site: str, *args) -> dict:
+        for _ in range(120):
+            done = topo.run(site, [sys.executable, "-m", "tests.support.redsyn_link", relay,
+                                   admins[site], *args],
+                            check=False, timeout=120, cwd=REPO, env=env(REDSYN_CA=ca))
+            if done.returncode == 0:
+                return json.loads(done.stdout)
+            time.sleep(0.5)
+        raise AssertionError(done.stderr[-2000:])
+
+    link = run("east", "propose", "acme", "globex")["id"]
+    run("west", "wait", link, "proposed")
+    run("west", "accept", link, json.dumps({"expose": ["globex"], "signed_only": False}))
+    run("east", "wait", link, "active")
+    return run, link
+
+
+
 def test_a_redsyn_agent_asks_the_complete_agent_at_another_site(tmp_path):
     require_netns()
     pki = make_pki(tmp_path / "pki", ["east", "west"])
@@ -32,10 +70,11 @@ def test_a_redsyn_agent_asks_the_complete_agent_at_another_site(tmp_path):
     people = {"east": "acme/general/ana", "west": "globex/erp/bob"}
     with Topology() as topo:
         topo.link("east", "west", "203.0.113.8/30")
-        tokens, hubs = {}, {}
+        tokens, hubs, admins = {}, {}, {}
         for site, peer in (("west", "east"), ("east", "west")):
             db = tmp_path / f"{site}.db"
             tokens[site] = login(db, people[site], "box")
+            admins[site] = organization(db, site)
             policy = write_serving_policy(tmp_path / f"{site}-policy", pki, grants[site])
             flags = site_flags(pki, site, policy)
             hubs[site] = topo.popen(site, [
@@ -61,6 +100,7 @@ def test_a_redsyn_agent_asks_the_complete_agent_at_another_site(tmp_path):
             if "announced: 200" in agent_out.read_text():
                 break
         wait_for_line(agent_out, "announced: 200", agent)
+        step, link = agree_link(topo, admins, ca)
         asked = None
         for _ in range(60):  # until east's hub answers
             asked = topo.run("east", [sys.executable, "-m", "tests.support.redsyn_ask", relay,
@@ -79,6 +119,13 @@ def test_a_redsyn_agent_asks_the_complete_agent_at_another_site(tmp_path):
         assert reply["kind"] == "reply" and reply["body"]["text"] == "HELLO WEST"
         assert reply["from"] == "globex/erp/bob/shout@west" and reply["to"] == sent["from"]
         assert "answered" in agent_out.read_text()
+        # globex suspends at west; once east has it, east refuses at once
+        step("west", "suspend", link)
+        step("east", "wait", link, "suspended")
+        refused = topo.run("east", [sys.executable, "-m", "tests.support.redsyn_ask", relay,
+                                    tokens["east"], "cli", "globex/erp/bob/shout", "again"],
+                           check=False, timeout=120, cwd=REPO, env=env(REDSYN_CA=ca))
+        assert refused.returncode != 0 and "403" in refused.stderr, refused.stderr[-2000:]
 
 
 def test_a_redsyn_agent_and_a_websocket_agent_at_different_sites(tmp_path):
@@ -94,11 +141,12 @@ def test_a_redsyn_agent_and_a_websocket_agent_at_different_sites(tmp_path):
     grants = {"east": {"west": ["acme"]}, "west": {"east": ["globex"]}}
     with Topology() as topo:
         topo.link("east", "west", "203.0.113.12/30")
-        tokens = {}
+        tokens, admins = {}, {}
         for site, peer in (("west", "east"), ("east", "west")):
             db = tmp_path / f"{site}.db"
             if site == "east":
                 tokens[site] = login(db, "acme/general/ana", "box")
+            admins[site] = organization(db, site)
             policy = write_serving_policy(tmp_path / f"{site}-policy", pki, grants[site])
             flags = site_flags(pki, site, policy)
             topo.popen(site, [
@@ -133,6 +181,7 @@ def test_a_redsyn_agent_and_a_websocket_agent_at_different_sites(tmp_path):
                 proc.kill()
                 time.sleep(0.5)
         assert agent is not None, (tmp_path / "ws-agent.err").read_text()[-2000:]
+        agree_link(topo, admins, ca)
         relay = f"https://127.0.0.1:{PORT}/redsyn/v1"
         asked_out = tmp_path / "ask.out"
         asker = None

@@ -54,6 +54,37 @@ def plain_state(state) -> dict:
     return plain(state)
 
 
+def as_of(today, then):
+    """Today's plain state in the shape of an older one: a dataclass field
+    added since (a key `then` lacks) is left out, and only if it is empty
+    (None, or an empty container) there: a journal from before it cannot have
+    filled it. Everything the older state has is compared as it was."""
+    if isinstance(today, dict) and isinstance(then, dict):
+        added = {k: v for k, v in today.items() if k not in then}
+        assert all(_empty(v) for v in added.values()), added
+        return {k: as_of(v, then[k]) for k, v in today.items() if k in then}
+    if _named_pairs(today) and _named_pairs(then):  # a projection's dict of parts
+        named = dict(then)
+        added = {k: v for k, v in today if k not in named}
+        assert all(_empty(v) for v in added.values()), added
+        return [[k, as_of(v, named[k])] for k, v in today if k in named]
+    if isinstance(today, list) and isinstance(then, list) and len(today) == len(then):
+        return [as_of(a, b) for a, b in zip(today, then)]
+    return today
+
+
+def _named_pairs(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) for v in value)
+
+
+def _empty(value) -> bool:
+    """None, an empty container, or a dataclass whose fields are all empty."""
+    if isinstance(value, dict):
+        return all(_empty(v) for v in value.values())
+    return value in (None, [], {}, 0)
+
+
 async def write(folder: Path) -> tuple[str, dict]:
     """Drive a hub through chats between seats, REDSYN agents and a broker
     handle; the journal as SQL, and the state its hubd replays it to."""

@@ -214,7 +214,7 @@ def test_journal_tables_store_digests_and_bump_the_version(tmp_path):
     [row] = store.listing(db)
     assert row["name"] == "alice" and [t["label"] for t in row["tokens"]] == ["phone"]
     assert row["grants"] == {"claim": ["PROJ", "OPS"], "board": None, "mailbox": None,
-                             "control": None}
+                             "control": None, "org_admin": None}
     assert "digest" not in json.dumps(row)
     assert store.remove(db, "alice") and not store.remove(db, "alice")
     table = source.read(None)

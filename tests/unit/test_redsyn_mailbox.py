@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubd.state import redsyn as mb
+from hubd.state.principals import make_principal
+from hubd.state.redsyn import links
 from hubd.wire.redsyn import e2e, signing
 from hubd.wire.redsyn.envelope import RedsynError, b64url, validate
 
@@ -64,6 +66,26 @@ class Hub:
 
 SHOUT = "acme/dev/joel/shout"
 CLI = "acme/dev/joel/cli"
+ORGS = {"acme": {"redsyn_version": "2026-09-25"}, "globex": {"redsyn_version": "2026-09-25"}}
+ACME_ADMIN = mb.Node("acme/it/ivan:laptop", "acme/it/ivan",
+                     make_principal("acme/it/ivan", ["acme/it/ivan/*"], {"org_admin": ["acme"]}))
+GLOBEX_ADMIN = mb.Node("globex/it/gus:laptop", "globex/it/gus",
+                       make_principal("globex/it/gus", ["globex/it/gus/*"],
+                                      {"org_admin": ["globex"]}))
+
+
+def linked(hub, acme_terms=None, globex_terms=None) -> str:
+    """An active link between acme and globex, proposed by acme's admin and
+    accepted by globex's; its id."""
+    proposal = {"org": "acme", "peer": "globex"}
+    if acme_terms is not None:
+        proposal["terms"] = acme_terms
+    made = hub.run(links.decide_propose(hub.state, ACME_ADMIN, proposal, ORGS, hub.now,
+                                        new_id=lambda: f"lnk-{next(hub.ids)}"))
+    accept = {} if globex_terms is None else {"terms": globex_terms}
+    hub.run(links.decide_change(hub.state, GLOBEX_ADMIN, made["id"], "accept", accept,
+                                hub.now)[0])
+    return made["id"]
 
 
 def test_request_take_reply_ack_round_trip():
@@ -220,7 +242,11 @@ def test_policy_is_enforced_before_storing():
     assert err.value.status == 403
     hub.run(mb.decide_announce(hub.state, JOEL, SHOUT, {"listening": True, "policy": {
         "requests_from": ["globex/erp"], "encrypted_only": True}}))
-    with pytest.raises(RedsynError) as err:
+    with pytest.raises(RedsynError) as err:  # requests_from admits no org without a link
+        hub.post(BOB, id="q3", **{"from": "x", "to": "acme/dev/joel/shout"})
+    assert "no active link" in err.value.error
+    linked(hub, acme_terms={"expose": ["acme/dev"], "signed_only": False})
+    with pytest.raises(RedsynError) as err:  # over the link, the agent's own policy
         hub.post(BOB, id="q3", **{"from": "x", "to": "acme/dev/joel/shout"})
     assert "encrypted" in err.value.error
     with pytest.raises(RedsynError) as err:  # a policy only with listening: true

@@ -144,7 +144,8 @@ class RedsynDoor(Listener):
     # -- HTTP
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        version = request.headers.get(VERSION_HEADER, API_VERSION)
+        asked = request.headers.get(VERSION_HEADER)
+        version = asked or API_VERSION
         try:
             refused = guard(self.hub, request)  # DNS rebinding, browsers: as every path
             if refused is not None:
@@ -155,6 +156,8 @@ class RedsynDoor(Listener):
             if not self.hub.ready:
                 raise RedsynError(503, "the hub is starting (journal replay)")
             node = self._authenticate(request)
+            if asked is None:  # the date the caller's organization was pinned to
+                version = self._pinned_version(node)
             response = await self._route(request, node)
         except RedsynError as exc:
             if isinstance(exc, Forbidden):
@@ -164,6 +167,10 @@ class RedsynDoor(Listener):
         counts = self.hub.metrics.redsyn_requests
         counts[response.status] = counts.get(response.status, 0) + 1
         return response
+
+    def _pinned_version(self, node: mb.Node) -> str:
+        org = self.hub.identity.table.orgs.get(node.person.split("/")[0])
+        return org["redsyn_version"] if org is not None else API_VERSION
 
     def _authenticate(self, request: web.Request) -> mb.Node:
         header = request.headers.get("Authorization", "")
@@ -249,7 +256,33 @@ class RedsynDoor(Listener):
             topic = "topic:" + "/".join(parts[1:4])
             return web.json_response(await self.ask(self.request(
                 "redsyn.subscribe", node, topic=topic, doc=doc)))
+        elif parts[0] in ("links", "orgs"):
+            return await self._links(request, node, parts)
         raise RedsynError(404, f"no endpoint {method} {PREFIX}/{path}")
+
+    async def _links(self, request, node, parts) -> web.Response:
+        """Links between organizations, and an organization's record."""
+        method = request.method
+        if parts == ["links"] and method == "POST":
+            doc, _ = await self._json(request)
+            return web.json_response(await self.ask(self.request(
+                "redsyn.link_propose", node, doc=doc, new_id="lnk-" + uuid.uuid4().hex)),
+                status=201)
+        if parts == ["links"] and method == "GET":
+            return web.json_response(await self.ask(self.request("redsyn.links", node)))
+        if parts[0] == "links" and len(parts) == 2 and method == "GET":
+            return web.json_response(await self.ask(self.request("redsyn.link", node,
+                                                                 id=parts[1])))
+        if parts[0] == "links" and len(parts) == 3 and (
+                (method == "POST" and parts[2] in ("accept", "suspend", "resume", "end"))
+                or (method == "PUT" and parts[2] == "terms")):
+            doc, _ = await self._json(request)
+            return web.json_response(await self.ask(self.request(
+                "redsyn.link_change", node, id=parts[1], action=parts[2], doc=doc)))
+        if parts[0] == "orgs" and len(parts) == 2 and method == "GET":
+            return web.json_response(await self.ask(self.request("redsyn.org", node,
+                                                                 org=parts[1])))
+        raise RedsynError(404, f"no endpoint {method} {PREFIX}/{'/'.join(parts)}")
 
     async def _post(self, request, node) -> web.Response:
         doc, size = await self._json(request)
@@ -257,7 +290,8 @@ class RedsynDoor(Listener):
         answer = await self.ask(Send(
             self.id, incoming.sender.agent_address,
             str(incoming.to) if incoming.to is not None else None, incoming.fields["body"],
-            {"node": node, "incoming": incoming, "new_id": "m" + uuid.uuid4().hex},
+            {"node": node, "incoming": incoming, "new_id": "m" + uuid.uuid4().hex,
+             "client": request.remote},
             self._future()))
         return web.json_response(answer, status=200 if answer["duplicate"] else 201)
 

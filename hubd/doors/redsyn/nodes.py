@@ -58,9 +58,14 @@ def logout(path: str | Path, person: str, name: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["org"]:
+        from .orgs_cli import main as org_main
+        return org_main(argv[1:])
     parser = argparse.ArgumentParser(prog="hubd redsyn",
-                                     description="REDSYN nodes: bearer tokens for HTTP agents")
+                                     description="REDSYN nodes: bearer tokens for HTTP agents; "
+                                                 "organizations: hubd redsyn org --help")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("org", help="organizations and their admins (hubd redsyn org --help)")
     for verb, text in (("login", "make a node and print its new bearer token (shown once)"),
                        ("logout", "revoke a node's token")):
         p = sub.add_parser(verb, help=text, description=text)

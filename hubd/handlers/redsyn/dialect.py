@@ -24,14 +24,12 @@ from hubd.actors.router import Router
 from hubd.core.refusals import REFUSALS
 from hubd.core.plugin import Dialect
 from hubd.state import redsyn as mb
+from hubd.state.redsyn import links
 from hubd.state.events import UnstorableEvent
 from hubd.wire.redsyn.envelope import DOOR, RedsynError, parse_address
 
 from .. import routing
-from .mailbox import RedsynLive, journal, state_of
-
-# a REDSYN message to a seat, routed as a chat: the REDSYN boxes do not take it back
-REDSYN_ROUTE = {"redsyn": 1}
+from .mailbox import REDSYN_ROUTE, RedsynLive, journal, owner_of, state_of
 
 
 def _fail(reply, error: RedsynError) -> None:
@@ -126,7 +124,7 @@ def send(router: Router, session, command) -> None:
     new_id = fields["new_id"]
     _decide(router, command, lambda state, now: mb.decide_post(
         state, fields["node"], fields["incoming"], now, router.config.redsyn_limits,
-        new_id=lambda: new_id, seat_of=seat_of(router)))
+        new_id=lambda: new_id, seat_of=seat_of(router), client=fields.get("client")))
 
 
 def take(router: Router, session, command) -> None:
@@ -171,8 +169,9 @@ def agent(router: Router, session, command) -> None:
 
     def read(state: mb.RedsynState) -> dict:
         key_ = parse_address(address, what="agent address").agent_address
-        if key_.split("/")[0] != node.person.split("/")[0]:
-            raise RedsynError(403, f"{key_} is not visible outside {key_.split('/')[0]}")
+        if not links.visible_across(state, node.person.split("/")[0], key_):
+            raise RedsynError(403, f"{key_} is not visible outside {key_.split('/')[0]} "
+                                   "(an active link that exposes it is)")
         record = state.agents.get(key_)
         heard = router.presence.last_heard(DOOR, key_)
         seen = max(heard[0] if heard else 0.0,
@@ -215,7 +214,78 @@ def webhook_failed(router: Router, session, command) -> None:
         if id_ in state.boxes.get(agent_, {}) else []))
 
 
+# -- links between organizations (docs/redsyn.md, "Organizations and links")
+
+def _orgs(router: Router) -> dict:
+    """The organizations the hub knows (kept beside the principals)."""
+    return router.hub.identity.table.orgs
+
+
+def _to_peer(router: Router, decision: mb.Decision, link: dict) -> mb.Decision:
+    """A change of a link whose other organization a peer hub owns goes there
+    too, through the forward outbox (docs/redsyn.md, "Across sites")."""
+    [(_, payload)] = decision.events[:1]
+    org = payload["org"]
+    other = next(o for o in link["orgs"] if o != org)
+    seat = routing.owner_seat(router, f"{other}/{links.LINKS_SEAT}")
+    if seat is not None:
+        decision.chats.append(links.link_chat(org, seat, payload))
+    return decision
+
+
+def link_propose(router: Router, session, command) -> None:
+    fields = command.fields
+
+    def decide(state: mb.RedsynState, now: float) -> mb.Decision:
+        decision = links.decide_propose(state, fields["node"], fields["doc"], _orgs(router),
+                                        now, new_id=lambda: fields["new_id"],
+                                        owner_of=owner_of(router))
+        return _to_peer(router, decision, decision.answer)
+    _decide(router, command, decide)
+
+
+def link_change(router: Router, session, command) -> None:
+    """accept, suspend, resume, end, terms; what waits over the link that it
+    no longer admits is given up in the same commit, each sender told."""
+    fields = command.fields
+
+    def decide(state: mb.RedsynState, now: float) -> mb.Decision:
+        decision, after = links.decide_change(state, fields["node"], fields["id"],
+                                              fields["action"], fields["doc"], now)
+        if fields["action"] in ("suspend", "end", "terms"):
+            decision.events.extend(mb.give_up_refused(state, after, now, decision.chats))
+        return _to_peer(router, decision, after)
+    _decide(router, command, decide)
+
+
+def link_read(router: Router, session, command) -> None:
+    fields = command.fields
+    _read(router, command, lambda state: links.read_link(state, fields["node"], fields["id"]))
+
+
+def links_list(router: Router, session, command) -> None:
+    _read(router, command, lambda state: links.list_links(state, command.fields["node"]))
+
+
+def org(router: Router, session, command) -> None:
+    """GET /orgs/{org}: its record and admins, for its people and admins."""
+    node, name = command.fields["node"], command.fields["org"]
+
+    def read(state: mb.RedsynState) -> dict:
+        table = router.hub.identity.table
+        record = table.orgs.get(name)
+        member = node.person.split("/")[0] == name or (
+            node.principal is not None and node.principal.admins_org(name))
+        if record is None or not member:
+            raise RedsynError(404, f"no organization {name} here")
+        return {"org": name, "redsyn_version": record["redsyn_version"],
+                "admins": table.org_admins(name)}
+    _read(router, command, read)
+
+
 DIALECT = Dialect(opened=opened, register=register, send=send, take=take, ack=ack, requests={
     "redsyn.key": key, "redsyn.cancel": cancel, "redsyn.subscribe": subscribe,
     "redsyn.agent": agent, "redsyn.agent_key": agent_key, "redsyn.files": files,
-    "redsyn.webhooks": webhooks, "redsyn.webhook_failed": webhook_failed})
+    "redsyn.webhooks": webhooks, "redsyn.webhook_failed": webhook_failed,
+    "redsyn.link_propose": link_propose, "redsyn.link_change": link_change,
+    "redsyn.link": link_read, "redsyn.links": links_list, "redsyn.org": org})

@@ -4,7 +4,8 @@ decisions that produce its events.
 - model.py: the state, its event kinds and bounds;
 - projection.py: `apply`, the only thing that changes the state (live and at
   replay), and the chats that land in REDSYN boxes;
-- agents.py, posting.py, boxes.py: the pure decisions (`decide_*`, `sweep`):
+- links.py: links between organizations and the one rule for crossing them;
+- agents.py, posting.py, boxes.py, links.py: the pure decisions (`decide_*`, `sweep`):
   they read the state and the clock they are given and return
   `Decision(events, answer)`, changing nothing themselves, so a refused call
   (RedsynError) has changed nothing.
@@ -14,8 +15,9 @@ The names below are the mailbox's public face (`from hubd.state import redsyn`).
 
 from .agents import check_policy, decide_announce, decide_key, key_of, own_agent
 from .boxes import (ack_ids, check_lease, decide_ack, decide_cancel, decide_poll, decide_subscribe,
-                    decide_take, delivered, files_of, next_ready, sweep, webhook_failed)
-from .model import (ACK, ANNOUNCE, CANCEL, DEFAULT_LEASE, KEY, KINDS, MAX_ITEMS_PER_TAKE,
+                    decide_take, delivered, files_of, give_up_refused, next_ready, sweep,
+                    webhook_failed)
+from .model import (ACK, ANNOUNCE, CANCEL, DEFAULT_LEASE, KEY, KINDS, LINK, MAX_ITEMS_PER_TAKE,
                     MAX_LEASE, MAX_TAKES, MESSAGE, PRESENCE_SECONDS, SUBSCRIBE, TAKE,
                     UNDELIVERABLE, WEBHOOK_FAILED, Agent, Decision, Delivery, Limits, Message,
                     RedsynState, known_here, request_asker)
@@ -34,6 +36,7 @@ __all__ = [
     "Delivery",
     "KEY",
     "KINDS",
+    "LINK",
     "Limits",
     "MAX_ITEMS_PER_TAKE",
     "MAX_LEASE",
@@ -65,6 +68,7 @@ __all__ = [
     "decide_take",
     "delivered",
     "files_of",
+    "give_up_refused",
     "key_of",
     "known_here",
     "next_ready",

@@ -11,6 +11,7 @@ from hubd.state.redsyn_nodes import Node, check_speaks_for, forbidden
 from hubd.wire.redsyn.envelope import Address, RedsynError, parse_address
 from hubd.wire.redsyn.signing import fingerprint
 
+from .links import visible_across
 from .model import ANNOUNCE, KEY, MAX_DESCRIPTION, Decision, RedsynState
 
 
@@ -120,11 +121,9 @@ def _prefix_allows(prefixes, sender: Address) -> bool:
 def key_of(state: RedsynState, node: Node, address: str, online_node: str | None = None) -> dict:
     agent = parse_address(address, what="agent address")
     record = state.agents.get(agent.agent_address)
-    if agent.org != node.person.split("/")[0] and not (
-            record is not None and record.listening and _prefix_allows(
-                record.policy.get("requests_from") or [],
-                Address(*node.person.split("/"), "_"))):
-        raise forbidden(f"{agent.agent_address} is not visible outside {agent.org}")
+    if not visible_across(state, node.person.split("/")[0], agent.agent_address):
+        raise forbidden(f"{agent.agent_address} is not visible outside {agent.org} "
+                        "(an active link that exposes it is)")
     holder = online_node or (record.node if record is not None else None)
     key = state.keys.get(holder) if holder is not None else None
     if key is None or not key.get("enc_key"):

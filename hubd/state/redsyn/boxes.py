@@ -14,17 +14,25 @@ from hubd.wire.redsyn.envelope import DEFAULT_TTL, RedsynError, parse_address, p
 from hubd.wire.redsyn.webhook import MAX_ATTEMPTS as WEBHOOK_ATTEMPTS, retry_delay
 
 from .agents import own_agent
+from .links import error_chat, link_between, message_refusal, org_of
 from .model import (ACK, CANCEL, DEFAULT_LEASE, MAX_LEASE, MAX_SUBSCRIBERS, MAX_TAKES, SUBSCRIBE,
                     TAKE, UNDELIVERABLE, WEBHOOK_FAILED, Decision, Delivery, MESSAGE, RedsynState,
                     request_asker)
 from .posting import _session
 
 
-def _undeliverable(state: RedsynState, agent: str, id_: str, reason: str, ts: float) -> list:
-    """Give a delivery up; the sender hears it (not for events or error replies)."""
+def _undeliverable(state: RedsynState, agent: str, id_: str, reason: str, ts: float,
+                   chats: list | None = None) -> list:
+    """Give a delivery up; the sender hears it (not for events or error
+    replies). One a REDSYN agent on a peer hub sent is answered with a chat
+    there (into `chats`, when the caller routes chats)."""
     events = [(UNDELIVERABLE, {"agent": agent, "id": id_, "reason": reason})]
     message = state.messages[id_]
     original = message.envelope
+    remote = original.get("remote")
+    if remote is not None and chats is not None and not remote["error"]:
+        chats.append(error_chat(agent, original["from"], remote["id"], reason))
+        return events
     if original["kind"] == "event" or original["error"] or original.get("via") == "websocket":
         # no error replies for events or for error replies; a WebSocket sender
         # is not told either (not built: an error chat back to its seat)
@@ -76,6 +84,7 @@ def decide_take(state: RedsynState, node: Node, address: str, lease: float, limi
     events: list = []
     ids: list = []
     items: list = []
+    chats: list = []
     blocked: set = set()
     lease_until = now + lease
     for id_, delivery in box.items():
@@ -88,16 +97,45 @@ def decide_take(state: RedsynState, node: Node, address: str, lease: float, limi
         if delivery.lease_until > now or delivery.not_before > now:
             blocked.add(delivery.session)
             continue
-        reason = _due(state, agent, id_, delivery, now)
+        reason = _due(state, agent, id_, delivery, now) or _link_refusal(state, agent, id_)
         if reason is not None:
-            events.extend(_undeliverable(state, agent, id_, reason, now))
+            events.extend(_undeliverable(state, agent, id_, reason, now, chats))
             continue
         ids.append(id_)
         items.append(delivered(state, agent, delivery, delivery.attempts + 1))
     if ids:
         events.append((TAKE, {"agent": agent, "node": node.id, "ids": ids,
                               "lease_until": lease_until}))
-    return Decision(events, items)
+    return Decision(events, items, chats)
+
+
+def _link_refusal(state: RedsynState, agent: str, id_: str) -> str | None:
+    """Checked again as it is handed out: the link it crossed may no longer
+    admit it (docs/redsyn.md, "Organizations and links")."""
+    message = state.messages[id_]
+    sender_org = org_of(message.envelope["from"])
+    link = link_between(state, sender_org, org_of(agent))
+    return message_refusal(message, agent, link)
+
+
+def give_up_refused(state: RedsynState, link: dict, now: float,
+                    chats: list | None = None) -> list:
+    """What waits between the link's two organizations that `link` (as it is
+    about to be) no longer admits: given up now, each sender told (a sender
+    on a peer hub by a chat added to `chats`)."""
+    events: list = []
+    orgs = set(link["orgs"])
+    for agent, box in state.boxes.items():
+        if org_of(agent) not in orgs:
+            continue
+        for id_ in box:
+            message = state.messages[id_]
+            if org_of(message.envelope["from"]) not in orgs:
+                continue
+            reason = message_refusal(message, agent, link)
+            if reason is not None:
+                events.extend(_undeliverable(state, agent, id_, reason, now, chats))
+    return events
 
 
 def next_ready(state: RedsynState, node: Node, agent: str, now: float) -> float | None:

@@ -19,7 +19,9 @@ UNDELIVERABLE = "redsyn_undeliverable"
 CANCEL = "redsyn_cancel"
 SUBSCRIBE = "redsyn_subscribe"
 WEBHOOK_FAILED = "redsyn_webhook_failed"
-KINDS = (KEY, ANNOUNCE, MESSAGE, TAKE, ACK, UNDELIVERABLE, CANCEL, SUBSCRIBE, WEBHOOK_FAILED)
+LINK = "redsyn_link"
+KINDS = (KEY, ANNOUNCE, MESSAGE, TAKE, ACK, UNDELIVERABLE, CANCEL, SUBSCRIBE, WEBHOOK_FAILED,
+         LINK)
 
 DEFAULT_LEASE = 900
 MAX_LEASE = 3600
@@ -69,6 +71,7 @@ class Message:
     taken_by: set = field(default_factory=set)  # agents that took it at least once
     closed: bool = False         # a request that has its reply
     cancelled: bool = False
+    client: str | None = None    # the address the door saw it come from (link allow-lists)
 
 
 @dataclass
@@ -105,6 +108,10 @@ class RedsynState:
     # (deadline, agent, id): when a delivery may need the sweeper (lease or
     # expiry); stale entries are skipped when popped.
     deadlines: list = field(default_factory=list)
+    # links between organizations (links.py): id -> link, and the pair of
+    # organizations -> the id of their link that has not ended
+    links: OrderedDict = field(default_factory=OrderedDict)
+    link_pairs: dict = field(default_factory=dict)
 
     def snapshot(self) -> dict:
         """Everything that matters, as plain data (the projection property)."""
@@ -118,6 +125,8 @@ class RedsynState:
             "topics": {t: list(s) for t, s in self.topics.items()},
             "day_counts": self.day_counts, "pending": self.pending, "order": self.order,
             "seat_requests": {f"{k[0]} {k[1]}": v for k, v in self.seat_requests.items()},
+            "links": dict(self.links),
+            "link_pairs": {" ".join(sorted(k)): v for k, v in self.link_pairs.items()},
         }
 
 

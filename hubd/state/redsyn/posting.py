@@ -15,6 +15,7 @@ from hubd.wire.redsyn.envelope import (DEFAULT_TTL, Address, Incoming, RedsynErr
 from hubd.wire.redsyn.signing import fingerprint, verify_arrival
 
 from .agents import _prefix_allows
+from .links import check_crossing, org_of, seat_address
 from .model import MESSAGE, Decision, Limits, RedsynState
 
 
@@ -23,11 +24,9 @@ def _enforce_policy(state: RedsynState, incoming: Incoming, to: Address, signed:
     policy = agent.policy if agent is not None and agent.listening else {}
     sender = incoming.sender
     prefixes = policy.get("requests_from")
-    if prefixes is None:
-        if sender.org != to.org:
-            raise forbidden(f"{to.agent_address} takes nothing from outside {to.org} "
-                            "(its policy names no other organization)")
-    elif incoming.kind == "request" and not _prefix_allows(prefixes, sender):
+    # across organizations the link has admitted the sender already
+    if prefixes is not None and incoming.kind == "request" and \
+            not _prefix_allows(prefixes, sender):
         raise forbidden(f"{to.agent_address} takes requests only from "
                         f"{', '.join(prefixes) or 'nobody'}")
     if incoming.kind == "request" and policy.get("encrypted_only") and not incoming.encrypted:
@@ -54,13 +53,16 @@ def _session(state: RedsynState, agent: str, thread: str, planned: dict,
 
 
 def decide_post(state: RedsynState, node: Node, incoming: Incoming, now: float,
-                limits: Limits = Limits(), new_id=None, seat_of=None) -> Decision:
+                limits: Limits = Limits(), new_id=None, seat_of=None,
+                client: str | None = None) -> Decision:
     """POST /messages: validate against the state, resolve, and store.
 
     `seat_of(address)` names the hub seat a WebSocket agent holds for an
     address that is not a REDSYN agent, or None. A message to such a seat is
     stored (so its reply can close it) and handed to the chat path as
-    Decision.chats: the door routes each as a chat from the sender."""
+    Decision.chats: the door routes each as a chat from the sender.
+    Across organizations the link between them must admit it (links.py);
+    `client` is the address the door saw the call come from."""
     check_speaks_for(node, incoming.sender)
     fields = incoming.fields
     id_ = fields.get("id")
@@ -139,8 +141,18 @@ def decide_post(state: RedsynState, node: Node, incoming: Incoming, now: float,
     elif isinstance(to, str) or (request is None and seat_of is not None
                                  and seat_of(to.agent_address, state) is not None):
         seat = to if isinstance(to, str) else seat_of(to.agent_address, state)
+        # not an answer to a WebSocket seat's own request (its chat came in
+        # under the hub's principals, not a link); a REDSYN agent's on a peer
+        # hub (`remote`) is checked like any other
+        if not isinstance(to, str) or request.envelope.get("remote") is not None:
+            check_crossing(state, sender.agent_address, seat_address(seat),
+                           answering=request is not None, signed=signed_payload is not None,
+                           client=client)
         delivered_to = seat
     else:
+        check_crossing(state, sender.agent_address, to.agent_address,
+                       answering=request is not None, signed=signed_payload is not None,
+                       client=client)
         _enforce_policy(state, incoming, to, signed_payload is not None) \
             if request is None else None
         if request is None or to.session is None:
@@ -181,6 +193,9 @@ def decide_post(state: RedsynState, node: Node, incoming: Incoming, now: float,
                            "fingerprint": fingerprint(sig["key"])}
     payload = {"envelope": envelope, "person": node.person, "node": node.id, "digest": digest,
                "size": incoming.size, "deliveries": deliveries}
+    if client is not None and sender.org != org_of(seat_address(delivered_to).removeprefix(
+            "topic:")):
+        payload["client"] = client  # re-checked against the link's allow-list at hand-out
     if incoming.files is not None:
         payload["files"] = b64url(incoming.files)
         payload["files_sha256"] = incoming.files_sha256
@@ -193,7 +208,8 @@ def decide_post(state: RedsynState, node: Node, incoming: Incoming, now: float,
             "type": "chat", "target": seat, "payload": chat_payload(envelope),
             "redsyn": {k: envelope[k] for k in (
                 "id", "kind", "from", "thread", "reply_to", "ts", "error", "refs", "signed")
-                if envelope.get(k) is not None}}})
+                if envelope.get(k) is not None} | (
+                {"client": payload["client"]} if "client" in payload else {})}})
     return Decision([(MESSAGE, payload)], _post_answer(envelope, duplicate=False), chats)
 
 

@@ -21,9 +21,10 @@ from hubd.state.events import CHAT
 from hubd.state.hub import Appliers
 from hubd.wire.redsyn.envelope import DEFAULT_TTL, parse_address
 
-from .model import (ACK, ANNOUNCE, CANCEL, KEY, KINDS, MESSAGE, REMEMBERED_FINISHED, SUBSCRIBE,
-                    TAKE, UNDELIVERABLE, WEBHOOK_FAILED, Agent, Delivery, Message, RedsynState,
-                    known_here, request_asker)
+from .links import apply_link, crossing_refusal, seat_address
+from .model import (ACK, ANNOUNCE, CANCEL, KEY, KINDS, LINK, MESSAGE, REMEMBERED_FINISHED,
+                    SUBSCRIBE, TAKE, UNDELIVERABLE, WEBHOOK_FAILED, Agent, Delivery, Message,
+                    RedsynState, known_here, request_asker)
 
 def apply(state: RedsynState, kind: str, payload: dict, ts: float) -> None:
     _APPLY[kind](state, payload, ts)
@@ -61,7 +62,7 @@ def _apply_message(state: RedsynState, p: dict, ts: float) -> None:
         sender = parse_address(env["from"])
         _session_for(state, sender.agent_address, thread, sender.session)
     message = Message(env, p["person"], p["node"], p["digest"], p["size"], env["expires"],
-                      p.get("files"), p.get("files_sha256", ""))
+                      p.get("files"), p.get("files_sha256", ""), client=p.get("client"))
     state.messages[env["id"]] = message
     for target in p["deliveries"]:
         agent, session = target["agent"], target["session"]
@@ -207,22 +208,55 @@ def chat_delivery(state: RedsynState, frame: dict, route: dict, seq: int) -> dic
     sender = frame.get("sender")
     if not isinstance(sender, str) or not sender or sender == target:
         return None
-    open_requests = state.seat_requests.get((sender, target))
-    request = state.messages.get(open_requests[0]) if open_requests else None
+    # a peer hub's REDSYN message: the receiver's route says it was forwarded
+    redsyn = frame.get("redsyn") if "forwarded" in route else None
+    redsyn = redsyn if isinstance(redsyn, dict) else None
+    open_requests = state.seat_requests.get((sender, target)) or []
+    # the request a peer's answer names, else the oldest still open
+    named = redsyn.get("reply_to") if redsyn is not None else None
+    request_id = named if named in open_requests else (open_requests or [None])[0]
+    request = state.messages.get(request_id) if request_id is not None else None
     if request is not None:
-        return {"agent": target, "session": request.envelope["from"].partition("#")[2],
-                "thread": request.envelope["thread"], "kind": "reply",
-                "reply_to": request.envelope["id"]}
-    # a new thread: a new session
-    return {"agent": target, "session": f"s{state.session_counts.get(target, 0) + 1}",
-            "thread": f"chat.{seq}", "kind": "request", "reply_to": None}
+        entry = {"agent": target, "session": request.envelope["from"].partition("#")[2],
+                 "thread": request.envelope["thread"], "kind": "reply",
+                 "reply_to": request.envelope["id"]}
+    else:  # a new thread: a new session
+        entry = {"agent": target, "session": f"s{state.session_counts.get(target, 0) + 1}",
+                 "thread": f"chat.{seq}", "kind": "request", "reply_to": None}
+    if redsyn is not None:
+        _check_remote(state, entry, sender, redsyn)
+    return entry
+
+
+def _check_remote(state: RedsynState, entry: dict, sender: str, redsyn: dict) -> None:
+    """A REDSYN agent's message forwarded by a peer hub: this hub enforces the
+    link too, on what the peer says of it (signed, the client address its
+    door saw). Refused, it is recorded as such and not delivered; the
+    mailbox answers the sender (hubd/handlers/redsyn/mailbox.py)."""
+    client = redsyn.get("client")
+    entry["remote"] = {"signed": redsyn.get("signed") is True,
+                       "client": client if isinstance(client, str) else None,
+                       "id": redsyn.get("id") if isinstance(redsyn.get("id"), str) else None,
+                       "error": redsyn.get("error") is True}
+    if entry["remote"]["error"]:
+        return  # the seed's error reply, made by the peer hub
+    reason = crossing_refusal(
+        state, seat_address(sender), entry["agent"],
+        answering=entry["kind"] == "reply" or redsyn.get("kind") in ("reply", "progress"),
+        signed=entry["remote"]["signed"], client=entry["remote"]["client"])
+    if reason is not None:
+        entry["refused"] = reason
 
 
 def plan_chat(router, state: RedsynState, frame: dict, sender: str, target,
-              route_extra: dict | None) -> Planned | None:
+              route_extra: dict | None, peer_link=None) -> Planned | None:
     """The REDSYN boxes as a mailbox of the routing service (hubd/core/plugin.py
     Mailbox.plan): a pure decision on this projection and the chat (the
-    Router is not read)."""
+    Router is not read). A link change a peer hub forwarded is `peer_link`'s
+    (hubd/handlers/redsyn/mailbox.py: it asks the Router who owns what)."""
+    redsyn = frame.get("redsyn")
+    if isinstance(redsyn, dict) and "link" in redsyn:
+        return peer_link(router, state, redsyn["link"], route_extra) if peer_link else None
     entry = chat_delivery(state, frame, route_extra or _NO_ROUTE, frame["seq"])
     return Planned([entry]) if entry is not None else None
 
@@ -240,10 +274,13 @@ def apply_chat(state: RedsynState, frame: dict, route: dict | None, seq: int,
     boxes = route.get("boxes")
     if boxes is not None:
         for entry in boxes.get("redsyn", ()):
-            apply_chat_delivery(state, frame, entry, seq, ts)
+            if "link" in entry:  # a link change a peer hub forwarded
+                apply_link(state, entry["link"], ts)
+            elif "refused" not in entry:
+                apply_chat_delivery(state, frame, entry, seq, ts)
         return
     entry = chat_delivery(state, frame, route, seq)
-    if entry is not None:
+    if entry is not None and "refused" not in entry:
         apply_chat_delivery(state, frame, entry, seq, ts)
 
 
@@ -261,6 +298,10 @@ def apply_chat_delivery(state: RedsynState, frame: dict, entry: dict, seq: int,
         "refs": [], "error": False, "signed": False, "via": "websocket",
         "chat": {"msg_id": frame.get("msg_id"), "seq": seq},
     }
+    remote = entry.get("remote")
+    if remote is not None:  # from a REDSYN agent on a peer hub
+        envelope["remote"] = remote
+        envelope["error"] = remote["error"]
     payload = {"envelope": envelope, "person": "", "node": "websocket", "digest": "",
                "size": 0, "from_seat": sender,
                "deliveries": [{"agent": target, "session": to_session, "thread": thread}]}
@@ -272,7 +313,7 @@ def apply_chat_delivery(state: RedsynState, frame: dict, entry: dict, seq: int,
 _APPLY = {KEY: _apply_key, ANNOUNCE: _apply_announce, MESSAGE: _apply_message,
           TAKE: _apply_take, ACK: _apply_ack, UNDELIVERABLE: _apply_undeliverable,
           CANCEL: _apply_cancel, SUBSCRIBE: _apply_subscribe,
-          WEBHOOK_FAILED: _apply_webhook_failed}
+          WEBHOOK_FAILED: _apply_webhook_failed, LINK: apply_link}
 
 
 # -- the hub's projection of REDSYN events and of chats that land in REDSYN

@@ -110,6 +110,14 @@ def parse_person(text: str) -> str:
     return text
 
 
+def check_org(text) -> str:
+    """An organization's name: the first segment of its addresses."""
+    if not isinstance(text, str) or not _NAME.fullmatch(text):
+        raise bad(f"an organization is a name of lowercase letters, digits, '.', '-', '_' "
+                  f"(got {text!r})")
+    return text
+
+
 def parse_address(text, sender: Address | None = None, what: str = "address") -> Address:
     """A full address, or a short form resolved from the sender: `agent` (the
     sender's user and team), `user/agent` (its team), `team/user/agent` (its org)."""
