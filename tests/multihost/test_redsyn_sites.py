@@ -126,6 +126,22 @@ def test_a_redsyn_agent_asks_the_complete_agent_at_another_site(tmp_path):
                                     tokens["east"], "cli", "globex/erp/bob/shout", "again"],
                            check=False, timeout=120, cwd=REPO, env=env(REDSYN_CA=ca))
         assert refused.returncode != 0 and "403" in refused.stderr, refused.stderr[-2000:]
+        # globex resumes it at west: once east has it, the same ask crosses again
+        step("west", "resume", link)
+        step("east", "wait", link, "active")
+        again = topo.run("east", [sys.executable, "-m", "tests.support.redsyn_ask", relay,
+                                  tokens["east"], "cli", "globex/erp/bob/shout", "again"],
+                         check=False, timeout=120, cwd=REPO, env=env(REDSYN_CA=ca))
+        assert again.returncode == 0, (again.stdout, again.stderr[-2000:])
+        replies = [json.loads(line) for line in again.stdout.splitlines() if line.startswith("{")]
+        assert replies[-1]["reply"]["body"]["text"] == "AGAIN"
+        # acme ends it at east: west has it ended too, and east refuses once more
+        step("east", "end", link)
+        step("west", "wait", link, "ended")
+        ended = topo.run("east", [sys.executable, "-m", "tests.support.redsyn_ask", relay,
+                                  tokens["east"], "cli", "globex/erp/bob/shout", "over"],
+                         check=False, timeout=120, cwd=REPO, env=env(REDSYN_CA=ca))
+        assert ended.returncode != 0 and "403" in ended.stderr, ended.stderr[-2000:]
 
 
 def test_a_redsyn_agent_and_a_websocket_agent_at_different_sites(tmp_path):
