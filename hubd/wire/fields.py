@@ -53,6 +53,12 @@ ENVELOPE: dict[str, Rule] = {
     "delivery_session_token": passed_on("hubd/state/delivery_rules.py read_session: a typed "
                                         "error and close 4020, as the reference"),
     "delivery_capabilities": passed_on("hubd/state/delivery_rules.py read_session"),
+    # the reference's signatures (docs/identity.md): the registration's
+    # Ed25519 `signature`, a mutating frame's HMAC `auth`; their insides are
+    # the checks' (hubd/state/identity_binding.py, message_auth.py), which
+    # answer with the reference's verification_result
+    "signature": obj(),
+    "auth": obj(),
 }
 
 _TASK_ID = scalar_text()

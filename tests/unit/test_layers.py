@@ -29,7 +29,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("doors", ("hubd.http", "hubd.doors")),
     ("hub", ("hubd.hub",)),
     ("composition", ("hubd.composition", "hubd.server")),
-    ("command line", ("hubd.cli", "hubd.__main__", "hubd.principal_cli", "hubd.preflight")),
+    ("command line", ("hubd.cli", "hubd.__main__", "hubd.principal_cli", "hubd.preflight",
+                      "hubd.security_cli")),
 ]
 # the package itself holds only __version__
 BASE_MODULES = {"hubd"}

@@ -1,0 +1,120 @@
+"""A hub's identity files made by the reference's own CLI (trust bundle, role
+grants) plus an ACL policy and per-message keys, and the flags that name
+them: the same argument list starts the reference hub and hubd
+(docs/reference-observed.md §11-§13).
+
+Raw probes sign with independent code (plain hmac / cryptography), the
+construction the docs describe; the reference client signs for itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.refclient import RefClient
+
+TOKEN = "signed-site-token-0123"
+MAC_SECRET = "mac-secret-0123456789abcdef"
+ATTACH_ACL = [{"permission": p, "target_kind": "attachment", "target_pattern": "p"}
+              for p in ("attachment-read", "attachment-write", "attachment-admin")]
+CLAIM_ACL = [{"permission": p, "target_kind": "claim", "target_pattern": "*"}
+             for p in ("claim", "release")] + \
+    [{"permission": "claim", "target_kind": "path", "target_pattern": "*"}]
+
+
+def owner_only(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class Seat:
+    name: str
+    pem: Path
+    key_id: str
+    mac_kid: str
+
+    @property
+    def identity(self) -> tuple[Path, str]:
+        return self.pem, self.key_id
+
+    @property
+    def mac(self) -> tuple[str, str]:
+        return self.mac_kid, MAC_SECRET
+
+
+@dataclass
+class SignedSite:
+    """Files under `root` for seats name -> role grants."""
+
+    root: Path
+    ref: RefClient  # runs `synapse identity keygen` / `synapse role grant`
+    seats: dict[str, Seat] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+
+    @classmethod
+    def make(cls, root: Path, ref: RefClient, roles: dict[str, list[str]], acl: list[dict],
+             attachments: bool = False) -> "SignedSite":
+        root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o700)
+        site = cls(root, ref)
+        trust, grants = root / "identity-trust.json", root / "role-grants.json"
+        mac_flags = []
+        for index, (name, granted) in enumerate(roles.items()):
+            pem = root / f"id-{index}.pem"
+            site._synapse("identity", "keygen", "--sender", name, "--key-id", f"id-{index}",
+                          "--private-out", str(pem), "--trust", str(trust))
+            for role in granted:
+                site._synapse("role", "grant", "--to", name, "--store", str(grants), role)
+            site.seats[name] = Seat(name, pem, f"id-{index}", f"mac-{index}")
+            mac_flags += ["--message-auth-key", f"mac-{index}:{MAC_SECRET}:{name}"]
+        if not grants.exists():
+            owner_only(grants, json.dumps({"grants": {}}))
+        policy = owner_only(root / "acl.json", json.dumps({"rules": acl}))
+        site.flags = ["--token", TOKEN, "--identity-trust", str(trust),
+                      "--require-identity-binding", *mac_flags, "--require-message-auth",
+                      "--acl-policy", str(policy), "--require-acl", "--role-grants", str(grants)]
+        if attachments:
+            store = root / "attachments"
+            store.mkdir(mode=0o700)
+            site.flags += ["--attachment-root", str(store)]
+        return site
+
+    def _synapse(self, *args: str) -> None:
+        res = self.ref.run(*args, uri=False, token="")
+        assert res.returncode == 0, str(res)
+
+
+def sign_registration(frame: dict, pem: Path, key_id: str, sequence: int = 1) -> dict:
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    private = load_pem_private_key(pem.read_bytes(), password=None)
+    frame = dict(frame, signature={"version": 1, "key_id": key_id, "algorithm": "ed25519",
+                                   "nonce": secrets.token_urlsafe(18), "sequence": sequence,
+                                   "signed_at": time.time()})
+    body = json.dumps(frame, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    frame["signature"]["value"] = base64.b64encode(private.sign(body.encode())).decode()
+    return frame
+
+
+def mac(frame: dict, kid: str, secret: str = MAC_SECRET, **auth) -> dict:
+    frame = dict(frame, auth={"alg": "hmac-sha256", "kid": kid,
+                              "nonce": secrets.token_urlsafe(18),
+                              "sequence": time.time_ns() // 1000, "timestamp": time.time(),
+                              **auth})
+    body = json.dumps(frame, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    frame["auth"]["value"] = hmac.new(secret.encode(), body.encode(), hashlib.sha256).hexdigest()
+    return frame
+
+
+def envelope(sender: str, type_: str, target: str = "SynapseHub", **fields) -> dict:
+    return {"sender": sender, "target": target, "type": type_, "payload": "",
+            "timestamp": time.time(), **fields}
