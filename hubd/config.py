@@ -74,6 +74,8 @@ class SecurityConfig:
     message_auth_window: float = DEFAULT_WINDOW
     message_auth_replay_capacity: int = DEFAULT_CAPACITY
     attachment_root: Path | None = None
+    # hubd's bound on the bytes under the root (committed and reserved)
+    attachment_max_bytes: int = 4 * 1024 ** 3
     attachment_recipient_policy: Path | None = None
 
 

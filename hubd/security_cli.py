@@ -60,6 +60,9 @@ def add_security_flags(parser: argparse.ArgumentParser) -> None:
                        metavar="N", help="fresh nonces remembered at most")
     ident.add_argument("--attachment-root", metavar="DIR",
                        help="owner-only directory of scoped attachments (wire v4)")
+    ident.add_argument("--attachment-max-bytes", type=int, default=4 * 1024 ** 3,
+                       metavar="BYTES", help="bound on the bytes under --attachment-root "
+                       "(hubd's; default 4 GiB): a full root refuses new uploads")
     ident.add_argument("--attachment-recipient-policy", metavar="FILE",
                        help="owner-only grants of attachments to recipient hubs (wire v6)")
 
@@ -112,6 +115,8 @@ def security_config(args: argparse.Namespace, token: str | None,
                         "ACL gates would be refused")
     if not args.message_auth_window_seconds > 0:
         problems.append("--message-auth-window-seconds must be positive")
+    if not args.attachment_max_bytes > 0:
+        problems.append("--attachment-max-bytes must be positive")
     if not args.message_auth_replay_capacity > 0:
         problems.append("--message-auth-replay-capacity must be positive")
     keys = _keys(args, problems)
@@ -135,4 +140,5 @@ def security_config(args: argparse.Namespace, token: str | None,
         message_auth_window=args.message_auth_window_seconds,
         message_auth_replay_capacity=args.message_auth_replay_capacity,
         attachment_root=path(args.attachment_root),
+        attachment_max_bytes=args.attachment_max_bytes,
         attachment_recipient_policy=path(args.attachment_recipient_policy))

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import hubd_process, reference_hub_process
-from tests.support.refclient import RefClient
-from tests.support.signed_site import (CLAIM_ACL, MAC_SECRET, TOKEN, SignedSite, envelope,
-                                       mac, sign_registration)
+from tests.support.signed_site import (CLAIM_ACL, MAC_SECRET, TOKEN, envelope, mac,
+                                       sign_registration, start_signed_hub)
 from tests.support.wsprobe import WsProbe
 
 pytestmark = pytest.mark.interop
@@ -28,21 +26,10 @@ def site(request, tmp_path: Path, reference_venv_status):
     if reference_venv_status[0] is None:
         from tests.support.prereq import missing
         missing(reference_venv_status[1])
-    ref = RefClient("ws://unused", tmp_path / "home")
-    files = SignedSite.make(tmp_path / "files", ref,
-                            {"p/alice": [], "p/bob": []}, CLAIM_ACL)
-    if request.param == "reference":
-        proc = reference_hub_process(tmp_path / "hub", "--no-durable-ingress-quota",
-                                     *files.flags, hub_id="iop-east")
-    else:
-        proc = hubd_process(tmp_path / "hub", *files.flags, hub_id="iop-east")
-    proc.start()
-    ref.url = proc.url
-    ref.token = TOKEN
-    files.proc = proc
-    yield files
-    ref.stop_all()
-    proc.stop()
+    site = start_signed_hub(request.param, tmp_path, {"p/alice": [], "p/bob": []}, CLAIM_ACL)
+    yield site
+    site.ref.stop_all()
+    site.proc.stop()
 
 
 async def _registered(site, name: str, signed: bool = True) -> WsProbe:

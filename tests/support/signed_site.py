@@ -118,3 +118,86 @@ def mac(frame: dict, kid: str, secret: str = MAC_SECRET, **auth) -> dict:
 def envelope(sender: str, type_: str, target: str = "SynapseHub", **fields) -> dict:
     return {"sender": sender, "target": target, "type": type_, "payload": "",
             "timestamp": time.time(), **fields}
+
+
+class SignedProbe:
+    """A raw connection registered with a signed registration, whose
+    attachment requests are signed (`ask`) and answered in order."""
+
+    def __init__(self, probe, seat: Seat):
+        self.probe, self.seat = probe, seat
+
+    @classmethod
+    async def open(cls, url: str, seat: Seat, version: int | None = 7) -> "SignedProbe":
+        from tests.support.wsprobe import WsProbe
+
+        probe = await WsProbe.open(url)
+        hello = envelope(seat.name, "heartbeat", target="System", payload="online",
+                         token=TOKEN, **({"protocol_version": version} if version else {}))
+        await probe.send_json(sign_registration(hello, seat.pem, seat.key_id))
+        await probe.recv_type("welcome")
+        return cls(probe, seat)
+
+    async def ask(self, type_: str, signed: bool = True, **fields) -> dict:
+        """The answer to one request: its attachment_result or an `error`."""
+        frame = envelope(self.seat.name, type_, **fields)
+        await self.probe.send_json(mac(frame, self.seat.mac_kid) if signed else frame)
+        return await self.probe.recv(lambda f: f.get("type") in ("attachment_result", "error"),
+                                     timeout=15)
+
+    async def close(self) -> None:
+        await self.probe.close()
+
+
+def begin_fields(data: bytes, scope: str = "p", **over) -> dict:
+    return {"scope": scope, "digest": hashlib.sha256(data).hexdigest(), "length": len(data),
+            "media_type": "application/octet-stream", "provenance": "test:run1",
+            "expires_at": time.time() + 3600, **over}
+
+
+async def upload(conn: SignedProbe, data: bytes, scope: str = "p", chunk: int = 32768,
+                 **over) -> dict:
+    """Begin, chunks, commit; the commit's answer (or the first refusal)."""
+    begun = await conn.ask("attachment_begin", **begin_fields(data, scope, **over))
+    if not begun.get("ok"):
+        return begun
+    upload_id = begun["upload_id"]
+    for offset in range(0, len(data), chunk):
+        body = base64.b64encode(data[offset:offset + chunk]).decode()
+        got = await conn.ask("attachment_chunk", scope=scope, upload_id=upload_id,
+                             offset=offset, body=body)
+        if not got.get("ok"):
+            return got
+    return await conn.ask("attachment_commit", scope=scope, upload_id=upload_id)
+
+
+async def read_back(conn: SignedProbe, digest: str, scope: str = "p") -> bytes:
+    data, offset = b"", 0
+    while True:
+        got = await conn.ask("attachment_read", scope=scope, digest=digest, offset=offset)
+        assert got.get("ok"), got
+        data += base64.b64decode(got["body"])
+        offset += len(base64.b64decode(got["body"]))
+        if got["eof"]:
+            return data
+
+
+def start_signed_hub(kind: str, tmp_path: Path, roles: dict[str, list[str]], acl: list[dict],
+                     attachments: bool = False, extra: tuple[str, ...] = ()) -> SignedSite:
+    """The reference hub or hubd (`kind`) with the same identity files and
+    flags (plus `extra`), started; `site.proc` is the process, `site.ref` a
+    reference client for it."""
+    from tests.support.procs import hubd_process, reference_hub_process
+
+    ref = RefClient("ws://unused", tmp_path / "home")
+    site = SignedSite.make(tmp_path / "files", ref, roles, acl, attachments)
+    args = [*site.flags, *extra]
+    if kind == "reference":
+        proc = reference_hub_process(tmp_path / "hub", "--no-durable-ingress-quota", *args,
+                                     hub_id="iop-east")
+    else:
+        proc = hubd_process(tmp_path / "hub", *args, hub_id="iop-east")
+    proc.start()
+    ref.url, ref.token = proc.url, TOKEN
+    site.proc = proc
+    return site
