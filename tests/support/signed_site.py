@@ -56,12 +56,14 @@ class SignedSite:
     """Files under `root` for seats name -> role grants."""
 
     root: Path
-    ref: RefClient  # runs `synapse identity keygen` / `synapse role grant`
+    # runs `synapse identity keygen` / `synapse role grant`; None: the same
+    # files written here (for hubd-only tests that need no reference)
+    ref: RefClient | None
     seats: dict[str, Seat] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
 
     @classmethod
-    def make(cls, root: Path, ref: RefClient, roles: dict[str, list[str]], acl: list[dict],
+    def make(cls, root: Path, ref: RefClient | None, roles: dict[str, list[str]], acl: list[dict],
              attachments: bool = False) -> "SignedSite":
         root.mkdir(parents=True, exist_ok=True)
         root.chmod(0o700)
@@ -70,10 +72,14 @@ class SignedSite:
         mac_flags = []
         for index, (name, granted) in enumerate(roles.items()):
             pem = root / f"id-{index}.pem"
-            site._synapse("identity", "keygen", "--sender", name, "--key-id", f"id-{index}",
-                          "--private-out", str(pem), "--trust", str(trust))
-            for role in granted:
-                site._synapse("role", "grant", "--to", name, "--store", str(grants), role)
+            if ref is None:
+                _keygen(name, f"id-{index}", pem, trust)
+                _grant(name, granted, grants)
+            else:
+                site._synapse("identity", "keygen", "--sender", name, "--key-id",
+                              f"id-{index}", "--private-out", str(pem), "--trust", str(trust))
+                for role in granted:
+                    site._synapse("role", "grant", "--to", name, "--store", str(grants), role)
             site.seats[name] = Seat(name, pem, f"id-{index}", f"mac-{index}")
             mac_flags += ["--message-auth-key", f"mac-{index}:{MAC_SECRET}:{name}"]
         if not grants.exists():
@@ -91,6 +97,29 @@ class SignedSite:
     def _synapse(self, *args: str) -> None:
         res = self.ref.run(*args, uri=False, token="")
         assert res.returncode == 0, str(res)
+
+
+def _keygen(sender: str, key_id: str, pem: Path, trust: Path) -> None:
+    """What `synapse identity keygen --trust` writes (reference-observed §11.1)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption,
+                                                              PrivateFormat, PublicFormat)
+
+    private = Ed25519PrivateKey.generate()
+    pem.write_bytes(private.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    pem.chmod(0o600)
+    doc = json.loads(trust.read_text()) if trust.exists() else {"keys": []}
+    raw = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    doc["keys"].append({"key_id": key_id, "public_key": base64.b64encode(raw).decode(),
+                        "senders": [sender]})
+    owner_only(trust, json.dumps(doc))
+
+
+def _grant(name: str, roles: list[str], grants: Path) -> None:
+    doc = json.loads(grants.read_text()) if grants.exists() else {"grants": {}}
+    for role in roles:
+        doc["grants"].setdefault(role, []).append(name)
+    owner_only(grants, json.dumps(doc))
 
 
 def sign_registration(frame: dict, pem: Path, key_id: str, sequence: int = 1) -> dict:
@@ -183,13 +212,14 @@ async def read_back(conn: SignedProbe, digest: str, scope: str = "p") -> bytes:
 
 
 def start_signed_hub(kind: str, tmp_path: Path, roles: dict[str, list[str]], acl: list[dict],
-                     attachments: bool = False, extra: tuple[str, ...] = ()) -> SignedSite:
+                     attachments: bool = False, extra: tuple[str, ...] = (),
+                     reference_files: bool = True) -> SignedSite:
     """The reference hub or hubd (`kind`) with the same identity files and
     flags (plus `extra`), started; `site.proc` is the process, `site.ref` a
     reference client for it."""
     from tests.support.procs import hubd_process, reference_hub_process
 
-    ref = RefClient("ws://unused", tmp_path / "home")
+    ref = RefClient("ws://unused", tmp_path / "home") if reference_files else None
     site = SignedSite.make(tmp_path / "files", ref, roles, acl, attachments)
     args = [*site.flags, *extra]
     if kind == "reference":
@@ -198,6 +228,7 @@ def start_signed_hub(kind: str, tmp_path: Path, roles: dict[str, list[str]], acl
     else:
         proc = hubd_process(tmp_path / "hub", *args, hub_id="iop-east")
     proc.start()
-    ref.url, ref.token = proc.url, TOKEN
+    if ref is not None:
+        ref.url, ref.token = proc.url, TOKEN
     site.proc = proc
     return site
