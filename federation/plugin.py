@@ -29,7 +29,8 @@ from federation.actors.delivery_sender import DeliveryAnswered
 from federation.actors.watch import Equivocated, Observed
 from federation.config import FederationConfig
 from federation.handlers import authority as authority_state
-from federation.handlers import claims, delivery_forward, forwarding, logpull, receiver
+from federation.handlers import (attachment_reads, claims, delivery_forward, forwarding,
+                                 logpull, receiver)
 
 log = structlog.get_logger("hubd.federation")
 
@@ -61,7 +62,7 @@ class Federation:
 
     def plugin(self) -> Plugin:
         verbs: dict = {}
-        for module in (receiver, logpull, claims):
+        for module in (receiver, logpull, claims, attachment_reads):
             verbs.update(module.verbs)
         appliers: dict[str, list] = {}
         for module in (forward_state, authority_state, remote_leases, delivery_forward_rules):

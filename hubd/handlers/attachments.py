@@ -51,11 +51,12 @@ class Upload:
 
 
 class AttachmentDone(NamedTuple):
-    """A store operation finished (or failed: `error`); run in the Router."""
+    """A store operation finished (or failed: `error`); run in the Router,
+    which sends `type_` to `target` on `endpoint` with `fields`."""
 
     endpoint: int
-    name: str
-    operation: str
+    target: str
+    type_: str
     fields: dict
     effect: tuple | None
     error: str | None
@@ -87,19 +88,24 @@ class AttachmentsLive:
 
     def submit(self, session: Session, operation: str, fn, *args, answer: dict | None = None,
                effect=None) -> None:
-        """Run fn(*args) on the worker (None: nothing to do but answer), then
-        AttachmentDone with `answer` (fn's result is added as `effect[-1]`
-        when the effect names it)."""
+        """A v4 verb's store work: fn(*args) on the worker (None: nothing to
+        do but answer), then its attachment_result with `answer`."""
+        self.run(session.endpoint, session.name, RESULT, {"operation": operation},
+                 fn, *args, answer=answer, effect=effect)
+
+    def run(self, endpoint: int, target: str, type_: str, base: dict, fn, *args,
+            answer: dict | None = None, effect=None) -> None:
+        """fn(*args) on the worker, then AttachmentDone: the answer `type_`
+        with `base` and `answer` (an OSError: `attachment unavailable`), and
+        `effect` (fn's result appended) applied first."""
         router = self.router
         if self.pending >= MAX_PENDING:
             router.metrics.count_signed_refusal("attachments", "busy")
-            _send(router, session.endpoint, session.name, operation, {"ok": False,
-                                                                      "error": BUSY})
+            router.send(endpoint, router.frame(type_, target, "", **base, ok=False, error=BUSY))
             return
         self.pending += 1
-        endpoint, name = session.endpoint, session.name
 
-        def run():
+        def work():
             return fn(*args) if fn is not None else None
 
         def finished(future: asyncio.Future) -> None:
@@ -107,14 +113,13 @@ class AttachmentsLive:
             try:
                 result = future.result()
             except OSError as exc:
-                log.error("attachment store operation failed", operation=operation,
-                          error=repr(exc))
+                log.error("attachment store operation failed", type=type_, error=repr(exc))
                 result, error = None, rules.UNAVAILABLE
             done = effect + (result,) if effect is not None else None
-            router.post_control(AttachmentDone(endpoint, name, operation, answer or {},
-                                               done, error))
+            router.post_control(AttachmentDone(endpoint, target, type_,
+                                               {**base, **(answer or {})}, done, error))
 
-        future = asyncio.get_running_loop().run_in_executor(self.worker, run)
+        future = asyncio.get_running_loop().run_in_executor(self.worker, work)
         future.add_done_callback(finished)
 
     def background(self, fn, *args) -> None:
@@ -134,10 +139,6 @@ class AttachmentsLive:
             self.store.close()
 
 
-def _send(router: Router, endpoint: int, name: str, operation: str, fields: dict) -> None:
-    router.send(endpoint, router.frame(RESULT, name, "", operation=operation, **fields))
-
-
 def _refuse(live: AttachmentsLive, session: Session, operation: str, error: str) -> None:
     live.submit(session, operation, None, answer={"ok": False, "error": error})
 
@@ -145,12 +146,18 @@ def _refuse(live: AttachmentsLive, session: Session, operation: str, error: str)
 def done(router: Router, command: AttachmentDone) -> None:
     live = router.live_of(AttachmentsLive)
     live.pending -= 1
-    if command.effect is not None:
-        _apply(live, command.effect, command.error is None)
-    fields = {"ok": False, "error": command.error} if command.error else command.fields
-    if command.effect is not None and command.effect[0] == "read" and command.error is None:
-        fields = _read_answer(command.fields, command.effect[-1])
-    _send(router, command.endpoint, command.name, command.operation, fields)
+    effect = command.effect
+    if effect is not None:
+        _apply(live, effect, command.error is None)
+    fields = command.fields
+    if command.error is not None:
+        fields = {k: v for k, v in fields.items() if k == "operation"}
+        fields.update(ok=False, error=command.error)
+    elif effect is not None and effect[0] == "read":
+        fields = _read_answer(fields, effect[-1])
+    elif effect is not None and effect[0] == "peer":
+        fields = effect[-1]  # the peer read decides its own answer (hubd/handlers/...)
+    router.send(command.endpoint, router.frame(command.type_, command.target, "", **fields))
 
 
 def _apply(live: AttachmentsLive, effect: tuple, ok: bool) -> None:
@@ -184,8 +191,8 @@ def attachment(router: Router, session: Session, frame: dict, size: int) -> None
     live = router.live_of(AttachmentsLive)
     type_ = frame["type"]
     if live.store is None:
-        _send(router, session.endpoint, session.name, type_,
-              {"ok": False, "error": rules.DISABLED})
+        router.send(session.endpoint, router.frame(RESULT, session.name, "", operation=type_,
+                                                   ok=False, error=rules.DISABLED))
         return
     signed = router.hub.identity.signed
     refused = rules.access_error(type_, frame, session.name, session.protocol_version,

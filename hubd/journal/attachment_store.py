@@ -35,7 +35,18 @@ CREATE TABLE IF NOT EXISTS refs (
     scope TEXT NOT NULL, digest TEXT NOT NULL, ref TEXT NOT NULL,
     PRIMARY KEY (scope, digest, ref),
     FOREIGN KEY (scope, digest) REFERENCES objects(scope, digest) ON DELETE CASCADE);
+CREATE TABLE IF NOT EXISTS peer_read_audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, read_at REAL NOT NULL, recipient TEXT NOT NULL,
+    scope TEXT NOT NULL, digest TEXT NOT NULL, action TEXT NOT NULL,
+    allowed INTEGER NOT NULL CHECK (allowed IN (0, 1)));
+CREATE TRIGGER IF NOT EXISTS peer_read_audit_bound AFTER INSERT ON peer_read_audit
+BEGIN
+    DELETE FROM peer_read_audit WHERE seq <= NEW.seq - 256;
+END;
 """
+# what a peer read's audit row keeps of a field: the reference keeps the last
+# 256 rows; a row holds no content
+AUDIT_TEXT = 256
 
 
 class StoreError(ValueError):
@@ -66,6 +77,22 @@ def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_small_owner_only(path: Path, limit: int) -> bytes | None:
+    """A policy file re-read per request: its bytes, or None when it cannot be
+    used (missing, readable or writable by others, too big)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077 or info.st_size > limit:
+            return None
+        return os.read(fd, limit + 1)
     finally:
         os.close(fd)
 
@@ -172,6 +199,16 @@ class AttachmentStore:
             else:
                 self._db.execute("DELETE FROM refs WHERE scope=? AND digest=? AND ref=?",
                                  (scope, digest, ref))
+
+    def audit(self, at: float, recipient: str, scope: str, digest: str, action: str,
+              allowed: bool) -> None:
+        """One cross-hub read request, served or not (the last 256 are kept)."""
+        with self._db:
+            self._db.execute(
+                "INSERT INTO peer_read_audit (read_at, recipient, scope, digest, action, "
+                "allowed) VALUES (?, ?, ?, ?, ?, ?)",
+                (at, recipient[:AUDIT_TEXT], scope[:AUDIT_TEXT], digest[:AUDIT_TEXT],
+                 action[:AUDIT_TEXT], int(allowed)))
 
     def delete(self, scope: str, digest: str, filename: str) -> None:
         """The row first: a crash after it leaves a file the next open removes."""

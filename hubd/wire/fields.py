@@ -204,6 +204,9 @@ VERB_FIELDS: dict[str, dict[str, Rule]] = {
            "attachment_ref": ("scope", "digest", "ref", "remove"),
            "attachment_gc": ("scope", "dry_run"),
        }.items()},
+    "attachment_peer_request": {name: passed_on(
+        "federation/handlers/attachment_reads.py: attachment unavailable, like every refusal")
+        for name in ("action", "scope", "digest", "offset")},
     "multihub_message_forward": {
         "forward_id": passed_on(_PEER),
         "kind": text(),

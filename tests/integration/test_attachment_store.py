@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hubd.wire.envelope import PROTOCOL_VERSION
 from tests.support.procs import hubd_process
 from tests.support.signed_site import (ATTACH_ACL, SignedProbe, SignedSite, begin_fields,
                                        read_back, start_signed_hub, upload)
@@ -154,7 +155,7 @@ def test_a_hub_without_a_root_answers_attachments_disabled(tmp_path):
         answer = asyncio.run(run())
         assert (answer["operation"], answer["ok"], answer["error"]) == (
             "attachment_info", False, "attachments disabled")
-        assert proc.get_json("/health")["protocol_version"] == 4
+        assert proc.get_json("/health")["protocol_version"] == PROTOCOL_VERSION == 6
     finally:
         proc.stop()
 

@@ -213,7 +213,7 @@ async def read_back(conn: SignedProbe, digest: str, scope: str = "p") -> bytes:
 
 def start_signed_hub(kind: str, tmp_path: Path, roles: dict[str, list[str]], acl: list[dict],
                      attachments: bool = False, extra: tuple[str, ...] = (),
-                     reference_files: bool = True) -> SignedSite:
+                     reference_files: bool = True, scheme: str = "ws") -> SignedSite:
     """The reference hub or hubd (`kind`) with the same identity files and
     flags (plus `extra`), started; `site.proc` is the process, `site.ref` a
     reference client for it."""
@@ -224,9 +224,9 @@ def start_signed_hub(kind: str, tmp_path: Path, roles: dict[str, list[str]], acl
     args = [*site.flags, *extra]
     if kind == "reference":
         proc = reference_hub_process(tmp_path / "hub", "--no-durable-ingress-quota", *args,
-                                     hub_id="iop-east")
+                                     hub_id="iop-east", scheme=scheme)
     else:
-        proc = hubd_process(tmp_path / "hub", *args, hub_id="iop-east")
+        proc = hubd_process(tmp_path / "hub", *args, hub_id="iop-east", scheme=scheme)
     proc.start()
     if ref is not None:
         ref.url, ref.token = proc.url, TOKEN
