@@ -1,4 +1,4 @@
-"""Cross-hub attachment reads (wire v6), the source side: a peer hub, admitted
+"""Cross-hub attachment reads (wire v6). The source side: a peer hub, admitted
 by its pinned client certificate and registered with protocol_version 6 or
 more, asks `attachment_peer_request` {action info|read, scope, digest,
 offset}; it is answered `attachment_peer_result` (docs/attachments.md,
@@ -10,11 +10,20 @@ under the serving policy), the namespace trust (its federation record's
 grant in `--attachment-recipient-policy` (re-read per request). Every refusal
 is `{ok: false, error: "attachment unavailable"}`. Every request that gets
 this far leaves one `peer_read_audit` row in the ledger; nothing is journaled.
+
+The reader side (hubd's own: the reference has no agent-facing reader): an
+agent sends the same verb to its own hub with `source_hub`; the hub checks
+the agent as for a local attachment_read (its role and ACL rule on the
+scope), asks the source over its pinned message-peer link, and relays the
+answer as `attachment_peer_result` with `source_hub`. At most 64 such asks
+wait at once; each gives up after 15 s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+from typing import NamedTuple
 
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
@@ -23,8 +32,10 @@ from hubd.journal.attachment_store import AttachmentStore, read_small_owner_only
 from hubd.state.acl import PolicyError
 from hubd.state.attachment_grants import (MAX_POLICY_BYTES, PEER_VERSION, PeerRequest,
                                           granted, parse_recipient_policy, read_peer_request)
-from hubd.state.attachment_rules import CHUNK_BYTES, UNAVAILABLE
+from hubd.state.attachment_rules import CHUNK_BYTES, DENIED, UNAVAILABLE, access_error
 from hubd.state.presence import Session
+
+from federation.actors.link import Ask
 
 RESULT = "attachment_peer_result"
 REFUSED = {"ok": False, "error": UNAVAILABLE}
@@ -32,8 +43,19 @@ REFUSED = {"ok": False, "error": UNAVAILABLE}
 verbs = Verbs()
 
 
+MAX_ASKS = 64
+ASK_SECONDS = 15.0
+
+
 @verbs.handles("attachment_peer_request", peers=True)
 def peer_request(router: Router, session: Session, frame: dict, size: int) -> None:
+    if session.peer_hub is None:
+        ask_source(router, session, frame)
+    else:
+        serve_peer(router, session, frame)
+
+
+def serve_peer(router: Router, session: Session, frame: dict) -> None:
     live = router.live_of(AttachmentsLive)
     peer = session.peer_hub
     request = read_peer_request(frame)
@@ -81,3 +103,85 @@ def _granted(recipients, peer: str, request: PeerRequest, now: float) -> bool:
     except PolicyError:
         return False  # a file that cannot be used grants nothing (the reference's)
     return granted(grants, peer, request.scope, request.digest, now)
+
+
+# -- the reader side
+
+class PeerAsks:
+    """The Router's live count of asks waiting for a source hub."""
+
+    def __init__(self, router: Router):
+        self.waiting = 0
+
+
+class PeerReadAnswered(NamedTuple):
+    """A source hub answered (or did not): relay `answer` to the agent."""
+
+    endpoint: int
+    target: str
+    answer: dict
+
+
+def ask_source(router: Router, session: Session, frame: dict) -> None:
+    source = frame.get("source_hub")
+    request = read_peer_request(frame)
+    signed = router.hub.identity.signed
+
+    def answer(fields: dict) -> None:
+        router.send(session.endpoint, router.frame(RESULT, session.name, "",
+                                                   source_hub=source, **fields))
+
+    if request is None or not isinstance(source, str):
+        return answer(REFUSED)
+    if access_error("attachment_read", {"scope": request.scope}, session.name,
+                    session.protocol_version, signed.role_grants, signed.acl) is not None:
+        return answer({"ok": False, "error": DENIED})
+    links = router.hub.federation.peer_links
+    asks = router.live_of(PeerAsks)
+    if links is None or source not in links.routes or asks.waiting >= MAX_ASKS:
+        return answer(REFUSED)
+    out = {"sender": router.hub_id, "target": "SynapseHub", "type": "attachment_peer_request",
+           "payload": "", "timestamp": router.now, "action": request.action,
+           "scope": request.scope, "digest": request.digest}
+    if request.action == "read":
+        out["offset"] = request.offset
+    loop = asyncio.get_running_loop()
+    reply = loop.create_future()
+    timer = loop.call_later(ASK_SECONDS, lambda: reply.done() or reply.cancel())
+    endpoint, name = session.endpoint, session.name
+    asks.waiting += 1
+
+    def answered(future: asyncio.Future) -> None:
+        timer.cancel()
+        got = None if future.cancelled() or future.exception() is not None else future.result()
+        router.post_control(PeerReadAnswered(endpoint, name, _relayed(got, request, source)))
+
+    reply.add_done_callback(answered)
+    links.link(source).post(Ask(out, None, RESULT, reply))
+
+
+def _relayed(got: dict | None, request: PeerRequest, source: str) -> dict:
+    """The source's answer as the agent gets it; one that is not the answer
+    to this request (a late answer matched in order after a timeout) is a
+    refusal, never another request's bytes."""
+    fields = {"source_hub": source}
+    if not isinstance(got, dict) or got.get("ok") is not True:
+        return {**fields, **REFUSED}
+    if request.action == "info":
+        meta = got.get("metadata")
+        if not isinstance(meta, dict) or meta.get("digest") != request.digest:
+            return {**fields, **REFUSED}
+        return {**fields, "ok": True, "metadata": meta}
+    if (got.get("digest"), got.get("offset")) != (request.digest, request.offset) \
+            or not isinstance(got.get("body"), str) or type(got.get("eof")) is not bool:
+        return {**fields, **REFUSED}
+    return {**fields, "ok": True, "scope": request.scope, "digest": request.digest,
+            "offset": request.offset, "body": got["body"], "eof": got["eof"]}
+
+
+def answered(router: Router, command: PeerReadAnswered) -> None:
+    router.live_of(PeerAsks).waiting -= 1
+    router.send(command.endpoint, router.frame(RESULT, command.target, "", **command.answer))
+
+
+COMMANDS = {PeerReadAnswered: answered}

@@ -46,7 +46,10 @@ SIGNED_VERBS = frozenset((
     "delivery_request", "delivery_boundary", "delivery_ack", "delivery_outcome",
     "delivery_cancel", "resource", "resource_offer", "offer_resource",
     "attachment_begin", "attachment_chunk", "attachment_commit", "attachment_abort",
-    "attachment_info", "attachment_read", "attachment_ref", "attachment_gc"))
+    "attachment_info", "attachment_read", "attachment_ref", "attachment_gc",
+    # hubd's: an agent's read through its hub from a source hub (a peer
+    # hub's own request comes over its pinned link and is not signed)
+    "attachment_peer_request"))
 
 KEY_FORMAT = ("--message-auth-key / --message-auth-key-file entries must use "
               "KEY_ID:SECRET:SENDER[,SENDER...]")

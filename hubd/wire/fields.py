@@ -206,7 +206,7 @@ VERB_FIELDS: dict[str, dict[str, Rule]] = {
        }.items()},
     "attachment_peer_request": {name: passed_on(
         "federation/handlers/attachment_reads.py: attachment unavailable, like every refusal")
-        for name in ("action", "scope", "digest", "offset")},
+        for name in ("action", "scope", "digest", "offset", "source_hub")},
     "multihub_message_forward": {
         "forward_id": passed_on(_PEER),
         "kind": text(),

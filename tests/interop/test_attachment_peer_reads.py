@@ -118,3 +118,66 @@ def test_a_granted_recipient_reads_byte_identical_and_nothing_else(source):
     assert ("dst", "read", 1) in audit and ("other", "info", 0) in audit
     journal = Path(source.proc.argv[source.proc.argv.index("--db") + 1]).read_bytes()
     assert data[:64] not in journal and base64.b64encode(data[:48]) not in journal
+
+
+def test_an_agent_reads_through_its_own_hub_from_the_source(source, tmp_path):
+    """hubd `dst` (the recipient) with a pinned message-peer link to the source
+    (the reference or hubd): its agent asks its own hub, which asks the source."""
+    from tests.support.federation import site_flags
+
+    pki = source.pki
+    reader_flags = (*site_flags(pki, "dst", None).connect, "--message-peer",
+                    f"iop-east={source.proc.url.rstrip('/')}", "--message-peer-pin",
+                    f"iop-east={pki.server_pin('iop-east')}", "--message-peer-token", TOKEN)
+    reader = start_signed_hub("hubd", tmp_path, {"p/reader": ["p/attachment-read"],
+                                                 "p/nobody": []},
+                              ATTACH_ACL, extra=reader_flags, hub_id="dst", folder="dst",
+                              reference_files=False)
+    data = os.urandom(40_000)
+    try:
+        async def run():
+            alice = await SignedProbe.open(source.proc.url, source.seats["p/alice"])
+            digest = (await upload(alice, data))["metadata"]["digest"]
+            other = (await upload(alice, os.urandom(10)))["metadata"]["digest"]
+            await alice.close()
+            agent = await SignedProbe.open(reader.proc.url, reader.seats["p/reader"])
+
+            async def ask(action, digest_, offset=None):
+                fields = {"source_hub": "iop-east", "action": action, "scope": "p",
+                          "digest": digest_}
+                if offset is not None:
+                    fields["offset"] = offset
+                return await agent.ask("attachment_peer_request", **fields)
+
+            seen = {"ungranted": await ask("info", digest)}
+            _grant(source, digest, time.time() + 600)
+            seen["info"] = await ask("info", digest)
+            body, offset = b"", 0
+            while True:
+                got = await ask("read", digest, offset)
+                assert got.get("ok") is True, got
+                chunk = base64.b64decode(got["body"])
+                body, offset = body + chunk, offset + len(chunk)
+                if got["eof"]:
+                    break
+            seen["other digest"] = await ask("info", other)
+            await agent.close()
+            nobody = await SignedProbe.open(reader.proc.url, reader.seats["p/nobody"])
+            seen["no role"] = await nobody.ask("attachment_peer_request", source_hub="iop-east",
+                                               action="info", scope="p", digest=digest)
+            await nobody.close()
+            return seen, body
+
+        seen, body = asyncio.run(run())
+        assert body == data
+        assert seen["info"]["metadata"]["length"] == len(data)
+        assert seen["info"]["source_hub"] == "iop-east"
+        assert seen["ungranted"]["error"] == seen["other digest"]["error"] == \
+            "attachment unavailable"
+        assert seen["no role"]["error"] == "attachment access denied"
+        reader_journal = Path(reader.proc.argv[reader.proc.argv.index("--db") + 1])
+        for blob in (reader_journal.read_bytes(), reader.proc.log().encode(),
+                     source.proc.log().encode()):
+            assert data[:64] not in blob and base64.b64encode(data[:48]) not in blob
+    finally:
+        reader.proc.stop()

@@ -168,11 +168,12 @@ class SignedProbe:
         return cls(probe, seat)
 
     async def ask(self, type_: str, signed: bool = True, **fields) -> dict:
-        """The answer to one request: its attachment_result or an `error`."""
+        """The answer to one request: its attachment_result (or
+        attachment_peer_result) or an `error`."""
         frame = envelope(self.seat.name, type_, **fields)
         await self.probe.send_json(mac(frame, self.seat.mac_kid) if signed else frame)
-        return await self.probe.recv(lambda f: f.get("type") in ("attachment_result", "error"),
-                                     timeout=15)
+        return await self.probe.recv(lambda f: f.get("type") in (
+            "attachment_result", "attachment_peer_result", "error"), timeout=20)
 
     async def close(self) -> None:
         await self.probe.close()
@@ -213,20 +214,22 @@ async def read_back(conn: SignedProbe, digest: str, scope: str = "p") -> bytes:
 
 def start_signed_hub(kind: str, tmp_path: Path, roles: dict[str, list[str]], acl: list[dict],
                      attachments: bool = False, extra: tuple[str, ...] = (),
-                     reference_files: bool = True, scheme: str = "ws") -> SignedSite:
+                     reference_files: bool = True, scheme: str = "ws",
+                     hub_id: str = "iop-east", folder: str = "") -> SignedSite:
     """The reference hub or hubd (`kind`) with the same identity files and
     flags (plus `extra`), started; `site.proc` is the process, `site.ref` a
     reference client for it."""
     from tests.support.procs import hubd_process, reference_hub_process
 
-    ref = RefClient("ws://unused", tmp_path / "home") if reference_files else None
-    site = SignedSite.make(tmp_path / "files", ref, roles, acl, attachments)
+    base = tmp_path / folder if folder else tmp_path
+    ref = RefClient("ws://unused", base / "home") if reference_files else None
+    site = SignedSite.make(base / "files", ref, roles, acl, attachments)
     args = [*site.flags, *extra]
     if kind == "reference":
-        proc = reference_hub_process(tmp_path / "hub", "--no-durable-ingress-quota", *args,
-                                     hub_id="iop-east", scheme=scheme)
+        proc = reference_hub_process(base / "hub", "--no-durable-ingress-quota", *args,
+                                     hub_id=hub_id, scheme=scheme)
     else:
-        proc = hubd_process(tmp_path / "hub", *args, hub_id="iop-east", scheme=scheme)
+        proc = hubd_process(base / "hub", *args, hub_id=hub_id, scheme=scheme)
     proc.start()
     if ref is not None:
         ref.url, ref.token = proc.url, TOKEN
