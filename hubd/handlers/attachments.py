@@ -74,17 +74,39 @@ class AttachmentsLive:
         self.uploads: dict[str, Upload] = {}
         self.root_limit = 0
         self.pending = 0
+        self._root_bytes = 0
+        self._scope_bytes: dict[str, int] = {}
 
     def open(self, store: AttachmentStore, objects: dict, root_limit: int) -> None:
         self.store, self.objects, self.root_limit = store, objects, root_limit
+        for (scope, _), stored in objects.items():
+            self.reserve(scope, stored.meta.length)
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="attachments")
 
     def held(self, scope: str | None = None) -> int:
-        """Bytes committed and reserved by open uploads (in one scope, or all)."""
-        committed = sum(s.meta.length for (sc, _), s in self.objects.items()
-                        if scope is None or sc == scope)
-        return committed + sum(u.meta.length for u in self.uploads.values()
-                               if scope is None or u.meta.scope == scope)
+        """Bytes committed and reserved by open uploads (in one scope, or all):
+        counted as they change, never summed over the objects."""
+        return self._root_bytes if scope is None else self._scope_bytes.get(scope, 0)
+
+    def reserve(self, scope: str, length: int) -> None:
+        self._root_bytes += length
+        self._scope_bytes[scope] = self._scope_bytes.get(scope, 0) + length
+
+    def release(self, scope: str, length: int) -> None:
+        self._root_bytes -= length
+        left = self._scope_bytes.get(scope, 0) - length
+        if left > 0:
+            self._scope_bytes[scope] = left
+        else:
+            self._scope_bytes.pop(scope, None)
+
+    def drop_upload(self, upload_id: str) -> None:
+        """An upload ends without an object (aborted, refused at commit, its
+        connection gone, a failed write): its bytes and reservation go."""
+        upload = self.uploads.pop(upload_id, None)
+        if upload is not None:
+            self.release(upload.meta.scope, upload.meta.length)
+            self.background(self.store.discard, upload_id)
 
     def submit(self, session: Session, operation: str, fn, *args, answer: dict | None = None,
                effect=None) -> None:
@@ -166,7 +188,8 @@ def _apply(live: AttachmentsLive, effect: tuple, ok: bool) -> None:
         _, key, meta, upload_id, filename = effect
         if ok:
             live.objects[key] = Stored(meta, filename, set())
-        else:
+        else:  # the reservation the upload held goes with it
+            live.release(meta.scope, meta.length)
             live.background(live.store.discard, upload_id)
     elif kind == "ref" and ok:
         _, key, ref, present, _ = effect
@@ -174,8 +197,7 @@ def _apply(live: AttachmentsLive, effect: tuple, ok: bool) -> None:
         if stored is not None:
             (stored.refs.add if present else stored.refs.discard)(ref)
     elif kind == "upload_failed" and not ok:
-        live.uploads.pop(effect[1], None)
-        live.background(live.store.discard, effect[1])
+        live.drop_upload(effect[1])
 
 
 def _read_answer(fields: dict, data: bytes) -> dict:
@@ -227,6 +249,7 @@ def _begin(router, live, session, frame, op):
         return _refuse(live, session, op, refused)
     upload = Upload(secrets.token_hex(24), session.endpoint, session.name, meta)
     live.uploads[upload.id] = upload
+    live.reserve(meta.scope, meta.length)
     live.submit(session, op, live.store.stage, upload.id,
                 answer={"ok": True, "upload_id": upload.id},
                 effect=("upload_failed", upload.id))
@@ -247,11 +270,6 @@ def _chunk(router, live, session, frame, op):
                 effect=("upload_failed", upload.id))
 
 
-def _drop(live: AttachmentsLive, upload: Upload) -> None:
-    del live.uploads[upload.id]
-    live.background(live.store.discard, upload.id)
-
-
 def _commit(router, live, session, frame, op):
     upload = _upload(live, session, frame)
     if upload is None:
@@ -260,14 +278,14 @@ def _commit(router, live, session, frame, op):
     if upload.received != meta.length:
         return _refuse(live, session, op, rules.INCOMPLETE)
     if upload.hasher.hexdigest() != meta.digest:
-        _drop(live, upload)
+        live.drop_upload(upload.id)
         return _refuse(live, session, op, rules.MISMATCH)
     if (meta.scope, meta.digest) in live.objects:
-        _drop(live, upload)
+        live.drop_upload(upload.id)
         return _refuse(live, session, op, rules.EXISTS)
     del live.uploads[upload.id]
-    # the reservation moves to the object once committed; a failed commit
-    # frees it (the upload is gone either way, as the reference's)
+    # its reservation stays for the object; a failed commit releases it (the
+    # upload is gone either way, as the reference's)
     live.submit(session, op, live.store.commit, upload.id, meta,
                 answer={"ok": True, "metadata": meta.as_wire()},
                 effect=("committed", (meta.scope, meta.digest), meta, upload.id))
@@ -277,11 +295,11 @@ def _abort(router, live, session, frame, op):
     upload = _upload(live, session, frame)
     if upload is None:
         return _refuse(live, session, op, rules.UNKNOWN_UPLOAD)
-    _drop(live, upload)
-    _refuse_or_ok(live, session, op)
+    live.drop_upload(upload.id)
+    _ok(live, session, op)
 
 
-def _refuse_or_ok(live, session, op, **fields):
+def _ok(live, session, op, **fields):
     live.submit(session, op, None, answer={"ok": True, **fields})
 
 
@@ -293,7 +311,7 @@ def _info(router, live, session, frame, op):
     stored = _stored(live, frame)
     if stored is None:
         return _refuse(live, session, op, rules.UNAVAILABLE)
-    _refuse_or_ok(live, session, op, metadata=stored.meta.as_wire())
+    _ok(live, session, op, metadata=stored.meta.as_wire())
 
 
 def _read(router, live, session, frame, op):
@@ -338,8 +356,9 @@ def _gc(router, live, session, frame, op):
     if frame.get("dry_run") is False:
         for key in expired:
             stored = live.objects.pop(key)
+            live.release(key[0], stored.meta.length)
             live.background(live.store.delete, key[0], key[1], stored.filename)
-    _refuse_or_ok(live, session, op, digests=digests)
+    _ok(live, session, op, digests=digests)
 
 
 OPERATIONS = {"attachment_begin": _begin, "attachment_chunk": _chunk,
@@ -351,8 +370,8 @@ OPERATIONS = {"attachment_begin": _begin, "attachment_chunk": _chunk,
 def on_unregister(router: Router, session: Session) -> None:
     """An upload belongs to its connection: one whose connection closed is discarded."""
     live = router.live_of(AttachmentsLive)
-    for upload in [u for u in live.uploads.values() if u.endpoint == session.endpoint]:
-        _drop(live, upload)
+    for upload_id in [u.id for u in live.uploads.values() if u.endpoint == session.endpoint]:
+        live.drop_upload(upload_id)
 
 
 def attachments_plugin(config) -> Plugin:
