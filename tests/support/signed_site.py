@@ -224,10 +224,11 @@ def start_signed_hub(kind: str, tmp_path: Path, roles: dict[str, list[str]], acl
     base = tmp_path / folder if folder else tmp_path
     ref = RefClient("ws://unused", base / "home") if reference_files else None
     site = SignedSite.make(base / "files", ref, roles, acl, attachments)
-    args = [*site.flags, *extra]
+    # the identical argument list for both (the process helpers add --host,
+    # --port, --db and --hub-id; the reference's adds --metrics, which hubd takes too)
+    args = [*site.flags, *extra, "--no-durable-ingress-quota"]
     if kind == "reference":
-        proc = reference_hub_process(base / "hub", "--no-durable-ingress-quota", *args,
-                                     hub_id=hub_id, scheme=scheme)
+        proc = reference_hub_process(base / "hub", *args, hub_id=hub_id, scheme=scheme)
     else:
         proc = hubd_process(base / "hub", *args, hub_id=hub_id, scheme=scheme)
     proc.start()
