@@ -23,14 +23,25 @@ from hubd.state.presence import Session
 log = structlog.get_logger("hubd.signed")
 
 
+class RegistrationNonces(message_auth.AuthNonces):
+    """The signed registrations accepted within the window (live, not
+    journaled: as the reference's, a restart forgets them; the window is 10 s)."""
+
+    def __init__(self, router: Router):
+        super().__init__()
+
+
 def bind_identity(router: Router, session: Session, frame: dict) -> bool:
     """A registration under --require-identity-binding: refused (error, close
     4013) unless its signature is by a trusted key bound to its sender."""
     signed = router.hub.identity.signed
     if not signed.binding_required:
         return False
-    result = verify_registration(signed.trusted_keys, frame, router.now)
+    nonces = router.live_of(RegistrationNonces)
+    result = verify_registration(signed.trusted_keys, frame, router.now, nonces)
     if result == OK:
+        signature = frame["signature"]
+        nonces.add(signature["key_id"], signature["nonce"], float(signature["signed_at"]))
         return False
     router.metrics.count_signed_refusal("identity_binding", result)
     log.info("registration refused: identity binding failed", endpoint=session.endpoint,
@@ -85,5 +96,5 @@ def check_acl(router: Router, session: Session, frame: dict, type_: str) -> bool
 def signed_plugin() -> Plugin:
     return Plugin("signed", appliers=message_auth.appliers,
                   projections=message_auth.PROJECTIONS,
-                  registration_gates=(bind_identity,),
+                  registration_gates=(bind_identity,), live=(RegistrationNonces,),
                   frame_gates=(check_message_auth, check_acl))

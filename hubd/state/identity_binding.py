@@ -29,6 +29,16 @@ UNKNOWN_KEY = "unknown_key"
 EXPIRED = "expired"
 BAD_SIGNATURE = "bad_signature"
 SENDER_MISMATCH = "sender_mismatch"
+SEQUENCE_MISMATCH = "sequence_mismatch"
+REPLAYED = "replayed"
+# hubd's, as for per-message auth: the memory of fresh nonces is full
+REPLAY_LEDGER_FULL = "replay_ledger_full"
+
+# the reference's: a registration signed more than 10 s ago, or more than 1 s
+# ahead of the hub's clock, is expired; a nonce is accepted once in that window
+WINDOW = 10.0
+FUTURE_SKEW = 1.0
+REPLAY_CAPACITY = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +91,12 @@ def signed_bytes(frame: dict, value_key: str, container: str) -> bytes:
                       ensure_ascii=False).encode("utf-8")
 
 
-def verify_registration(keys: dict[str, TrustedKey], frame: dict, now: float) -> str:
+def verify_registration(keys: dict[str, TrustedKey], frame: dict, now: float,
+                        nonces=None, capacity: int = REPLAY_CAPACITY) -> str:
     """OK, or the reference's verification result naming why the registering
-    frame does not prove its sender."""
+    frame does not prove its sender, in the reference's order. `nonces`
+    (hubd/state/message_auth.py AuthNonces: the registrations accepted
+    lately) refuses a replayed frame; the caller remembers an accepted one."""
     signature = frame.get("signature")
     sender = frame.get("sender")
     if not isinstance(signature, dict) or not isinstance(sender, str):
@@ -95,7 +108,15 @@ def verify_registration(keys: dict[str, TrustedKey], frame: dict, now: float) ->
         return SENDER_MISMATCH
     if key.expires_at is not None and key.expires_at <= now:
         return EXPIRED
-    if signature.get("algorithm") != "ed25519" or not isinstance(signature.get("value"), str):
+    signed_at, sequence = signature.get("signed_at"), signature.get("sequence")
+    if signature.get("algorithm") != "ed25519" or type(signed_at) not in (int, float):
+        return BAD_SIGNATURE
+    if type(sequence) is not int or sequence < 1:
+        return SEQUENCE_MISMATCH
+    if not now - WINDOW <= signed_at <= now + FUTURE_SKEW:
+        return EXPIRED
+    nonce = signature.get("nonce")
+    if not isinstance(signature.get("value"), str) or not isinstance(nonce, str) or not nonce:
         return BAD_SIGNATURE
     try:
         value = base64.b64decode(signature["value"], validate=True)
@@ -103,4 +124,9 @@ def verify_registration(keys: dict[str, TrustedKey], frame: dict, now: float) ->
             value, signed_bytes(frame, "value", "signature"))
     except (ValueError, binascii.Error, InvalidSignature, UnicodeEncodeError):
         return BAD_SIGNATURE
+    if nonces is not None:
+        if nonces.seen(key.key_id, nonce):
+            return REPLAYED
+        if nonces.fresh_count(now, WINDOW) >= capacity:
+            return REPLAY_LEDGER_FULL
     return OK

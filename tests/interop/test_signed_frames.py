@@ -67,6 +67,27 @@ def test_an_unsigned_registration_is_refused_4013(site):
     assert (closed.code, closed.reason) == (4013, "identity binding failed")
 
 
+def test_a_replayed_registration_is_refused(site):
+    seat = site.seats["p/alice"]
+    hello = sign_registration(envelope("p/alice", "heartbeat", target="System",
+                                       payload="online", protocol_version=7, token=TOKEN),
+                              seat.pem, seat.key_id)
+
+    async def register():
+        probe = await WsProbe.open(site.proc.url)
+        await probe.send_json(hello)
+        got = await probe.recv(lambda f: f.get("type") in ("presence_update", "error"))
+        await probe.close()
+        return got
+
+    async def run():
+        return await register(), await register()
+
+    first, again = asyncio.run(run())
+    assert first["type"] == "presence_update"
+    assert again["verification_result"] == "replayed"
+
+
 def test_a_registration_signed_by_another_seats_key_is_refused(site):
     async def run():
         probe = await WsProbe.open(site.proc.url)

@@ -83,9 +83,10 @@ def _keypair():
     return private, base64.b64encode(raw).decode()
 
 
-def _sign(frame: dict, private, key_id: str) -> dict:
+def _sign(frame: dict, private, key_id: str, nonce="n-1", sequence=1, signed_at=NOW) -> dict:
     frame = dict(frame, signature={"version": 1, "key_id": key_id, "algorithm": "ed25519",
-                                   "nonce": "n-1", "sequence": 1, "signed_at": NOW})
+                                   "nonce": nonce, "sequence": sequence,
+                                   "signed_at": signed_at})
     body = json.dumps(frame, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     frame["signature"]["value"] = base64.b64encode(private.sign(body.encode())).decode()
     return frame
@@ -112,6 +113,27 @@ def test_a_registration_is_bound_only_by_a_trusted_key_of_its_sender():
     assert ib.verify_registration(keys, tampered, NOW) == ib.BAD_SIGNATURE
     forged = _sign(hello, mallory, "id-0")
     assert ib.verify_registration(keys, forged, NOW) == ib.BAD_SIGNATURE
+
+
+def test_a_registration_is_fresh_once_and_its_sequence_positive():
+    alice, pub = _keypair()
+    keys = ib.parse_trust_bundle({"keys": [{"key_id": "id-0", "public_key": pub,
+                                            "senders": ["p/alice"]}]})
+    hello = {"sender": "p/alice", "target": "System", "type": "heartbeat", "payload": "online"}
+    nonces = ma.AuthNonces()
+    signed = _sign(hello, alice, "id-0")
+    assert ib.verify_registration(keys, signed, NOW, nonces) == ib.OK
+    nonces.add("id-0", "n-1", NOW)
+    assert ib.verify_registration(keys, signed, NOW + 1, nonces) == ib.REPLAYED
+    assert ib.verify_registration(keys, _sign(hello, alice, "id-0", "n-2", signed_at=NOW - 11),
+                                  NOW, nonces) == ib.EXPIRED
+    assert ib.verify_registration(keys, _sign(hello, alice, "id-0", "n-3", signed_at=NOW + 2),
+                                  NOW, nonces) == ib.EXPIRED
+    for bad in (0, True, "1"):
+        assert ib.verify_registration(keys, _sign(hello, alice, "id-0", "n-4", sequence=bad),
+                                      NOW, nonces) == ib.SEQUENCE_MISMATCH
+    assert ib.verify_registration(keys, _sign(hello, alice, "id-0", "n-5"), NOW, nonces,
+                                  capacity=1) == ib.REPLAY_LEDGER_FULL
 
 
 def test_a_bad_trust_bundle_is_refused():
