@@ -17,6 +17,7 @@ import base64
 import hashlib
 import html
 import secrets
+import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -134,7 +135,7 @@ class AttachmentsLive:
             error = None
             try:
                 result = future.result()
-            except OSError as exc:
+            except (OSError, sqlite3.Error) as exc:  # a full disk, an I/O error
                 log.error("attachment store operation failed", type=type_, error=repr(exc))
                 result, error = None, rules.UNAVAILABLE
             done = effect + (result,) if effect is not None else None
@@ -178,7 +179,7 @@ def done(router: Router, command: AttachmentDone) -> None:
     elif effect is not None and effect[0] == "read":
         fields = _read_answer(fields, effect[-1])
     elif effect is not None and effect[0] == "peer":
-        fields = effect[-1]  # the peer read decides its own answer (hubd/handlers/...)
+        fields = effect[-1]  # the peer read's own answer (federation/handlers/attachment_reads.py)
     router.send(command.endpoint, router.frame(command.type_, command.target, "", **fields))
 
 
