@@ -30,7 +30,8 @@ from federation.actors.delivery_sender import DeliveryAnswered
 from federation.actors.watch import Equivocated, Observed
 from federation.config import FederationConfig
 from federation.handlers import authority as authority_state
-from federation.handlers import claims, delivery_forward, forwarding, logpull, receiver
+from federation.handlers import (attachment_reads, claims, delivery_forward, forwarding,
+                                 logpull, receiver)
 from federation.health_problems import federation_problems
 
 log = structlog.get_logger("hubd.federation")
@@ -63,7 +64,7 @@ class Federation:
 
     def plugin(self) -> Plugin:
         verbs: dict = {}
-        for module in (receiver, logpull, claims):
+        for module in (receiver, logpull, claims, attachment_reads):
             verbs.update(module.verbs)
         appliers: dict[str, list] = {}
         for module in (forward_state, authority_state, remote_leases, delivery_forward_rules):
@@ -76,12 +77,12 @@ class Federation:
             projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS,
                          **remote_leases.PROJECTIONS, **delivery_forward_rules.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
-            live=(receiver.ForwardVerdicts,),
+            live=(receiver.ForwardVerdicts, attachment_reads.PeerAsks),
             claim_gate=claims.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
             replaces_state_sections={"active_claims": claims.active_claims_with_remote},
             remote_hubs=self,
-            commands=COMMANDS,
+            commands={**COMMANDS, **attachment_reads.COMMANDS},
             health_sections={"message_forward": self._health_forwarding,
                              "multihub": self._health_authority},
             health_problems=(federation_problems,),

@@ -219,6 +219,16 @@ class ServingPolicy:
         return Decision(True, GRANTED,
                         f"sender {sender!r} authenticated as domain {domain!r}", domain)
 
+    def may_read_scope(self, sender: str, peer_cert_der: bytes | None, scope: str,
+                       now: float) -> bool:
+        """Cross-hub attachment reads (wire v6): the peer is authorised for
+        the namespace `scope` and its record's `scope_grants` hold
+        {"verb": "read", "namespace": scope}."""
+        if not self.authorise(sender, peer_cert_der, scope, now).allowed:
+            return False
+        record = self.store.record(self._by_sender[sender].domain_id)
+        return any(g.verb == "read" and g.namespace == scope for g in record.scope_grants)
+
     def granted_namespaces(self, sender: str, peer_cert_der: bytes | None,
                            now: float) -> frozenset[str]:
         """The namespaces `sender` may see or address (empty when it is not authorised)."""

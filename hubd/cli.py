@@ -25,6 +25,7 @@ from hubd.config import (BROKER_SOCKET_SUFFIX, BROKER_TOKEN_SUFFIX, DEFAULT_DB, 
                          DEFAULT_SNAPSHOT_EVENTS, BrokerConfig, HubConfig, broker_files_beside)
 from federation.config import FederationConfigError, build_federation_config
 from hubd.http.host_trust import AuthorityError, parse_advertised
+from hubd.security_cli import add_security_flags, security_config
 from hubd.state.claims import LeaseLimits
 from hubd.state.principals import (SHARED_TOKEN_PRINCIPAL, PrincipalError, check_name,
                                    check_namespace_pattern)
@@ -286,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "this name exists, for that principal's seats) (default: broker)")
     broker.add_argument("--broker-no-rate-limit", action="store_true",
                         help="lift the 20 sends per 60 s per handle limit (benchmarks only)")
+    add_security_flags(parser)
     logging_ = parser.add_argument_group("logging")
     logging_.add_argument("--log-format", choices=("text", "json"), default="text")
     logging_.add_argument("--log-level", default="INFO",
@@ -404,6 +406,7 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
     broker = None
     if not args.no_broker:
         broker = _broker_config(args, problems)
+    security = security_config(args, token, problems)
     if problems:
         raise ConfigProblems(problems)
     claims = LeaseLimits(min_ttl=args.lease_min_ttl,
@@ -429,7 +432,7 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
         redsyn_allow_loopback_webhooks=args.redsyn_allow_loopback_webhooks,
         redsyn_limits=redsyn_limits, broker=broker,
         warn_stale_recipients=args.warn_stale_recipients,
-        pending_receipts=args.pending_receipts, timing=timing,
+        pending_receipts=args.pending_receipts, timing=timing, security=security,
         snapshot_events=args.snapshot_every, snapshot_keep=args.snapshot_keep)
 
 

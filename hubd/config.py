@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hubd.state.claims import LeaseLimits
+from hubd.state.message_auth import DEFAULT_CAPACITY, DEFAULT_WINDOW, MacKey
 from hubd.state.redsyn import Limits as RedsynLimits
 from hubd.state.quota import QuotaLimits
 from hubd.state.receipt_rules import LivenessPolicy
@@ -60,6 +61,29 @@ class BrokerConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    """The reference hub's identity, ACL, per-message authentication and
+    attachment flags (docs/identity.md, "The reference's identity files"),
+    so its command line starts hubd unchanged. All off by default."""
+
+    identity_trust: Path | None = None
+    require_identity_binding: bool = False
+    acl_policy: Path | None = None
+    require_acl: bool = False
+    role_grants: Path | None = None
+    # the keys of --message-auth-key and --message-auth-key-file (secrets:
+    # MacKey never prints one)
+    message_auth_keys: tuple[MacKey, ...] = ()
+    require_message_auth: bool = False
+    message_auth_window: float = DEFAULT_WINDOW
+    message_auth_replay_capacity: int = DEFAULT_CAPACITY
+    attachment_root: Path | None = None
+    # hubd's bound on the bytes under the root (committed and reserved)
+    attachment_max_bytes: int = 4 * 1024 ** 3
+    attachment_recipient_policy: Path | None = None
+
+
+@dataclass(frozen=True)
 class HubConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
@@ -104,6 +128,7 @@ class HubConfig:
     snapshot_max_bytes: int = 1 << 30
     # every deadline, period and back-off of the hub (hubd/timing.py)
     timing: Timing = field(default_factory=Timing)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     @property
     def liveness(self) -> LivenessPolicy:

@@ -31,12 +31,14 @@ COMMAND_FLAGS = frozenset({"config", "check", "help", "version", "timing"})
 PATH_KEYS = frozenset({
     "db", "token-file", "principals", "metrics-token-file", "tls-certfile", "tls-keyfile",
     "multihub-serving-policy", "message-peer-token-file", "multihub-client-certfile",
-    "multihub-client-keyfile", "broker-socket", "broker-token-file"})
+    "multihub-client-keyfile", "broker-socket", "broker-token-file", "identity-trust",
+    "acl-policy", "role-grants", "message-auth-key-file", "attachment-root",
+    "attachment-recipient-policy"})
 # HUB=PIN or HUB=@FILE: the FILE resolves beside the config file
 PIN_KEYS = frozenset({"message-peer-pin", "multihub-watch-pin", "claim-peer-pin"})
 # values never printed, and a file holding one must be owner-only
 SECRET_KEYS = frozenset({"token", "metrics-token", "message-peer-token", "multihub-watch-token",
-                         "claim-peer-token"})
+                         "claim-peer-token", "message-auth-key"})
 # What a SIGHUP applies to a running hub: federation's peers, pins, tokens,
 # certificates and serving policy (re-read files included). Everything else
 # is read once at start; a reload that changes it is refused whole, naming it.

@@ -58,6 +58,9 @@ class HubMetrics:
         self.rows_refused = 0
         # frames the WebSocket door refused before the Router, by error_code
         self.frames_refused: dict[str, int] = {}
+        # frames and registrations the reference's checks refused (identity
+        # binding, per-message auth, ACL), by the check's result
+        self.signed_refusals: dict[str, int] = {}
         self.journal_failures = 0
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
@@ -100,6 +103,10 @@ class HubMetrics:
     def count_in(self, type_: str) -> None:
         frames = self.frames_in
         frames[type_] = frames.get(type_, 0) + 1
+
+    def count_signed_refusal(self, check: str, result: str) -> None:
+        key = f"{check}:{result}"
+        self.signed_refusals[key] = self.signed_refusals.get(key, 0) + 1
 
     def count_refused(self, code: str) -> None:
         refused = self.frames_refused
@@ -262,6 +269,9 @@ class _Collector:
         yield _by_label("hubd_frames_refused", "Frames the WebSocket door refused before the "
                         "Router (typed error, socket kept), by error_code.", "code",
                         m.frames_refused)
+        yield _by_label("hubd_signed_frames_refused", "Registrations and frames refused by "
+                        "identity binding, per-message authentication or the ACL, by "
+                        "check:result.", "reason", m.signed_refusals)
         yield CounterMetricFamily("hubd_journal_commit_failures", "Journal commits that failed.",
                                   value=m.journal_failures)
         yield CounterMetricFamily("hubd_journal_checkpoints", "WAL checkpoints run beside the writer.",

@@ -44,6 +44,8 @@ def problems(config: HubConfig, surveyed: set[str] = frozenset()) -> list[str]:
     """What the core would refuse at start besides the owner-only survey
     (files in `surveyed` it already refused are not read)."""
     from hubd.actors.identity import read_principals_file
+    from hubd.actors.signed_identity import load_signed_identity
+    from hubd.state.acl import PolicyError
     from hubd.journal.files import JournalFileError, check_without_creating
     from hubd.state.principals import PrincipalError
 
@@ -57,4 +59,8 @@ def problems(config: HubConfig, surveyed: set[str] = frozenset()) -> list[str]:
             read_principals_file(config.principals_file, config.token)
         except PrincipalError as exc:
             found.append(str(exc))
+    try:
+        load_signed_identity(config.security)
+    except PolicyError as exc:
+        found.append(str(exc))
     return found

@@ -153,6 +153,12 @@ class Answers:
                 self.on_rejected(self.peer, text)
             else:
                 log.warning("peer sent an error", peer=self.peer, error=text)
+        else:
+            # any other answer a request waits for in order by its type (a
+            # cross-hub attachment read's attachment_peer_result)
+            waiter = _first_live(self._in_order.get(kind))
+            if waiter is not None:
+                _answer(waiter, frame)
 
     def fail_all(self, error: Exception) -> None:
         """The link went down: every waiting request hears it."""

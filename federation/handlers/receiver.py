@@ -43,7 +43,7 @@ from hubd.handlers import receipts
 from hubd.handlers.routing import route_chat
 from hubd.state.presence import Session
 from hubd.wire import codec
-from hubd.wire.envelope import HUB_ID_RE
+from hubd.wire.envelope import HUB_ID_RE, strict_int
 from hubd.wire.targets import is_glob, project_of
 
 log = structlog.get_logger("hubd.federation.receiver")
@@ -114,6 +114,8 @@ def claim_peer_link(router: Router, session: Session, frame: dict) -> bool:
                  detail=decision.detail)
         return False
     router.presence.mark_peer(session, sender)
+    # a peer's wire version gates what it may ask (cross-hub reads need 6)
+    session.protocol_version = strict_int(frame.get("protocol_version"))
     log.info("peer link registered", peer=sender, domain=decision.domain_id)
     peer_alive(router, session)
     return True

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import structlog
 
+from hubd.actors.signed_identity import SignedIdentity, load_signed_identity
 from hubd.core.commands import PRINCIPALS_CHANGED
 from hubd.journal.principals import JournalPrincipals
 from hubd.owner_only import open_to_others
+from hubd.state.acl import PolicyError
 from hubd.state.principals import (PrincipalError, PrincipalTable, build_table,
                                    parse_principals_file)
 
@@ -50,6 +52,13 @@ def read_principals_file(path: Path, shared_token: str | None) -> PrincipalTable
         raise PrincipalError(f"principals file {path}: {exc}") from None
 
 
+def _signed(config) -> SignedIdentity:
+    try:
+        return load_signed_identity(config.security)
+    except PolicyError as exc:
+        raise PrincipalError(str(exc)) from None
+
+
 def _change_text(table: PrincipalTable) -> str:
     if table.open:
         return "no principals and no tokens left; the hub is open again"
@@ -67,10 +76,16 @@ class IdentityWatch:
         self.table: PrincipalTable = build_table([], [], config.token, source="none")
         self._journal = JournalPrincipals(config.db) if config.principals_file is None else None
         self.router = None  # set once the Router exists
+        # the reference's identity files (trust bundle, ACL, role grants,
+        # per-message keys): hubd/actors/signed_identity.py
+        self.signed = SignedIdentity(config.security)
 
     async def open(self) -> None:
         """The first read, before any door admits a connection (a file that
         cannot be used stops the start)."""
+        self.signed = _signed(self.config)
+        if self.signed.summary() != SignedIdentity().summary():
+            log.info("signed identity", **self.signed.summary())
         if self._journal is None:
             self._swap(read_principals_file(self.config.principals_file, self.config.token))
         else:
@@ -122,11 +137,16 @@ class IdentityWatch:
         return "any-address" if self.config.open_network else "loopback"
 
     def reload(self) -> dict:
-        """SIGHUP: re-read the file (PrincipalError, a ValueError: keep the old)."""
+        """SIGHUP: re-read the files (PrincipalError, a ValueError: keep the old)."""
+        signed = _signed(self.config)
+        if self.config.principals_file is not None:
+            self._swap(read_principals_file(self.config.principals_file, self.config.token))
+        self.signed = signed
+        changed = {"signed_identity": signed.summary()} if signed.summary() != \
+            SignedIdentity().summary() else {}
         if self.config.principals_file is None:
-            return {}
-        self._swap(read_principals_file(self.config.principals_file, self.config.token))
-        return {"principals": len(self.table.principals)}
+            return changed
+        return {**changed, "principals": len(self.table.principals)}
 
     def _swap(self, table: PrincipalTable) -> None:
         old, self.table = self.table, table

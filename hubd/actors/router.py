@@ -72,6 +72,8 @@ class Router(Recovery):
         self.installed = installed = hub.installed
         # hub-wire verbs (Inbound frames) and Request verbs, by name
         self.handlers = installed.handlers
+        # checks a frame passes before its verb (per-message auth, the ACL)
+        self._frame_gates = installed.frame_gates
         self.requests = installed.requests
         # the hub wire's session rules (the core's: hubd/handlers/sessions.py)
         self._sessions = installed.sessions
@@ -350,6 +352,9 @@ class Router(Recovery):
         if handler is None:
             self.error(session, f"Unknown message type '{type_}'.")
             return
+        for gate in self._frame_gates:
+            if gate(self, session, frame, type_):
+                return
         handler(self, session, frame, size)
         out = self.out
         if out.events and not out.failure:

@@ -145,6 +145,13 @@ class Plugin:
     sessions: Any = None
     # asked at an endpoint's first frame: is this a peer hub's link?
     peer_claims: Sequence[Callable[["Router", "Session", dict], bool]] = ()
+    # asked before an agent's registration binds its name: True when the gate
+    # refused it (and answered and closed the endpoint itself)
+    registration_gates: Sequence[Callable[["Router", "Session", dict], bool]] = ()
+    # asked before a registered agent's frame reaches its verb (in plugin
+    # order): True when the gate refused it (and answered it itself); nothing
+    # of the frame is applied then
+    frame_gates: Sequence[Callable[["Router", "Session", dict, str], bool]] = ()
     # state_request sections: name -> fn(router, session, query)
     state_sections: Mapping[str, Callable] = field(default_factory=dict)
     # sections of an earlier plugin this one replaces, each named on purpose
@@ -249,6 +256,8 @@ class Installed:
         self.periodic = self._all("periodic")
         self.peer_claims = self._all("peer_claims")
         self.health_problems = self._all("health_problems")
+        self.registration_gates = self._all("registration_gates")
+        self.frame_gates = self._all("frame_gates")
         self.mailboxes = self._all("mailboxes")
         self.claim_gate = self._one("claim_gate")
         self.remote_hubs = self._one("remote_hubs")

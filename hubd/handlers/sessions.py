@@ -108,6 +108,9 @@ def register(router: Router, session: Session, frame: dict) -> bool:
     if refused is not None:
         _auth_denied(router, session, name, refused)
         return False
+    for gate in router.installed.registration_gates:
+        if gate(router, session, frame):
+            return False
     presence = router.presence
     holder = presence.by_name.get(name)
     if holder is not None:

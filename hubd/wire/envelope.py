@@ -19,11 +19,11 @@ SYSTEM = "System"
 
 # Wire version advertised in welcome and /health: the highest whose verbs hubd
 # serves in full. Version 2 is the mailbox ack and the deferred receipt it
-# drives; 3 the session-bound delivery verbs (docs/delivery.md). Version 4
-# adds attachments, which hubd does not serve, so advertising it would invite
-# clients to send those verbs. (Cross-hub forwarding, the seed's version 5, is
+# drives; 3 the session-bound delivery verbs (docs/delivery.md); 4 the scoped
+# attachments (docs/attachments.md); 6 the cross-hub attachment reads a peer
+# hub asks (attachment_peer_request, docs/attachments.md). (Cross-hub forwarding, the seed's version 5, is
 # between hubs and negotiated on the peer link, not by this number.)
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 6
 
 RESERVED_NAMES = frozenset({HUB_SENDER})
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -30,6 +30,8 @@ MAX_LIST_ITEMS = 1024
 _REFERENCE_PAYLOAD = "relayed as sent; the reference checks no payload"
 _DELIVERY = ("hubd/state/delivery_rules.py: delivery_refused with the reference's reason "
              "codes, in its check order")
+_ATTACHMENT = ("hubd/state/attachment_rules.py: attachment_result with the reference's "
+               "error text (clients branch on it)")
 _PEER = "federation/handlers/receiver.py: a refusal the origin hub reads (result or error)"
 
 # Fields any frame may carry: the routing fields (the reference's rule) and the
@@ -53,6 +55,12 @@ ENVELOPE: dict[str, Rule] = {
     "delivery_session_token": passed_on("hubd/state/delivery_rules.py read_session: a typed "
                                         "error and close 4020, as the reference"),
     "delivery_capabilities": passed_on("hubd/state/delivery_rules.py read_session"),
+    # the reference's signatures (docs/identity.md): the registration's
+    # Ed25519 `signature`, a mutating frame's HMAC `auth`; their insides are
+    # the checks' (hubd/state/identity_binding.py, message_auth.py), which
+    # answer with the reference's verification_result
+    "signature": obj(),
+    "auth": obj(),
 }
 
 _TASK_ID = scalar_text()
@@ -184,6 +192,21 @@ VERB_FIELDS: dict[str, dict[str, Rule]] = {
     **{verb: {name: passed_on(_DELIVERY) for name in _DELIVERY_FIELDS}
        for verb in ("delivery_request", "delivery_status_request", "delivery_cancel",
                     "delivery_boundary", "delivery_ack", "delivery_outcome")},
+    **{verb: {**{name: passed_on(_ATTACHMENT) for name in fields}, "idem_key": idem_key()}
+       for verb, fields in {
+           "attachment_begin": ("scope", "digest", "length", "media_type", "provenance",
+                                "expires_at"),
+           "attachment_chunk": ("scope", "upload_id", "offset", "body"),
+           "attachment_commit": ("scope", "upload_id"),
+           "attachment_abort": ("scope", "upload_id"),
+           "attachment_info": ("scope", "digest"),
+           "attachment_read": ("scope", "digest", "offset", "preview"),
+           "attachment_ref": ("scope", "digest", "ref", "remove"),
+           "attachment_gc": ("scope", "dry_run"),
+       }.items()},
+    "attachment_peer_request": {name: passed_on(
+        "federation/handlers/attachment_reads.py: attachment unavailable, like every refusal")
+        for name in ("action", "scope", "digest", "offset", "source_hub")},
     "multihub_message_forward": {
         "forward_id": passed_on(_PEER),
         "kind": text(),

@@ -25,11 +25,14 @@ stdin (one JSON object per line)
     {"op": "ack", "seq": N}                           agent.ack(seq)
     {"op": "who"} / {"op": "history", "limit": N}     the client's query helpers
     {"op": "gate", "open": bool}                      let the mailbox cursor advance/auto-ack
+    {"op": "attach", "type": TYPE, "fields": {...}}   agent.send_attachment(TYPE, **fields)
     {"op": "close"}                                   close the socket and exit
 
 Options: --uri, --name, --token, --mailbox, --since-seq N, --mailbox-for NAME,
 --manual-ack (start with the mailbox gate closed: frames are shown but neither
-advance the cursor nor get acked until {"op":"gate","open":true}), --ready-timeout.
+advance the cursor nor get acked until {"op":"gate","open":true}), --ready-timeout,
+--identity-key PEM --identity-key-id ID (a signed registration), --mac-kid KID
+--mac-secret SECRET (per-message auth on the signed verbs).
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ async def main() -> int:
     ap.add_argument("--mailbox-for", default="")
     ap.add_argument("--manual-ack", action="store_true")
     ap.add_argument("--ready-timeout", type=float, default=5.0)
+    ap.add_argument("--identity-key", default=None)
+    ap.add_argument("--identity-key-id", default="")
+    ap.add_argument("--mac-kid", default=None)
+    ap.add_argument("--mac-secret", default=None)
     args = ap.parse_args()
 
     from synapse_channel.client.agent import SynapseAgent  # reference venv only
@@ -78,6 +85,10 @@ async def main() -> int:
         mailbox_since_seq=args.since_seq,
         mailbox_for=args.mailbox_for,
         mailbox_advance=(lambda _frame: gate["open"]) if args.mailbox else None,
+        identity_key_path=args.identity_key,
+        identity_key_id=args.identity_key_id,
+        per_message_auth_key_id=args.mac_kid,
+        per_message_auth_secret=args.mac_secret,
     )
     agent_box["agent"] = agent
     loop = asyncio.get_running_loop()
@@ -118,6 +129,8 @@ async def main() -> int:
                 elif op == "send":
                     await agent.send_message(cmd["type"], target=cmd.get("target", "all"),
                                              payload=cmd.get("payload", ""), **cmd.get("fields", {}))
+                elif op == "attach":
+                    await agent.send_attachment(cmd["type"], **cmd.get("fields", {}))
                 elif op == "ack":
                     result = await agent.ack(int(cmd["seq"]), mailbox_for=cmd.get("mailbox_for", ""))
                 elif op == "who":

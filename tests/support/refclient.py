@@ -239,6 +239,10 @@ class RefAgent:
     def ack(self, seq: int) -> None:
         self.command({"op": "ack", "seq": seq})
 
+    def attach(self, type_: str, **fields: Any) -> None:
+        """The reference client's attachment API: send_attachment(type_, **fields)."""
+        self.command({"op": "attach", "type": type_, "fields": fields})
+
     def gate(self, open_: bool) -> None:
         self.command({"op": "gate", "open": open_})
 
@@ -347,9 +351,17 @@ class RefClient:
 
     def agent(self, name: str, *, mailbox: bool = False, since_seq: int = 0,
               manual_ack: bool = False, token: str | None = None, ready: bool = True,
-              mailbox_for: str = "", registered: bool = True) -> RefAgent:
+              mailbox_for: str = "", registered: bool = True,
+              identity: tuple[Path, str] | None = None,
+              mac: tuple[str, str] | None = None) -> RefAgent:
+        """`identity`: (private key PEM, key id) to sign the registration;
+        `mac`: (key id, secret) for per-message auth."""
         argv = [self.python, str(DRIVER), "--uri", self.url, "--name", name,
                 *self._auth(token)]
+        if identity is not None:
+            argv += ["--identity-key", str(identity[0]), "--identity-key-id", identity[1]]
+        if mac is not None:
+            argv += ["--mac-kid", mac[0], "--mac-secret", mac[1]]
         if mailbox:
             argv += ["--mailbox", "--since-seq", str(since_seq)]
         if mailbox_for:

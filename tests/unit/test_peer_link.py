@@ -143,6 +143,22 @@ def test_answers_in_order_meet_the_asks_in_the_order_written_skipping_one_that_g
     run(scenario)
 
 
+def test_an_answer_of_any_other_type_meets_the_first_ask_waiting_for_that_type():
+    """Cross-hub attachment reads wait in order for attachment_peer_result;
+    an answer nobody waits for is dropped."""
+    async def scenario():
+        clock = ManualClock()
+        link, _ = await connected(clock)
+        snapshot = ask(link, 1)
+        read = ask(link, 2, "attachment_peer_result")
+        await settle()
+        link.far.send({"type": "attachment_peer_result", "ok": True, "n": 2})
+        link.far.send({"type": "attachment_peer_result", "ok": False})  # nobody waits
+        await settle()
+        assert read.result()["n"] == 2 and not snapshot.done()
+    run(scenario)
+
+
 def test_an_ask_whose_asker_gave_up_while_it_waited_is_never_written():
     async def scenario():
         clock = ManualClock()

@@ -1,0 +1,144 @@
+"""The reference hub's identity, ACL, per-message authentication and
+attachment flags on the `hubd` command line, with the reference's names and
+file formats (docs/identity.md, "The reference's identity files"): an
+operator's reference command line starts hubd unchanged. What requires what
+is refused here, before anything is opened, with the reference's sentences
+where it has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hubd.config import SecurityConfig
+from hubd.owner_only import open_to_others
+from hubd.state.message_auth import (DEFAULT_CAPACITY, DEFAULT_WINDOW, KeyFormatError,
+                                     keyring, parse_key, parse_key_file)
+
+MAX_KEY_FILE_BYTES = 1024 * 1024
+
+UNBOUND_MULTI_SEAT = (
+    "Refusing to start: this hub declares a multi-seat profile (--identity-trust or "
+    "--role-grants) without provisioned identity, so any client that can connect can "
+    "register as any seat; enrol each seat's key and pass --identity-trust FILE with "
+    "--require-identity-binding, or pass --insecure-unbound-identity to start anyway "
+    "(not recommended).")
+BINDING_WITHOUT_TRUST = ("--require-identity-binding requires --identity-trust; there is no "
+                         "identity key material to verify a registration against.")
+ATTACHMENTS_NEED = ("--attachment-root requires token, bound identity, durable signed frames, "
+                    "ACL, role grants, and --db")
+
+
+def add_security_flags(parser: argparse.ArgumentParser) -> None:
+    ident = parser.add_argument_group(
+        "identity, ACL and signed frames (the reference hub's flags and files; "
+        "docs/identity.md)")
+    ident.add_argument("--identity-trust", metavar="FILE",
+                       help="trust bundle of Ed25519 identity keys ({\"keys\": [...]})")
+    ident.add_argument("--require-identity-binding", action="store_true",
+                       help="a registration must carry a signature by a key the trust "
+                            "bundle binds to its sender")
+    ident.add_argument("--insecure-unbound-identity", action="store_true",
+                       help="start with --identity-trust or --role-grants but without "
+                            "--require-identity-binding (not recommended)")
+    ident.add_argument("--acl-policy", metavar="FILE", help="ACL rules ({\"rules\": [...]})")
+    ident.add_argument("--require-acl", action="store_true",
+                       help="refuse a frame no ACL rule grants, before any state changes")
+    ident.add_argument("--role-grants", metavar="FILE",
+                       help="role grants ({\"grants\": {\"<project>/<role>\": [...]}})")
+    ident.add_argument("--message-auth-key", action="append", default=[],
+                       metavar="KEY_ID:SECRET:SENDER[,SENDER...]",
+                       help="a per-message HMAC key bound to its senders (repeatable)")
+    ident.add_argument("--message-auth-key-file", metavar="PATH",
+                       help="owner-only file of KEY_ID:SECRET:SENDER[,...] lines")
+    ident.add_argument("--require-message-auth", action="store_true",
+                       help="the mutating verbs need a valid `auth` object")
+    ident.add_argument("--message-auth-window-seconds", type=float, default=DEFAULT_WINDOW,
+                       metavar="SECONDS", help="how old a signed frame may be")
+    ident.add_argument("--message-auth-replay-capacity", type=int, default=DEFAULT_CAPACITY,
+                       metavar="N", help="fresh nonces remembered at most")
+    ident.add_argument("--attachment-root", metavar="DIR",
+                       help="owner-only directory of scoped attachments (wire v4)")
+    ident.add_argument("--attachment-max-bytes", type=int, default=4 * 1024 ** 3,
+                       metavar="BYTES", help="bound on the bytes under --attachment-root "
+                       "(hubd's; default 4 GiB): a full root refuses new uploads")
+    ident.add_argument("--attachment-recipient-policy", metavar="FILE",
+                       help="owner-only grants of attachments to recipient hubs (wire v6)")
+
+
+def _keys(args: argparse.Namespace, problems: list[str]):
+    keys = []
+    try:
+        keys = [parse_key(entry) for entry in args.message_auth_key]
+    except KeyFormatError as exc:
+        problems.append(str(exc))
+        return ()
+    path = args.message_auth_key_file
+    if path:
+        try:
+            info = Path(path).stat()
+            loose = open_to_others("--message-auth-key-file", [(path, info.st_mode)])
+            if loose is not None:
+                problems.append(loose)
+                return ()
+            if info.st_size > MAX_KEY_FILE_BYTES:
+                problems.append(f"--message-auth-key-file {path} is over "
+                                f"{MAX_KEY_FILE_BYTES} bytes")
+                return ()
+            keys += parse_key_file(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            problems.append(f"cannot read --message-auth-key-file {path}: {exc.strerror}")
+            return ()
+        except (KeyFormatError, UnicodeDecodeError) as exc:
+            problems.append(str(exc) if isinstance(exc, KeyFormatError) else
+                            f"--message-auth-key-file {path} is not UTF-8")
+            return ()
+    try:
+        keyring(keys)
+    except KeyFormatError as exc:
+        problems.append(str(exc))
+        return ()
+    return tuple(keys)
+
+
+def security_config(args: argparse.Namespace, token: str | None,
+                    problems: list[str]) -> SecurityConfig:
+    """The SecurityConfig the flags say; a problem found is appended."""
+    if args.require_identity_binding and not args.identity_trust:
+        problems.append(BINDING_WITHOUT_TRUST)
+    if (args.identity_trust or args.role_grants) and not args.require_identity_binding \
+            and not args.insecure_unbound_identity:
+        problems.append(UNBOUND_MULTI_SEAT)
+    if args.require_acl and not args.acl_policy:
+        problems.append("--require-acl requires --acl-policy: without rules every frame the "
+                        "ACL gates would be refused")
+    if not args.message_auth_window_seconds > 0:
+        problems.append("--message-auth-window-seconds must be positive")
+    if not args.attachment_max_bytes > 0:
+        problems.append("--attachment-max-bytes must be positive")
+    if not args.message_auth_replay_capacity > 0:
+        problems.append("--message-auth-replay-capacity must be positive")
+    keys = _keys(args, problems)
+    if args.attachment_root and not (token and args.require_identity_binding
+                                     and args.require_message_auth and args.require_acl
+                                     and args.role_grants):
+        problems.append(ATTACHMENTS_NEED)
+    if args.attachment_recipient_policy and not args.multihub_serving_policy:
+        problems.append("attachment recipient policy unavailable or invalid: "
+                        "--attachment-recipient-policy needs --multihub-serving-policy")
+
+    def path(value):
+        return Path(value) if value else None
+
+    return SecurityConfig(
+        identity_trust=path(args.identity_trust),
+        require_identity_binding=args.require_identity_binding,
+        acl_policy=path(args.acl_policy), require_acl=args.require_acl,
+        role_grants=path(args.role_grants), message_auth_keys=keys,
+        require_message_auth=args.require_message_auth,
+        message_auth_window=args.message_auth_window_seconds,
+        message_auth_replay_capacity=args.message_auth_replay_capacity,
+        attachment_root=path(args.attachment_root),
+        attachment_max_bytes=args.attachment_max_bytes,
+        attachment_recipient_policy=path(args.attachment_recipient_policy))

@@ -1,0 +1,129 @@
+"""Attachment upload and read throughput of 64 MiB, the reference hub and hubd
+side by side (issue 23), and how far an upload raises the hub's resident
+memory. Measures and prints; never asserts.
+
+    .venv/bin/python -m tests.bench.bench_attachments            # 64 MiB, window 8
+    .venv/bin/python -m tests.bench.bench_attachments --mib 16 --window 16
+
+An object is at most 8 MiB on both hubs, so 64 MiB is eight 8 MiB objects,
+uploaded one after another by one signed connection (begin, 256 chunks of
+32 KiB with up to --window chunks in flight, commit), then read back the same
+way (32 KiB reads, --window in flight) and compared. Both hubs run with the
+same flags and files (tests/support/signed_site.py: token, identity binding,
+per-message auth, ACL, role grants, --attachment-root), fresh directories.
+The hub's resident memory (VmRSS from /proc) is sampled every 50 ms; the rise
+is the peak during the upload minus the value before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.support.signed_site import (ATTACH_ACL, SignedProbe, begin_fields,  # noqa: E402
+                                       envelope, mac, start_signed_hub)
+
+OBJECT = 8 * 1024 * 1024
+CHUNK = 32 * 1024
+ROLES = {"p/bench": ["p/attachment-read", "p/attachment-write", "p/attachment-admin"]}
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def pipelined(conn: SignedProbe, frames: list[dict], window: int) -> list[dict]:
+    """Send the frames with at most `window` unanswered; the answers in order."""
+    answers, sent = [], 0
+    seat = conn.seat
+    while len(answers) < len(frames):
+        while sent < len(frames) and sent - len(answers) < window:
+            await conn.probe.send_json(mac(frames[sent], seat.mac_kid))
+            sent += 1
+        got = await conn.probe.recv(lambda f: f.get("type") in ("attachment_result", "error"),
+                                    timeout=60)
+        if got.get("ok") is not True:
+            raise RuntimeError(f"refused: {got}")
+        answers.append(got)
+    return answers
+
+
+async def one_hub(kind: str, total: int, window: int) -> dict:
+    folder = Path(tempfile.mkdtemp(prefix=f"bench-attach-{kind}-"))
+    site = start_signed_hub(kind, folder, ROLES, ATTACH_ACL, attachments=True,
+                            reference_files=False)
+    pid = site.proc.pid
+    samples: list[int] = []
+
+    async def sample():
+        while True:
+            samples.append(rss_kib(pid))
+            await asyncio.sleep(0.05)
+
+    try:
+        conn = await SignedProbe.open(site.proc.url, site.seats["p/bench"])
+        objects = [os.urandom(OBJECT) for _ in range(total // OBJECT)]
+        before = rss_kib(pid)
+        sampler = asyncio.create_task(sample())
+        started = time.perf_counter()
+        digests = []
+        for data in objects:
+            begun = await conn.ask("attachment_begin", **begin_fields(data))
+            upload_id = begun["upload_id"]
+            await pipelined(conn, [envelope("p/bench", "attachment_chunk", scope="p",
+                                            upload_id=upload_id, offset=off,
+                                            body=base64.b64encode(data[off:off + CHUNK]).decode())
+                                   for off in range(0, len(data), CHUNK)], window)
+            committed = await conn.ask("attachment_commit", scope="p", upload_id=upload_id)
+            digests.append(committed["metadata"]["digest"])
+        upload_s = time.perf_counter() - started
+        sampler.cancel()
+        peak = max(samples + [before])
+        started = time.perf_counter()
+        for data, digest in zip(objects, digests):
+            answers = await pipelined(conn, [envelope("p/bench", "attachment_read", scope="p",
+                                                      digest=digest, offset=off)
+                                             for off in range(0, len(data), CHUNK)], window)
+            back = b"".join(base64.b64decode(a["body"]) for a in answers)
+            if hashlib.sha256(back).hexdigest() != digest:
+                raise RuntimeError("read back differs")
+        read_s = time.perf_counter() - started
+        await conn.close()
+        mib = total / (1024 * 1024)
+        return {"hub": kind, "mib": mib, "upload_mib_s": mib / upload_s,
+                "read_mib_s": mib / read_s, "rss_rise_mib": (peak - before) / 1024}
+    finally:
+        site.proc.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=64, help="total, a multiple of 8")
+    ap.add_argument("--window", type=int, default=8)
+    args = ap.parse_args()
+    results = [asyncio.run(one_hub(kind, args.mib * 1024 * 1024, args.window))
+               for kind in ("reference", "hubd")]
+    for r in results:
+        print(f"{r['hub']:>9}: {r['mib']:.0f} MiB  upload {r['upload_mib_s']:7.2f} MiB/s  "
+              f"read {r['read_mib_s']:7.2f} MiB/s  resident memory +{r['rss_rise_mib']:.1f} MiB")
+    ref, hubd = results
+    print(f"hubd / reference: upload {hubd['upload_mib_s'] / ref['upload_mib_s']:.2f}x, "
+          f"read {hubd['read_mib_s'] / ref['read_mib_s']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

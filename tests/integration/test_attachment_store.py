@@ -1,0 +1,171 @@
+"""hubd's attachment store under faults: a SIGKILL mid-upload leaves nothing
+half-written and committed objects read back after the restart; an upload
+whose connection closed is discarded; a full root refuses new uploads and
+keeps what it holds; a hub without a root answers `attachments disabled`
+(docs/attachments.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from hubd.wire.envelope import PROTOCOL_VERSION
+from tests.support.procs import hubd_process
+from tests.support.signed_site import (ATTACH_ACL, SignedProbe, SignedSite, begin_fields,
+                                       read_back, start_signed_hub, upload)
+
+ROLES = {"p/alice": ["p/attachment-read", "p/attachment-write", "p/attachment-admin"]}
+
+
+@pytest.fixture
+def site(tmp_path: Path):
+    site = start_signed_hub("hubd", tmp_path, ROLES, ATTACH_ACL, attachments=True,
+                            extra=("--attachment-max-bytes", str(200_000)),
+                            reference_files=False)
+    yield site
+    site.proc.stop()
+
+
+def _root(site) -> Path:
+    return site.root / "attachments"
+
+
+def _ledger_rows(root: Path) -> list[tuple]:
+    db = sqlite3.connect(f"file:{root / 'attachments.sqlite3'}?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT scope, digest, length, filename FROM objects").fetchall()
+    finally:
+        db.close()
+
+
+async def _until(check, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+def test_a_sigkill_mid_upload_leaves_nothing_half_written(site):
+    seat = site.seats["p/alice"]
+    kept = os.urandom(50_000)
+    partial = os.urandom(60_000)
+
+    async def before():
+        alice = await SignedProbe.open(site.proc.url, seat)
+        committed = await upload(alice, kept)
+        begun = await alice.ask("attachment_begin", **begin_fields(partial))
+        got = await alice.ask("attachment_chunk", scope="p", upload_id=begun["upload_id"],
+                              offset=0, body=base64.b64encode(partial[:32768]).decode())
+        assert got["received"] == 32768
+        # killed while the upload is open (its connection too)
+        assert (staging / begun["upload_id"]).stat().st_size == 32768
+        site.proc.signal(signal.SIGKILL)
+        site.proc.proc.wait()
+        await alice.close()
+        return committed, begun["upload_id"]
+
+    staging = _root(site) / "staging"
+    committed, upload_id = asyncio.run(before())
+    assert (staging / upload_id).exists()  # the half-written upload, before the restart
+    site.proc.start()
+
+    async def after():
+        alice = await SignedProbe.open(site.proc.url, seat)
+        back = await read_back(alice, committed["metadata"]["digest"])
+        stale = await alice.ask("attachment_chunk", scope="p", upload_id=upload_id,
+                                offset=32768, body=base64.b64encode(partial[32768:]).decode())
+        await alice.close()
+        return back, stale
+
+    back, stale = asyncio.run(after())
+    assert back == kept
+    assert stale["error"] == "unknown upload"
+    assert list(staging.iterdir()) == []
+    rows = _ledger_rows(_root(site))
+    assert [(r[0], r[1], r[2]) for r in rows] == [("p", hashlib.sha256(kept).hexdigest(),
+                                                  len(kept))]
+    assert sorted(p.name for p in (_root(site) / "objects").iterdir()) == [rows[0][3]]
+    # content lives under the root only: not in the journal
+    journal = (site.proc.argv[site.proc.argv.index("--db") + 1])
+    assert kept[:64] not in Path(journal).read_bytes()
+    assert base64.b64encode(kept[:48]) not in Path(journal).read_bytes()
+
+
+def test_an_upload_whose_connection_closed_is_discarded(site):
+    async def run():
+        alice = await SignedProbe.open(site.proc.url, site.seats["p/alice"])
+        data = os.urandom(40_000)
+        begun = await alice.ask("attachment_begin", **begin_fields(data))
+        await alice.ask("attachment_chunk", scope="p", upload_id=begun["upload_id"], offset=0,
+                        body=base64.b64encode(data[:32768]).decode())
+        staged = _root(site) / "staging" / begun["upload_id"]
+        assert staged.exists()
+        await alice.close()
+        await _until(lambda: not staged.exists())
+        # and its reservation is free again: four new uploads may open
+        alice = await SignedProbe.open(site.proc.url, site.seats["p/alice"])
+        opened = [await alice.ask("attachment_begin", **begin_fields(os.urandom(10)))
+                  for _ in range(4)]
+        await alice.close()
+        return opened
+
+    assert all(answer["ok"] for answer in asyncio.run(run()))
+
+
+def test_a_full_root_refuses_new_uploads_and_keeps_what_it_holds(site):
+    """--attachment-max-bytes 200000: committed and reserved bytes count."""
+    async def run():
+        alice = await SignedProbe.open(site.proc.url, site.seats["p/alice"])
+        first = os.urandom(150_000)
+        committed = await upload(alice, first)
+        refused = await alice.ask("attachment_begin", **begin_fields(os.urandom(60_000)))
+        fits = await upload(alice, os.urandom(40_000))
+        back = await read_back(alice, committed["metadata"]["digest"])
+        await alice.close()
+        return first, committed, refused, fits, back
+
+    first, committed, refused, fits, back = asyncio.run(run())
+    assert committed["ok"] and fits["ok"]
+    assert refused["error"] == "attachment store full"
+    assert back == first
+
+
+def test_a_hub_without_a_root_answers_attachments_disabled(tmp_path):
+    proc = hubd_process(tmp_path / "hub").start()
+    try:
+        async def run():
+            from tests.support.wsprobe import joined
+
+            probe = await joined(proc.url, "p/alice", protocol_version=7)
+            await probe.send_json({"sender": "p/alice", "target": "SynapseHub",
+                                   "type": "attachment_info", "payload": "", "scope": "p",
+                                   "digest": "0" * 64})
+            answer = await probe.recv_type("attachment_result")
+            await probe.close()
+            return answer
+
+        answer = asyncio.run(run())
+        assert (answer["operation"], answer["ok"], answer["error"]) == (
+            "attachment_info", False, "attachments disabled")
+        assert proc.get_json("/health")["protocol_version"] == PROTOCOL_VERSION == 6
+    finally:
+        proc.stop()
+
+
+def test_a_root_others_can_read_refuses_the_start(tmp_path):
+    files = SignedSite.make(tmp_path / "files", None, ROLES, ATTACH_ACL, attachments=True)
+    (files.root / "attachments").chmod(0o755)
+    proc = hubd_process(tmp_path / "hub", *files.flags)
+    with pytest.raises(Exception):
+        proc.start(ready_timeout=15)
+    proc.proc.wait(15)
+    assert proc.proc.returncode == 2
+    assert "attachment directory must be owner-only" in proc.log()
