@@ -23,7 +23,8 @@ def plugins_for(config: HubConfig) -> list[Plugin]:
     verbs with their refusals; one with --no-redsyn or --no-broker replays
     those doors' events); the REDSYN and broker doors when they serve."""
     federation = config.federation if config.federation is not None else FederationConfig()
-    plugins = [core_plugin(), signed_plugin(), attachments_plugin(config), Federation(federation).plugin(),
+    plugins = [core_plugin(), signed_plugin(config.security), attachments_plugin(config),
+               Federation(federation).plugin(),
                redsyn_plugin(config.redsyn), broker_plugin(config.broker)]
     if config.redsyn:
         plugins.append(redsyn_door())

@@ -93,8 +93,15 @@ def check_acl(router: Router, session: Session, frame: dict, type_: str) -> bool
     return True
 
 
-def signed_plugin() -> Plugin:
+def signed_plugin(security) -> Plugin:
+    """The gates a hub's security flags ask for, and only those: every frame
+    of every hub passes its frame gates, and a hub that requires nothing
+    should not pay for them (the require-* flags change only with a restart).
+    The nonce projection is always there: a journal may hold its events."""
+    frame_gates = ((check_message_auth,) if security.require_message_auth else ()) + \
+        ((check_acl,) if security.require_acl else ())
+    registration_gates = (bind_identity,) if security.require_identity_binding else ()
     return Plugin("signed", appliers=message_auth.appliers,
                   projections=message_auth.PROJECTIONS,
-                  registration_gates=(bind_identity,), live=(RegistrationNonces,),
-                  frame_gates=(check_message_auth, check_acl))
+                  registration_gates=registration_gates, live=(RegistrationNonces,),
+                  frame_gates=frame_gates)

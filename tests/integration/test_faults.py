@@ -51,11 +51,12 @@ def _mount_tmpfs(path, size="4m"):
 def _fill(path):
     """Write until the filesystem is full; return the filler's path."""
     filler = path / "filler"
-    with open(filler, "wb") as f:
+    # unbuffered: a buffered file keeps what the full disk refused and raises
+    # ENOSPC again when the with-block closes it
+    with open(filler, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
     return filler

@@ -46,7 +46,7 @@ log = structlog.get_logger("hubd.redsyn")
 
 PREFIX = "/redsyn/v1"
 VERSION_HEADER = "Redsyn-Version"
-PRINCIPAL = "hubd.redsyn.principal"  # the request key: whose token it carried
+PRINCIPAL = web.RequestKey("hubd.redsyn.principal", str)  # whose token the request carried
 MAX_WAIT = 60.0
 MAX_POLLS_PER_NODE = 16
 # A waiting poll looks again when the earliest lease or back-off in its box
