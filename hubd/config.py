@@ -136,3 +136,12 @@ class HubConfig:
         return LivenessPolicy(self.warn_stale_recipients, timing.reaction_window,
                               timing.waiter_window)
 
+
+def journal_command(sub, name: str, text: str):
+    """One subcommand of an operator command that reads or writes a hub's
+    journal (hubd principal, hubd redsyn org): its --db and --json."""
+    command = sub.add_parser(name, help=text, description=text)
+    command.add_argument("--db", default=DEFAULT_DB,
+                         help=f"the hub's journal database (default ./{DEFAULT_DB})")
+    command.add_argument("--json", action="store_true", help="print JSON")
+    return command

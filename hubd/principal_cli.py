@@ -12,7 +12,7 @@ import sqlite3
 import sys
 import time
 
-from hubd.config import DEFAULT_DB
+from hubd.config import journal_command
 from hubd.journal import principals as store
 from hubd.state.principals import PrincipalError, token_digest
 
@@ -24,11 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("--db", default=DEFAULT_DB,
-                       help=f"the hub's journal database (default ./{DEFAULT_DB})")
-        p.add_argument("--json", action="store_true", help="print JSON")
-        return p
+        return journal_command(sub, name, text)
 
     add = command("add", "make a principal (or change one with --replace)")
     add.add_argument("name", help="its name, e.g. alice or acme/dev/joel")

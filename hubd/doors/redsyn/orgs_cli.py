@@ -13,7 +13,7 @@ import sqlite3
 import sys
 import time
 
-from hubd.config import DEFAULT_DB
+from hubd.config import journal_command
 from hubd.journal import redsyn_orgs as store
 from hubd.state.principals import PrincipalError
 
@@ -27,11 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("--db", default=DEFAULT_DB,
-                       help=f"the hub's journal database (default ./{DEFAULT_DB})")
-        p.add_argument("--json", action="store_true", help="print JSON")
-        return p
+        return journal_command(sub, name, text)
 
     create = command("create", "make an organization, pinned to a Redsyn-Version date")
     create.add_argument("org")
