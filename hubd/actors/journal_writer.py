@@ -61,10 +61,11 @@ class Outcome:
     usually callables, so the message is built only then. `answers` are
     (reply future, value): each future gets its value once the events are
     committed, or CommitFailed if they are not. `after_release` runs once
-    the sends are on their endpoints' queues.
+    the sends are on their endpoints' queues; `if_failed` instead of it when
+    the events could not be committed.
     """
 
-    __slots__ = ("events", "sends", "failure", "answers", "after_release")
+    __slots__ = ("events", "sends", "failure", "answers", "after_release", "if_failed")
 
     def __init__(self, events=None, sends=None, failure=None,
                  after_release: Callable[[], None] | None = None):
@@ -73,6 +74,7 @@ class Outcome:
         self.failure = failure if failure is not None else []
         self.answers: list = []
         self.after_release = after_release
+        self.if_failed: Callable[[], None] | None = None
 
 
 class Resync:
@@ -150,7 +152,10 @@ def release(outcomes: list[Outcome], use_failure: bool, endpoints: Endpoints,
                     future.set_exception(CommitFailed())
                 else:
                     future.set_result(value)
-        if outcome.after_release is not None and not failed:
+        if failed:
+            if outcome.if_failed is not None:
+                outcome.if_failed()
+        elif outcome.after_release is not None:
             outcome.after_release()
 
 

@@ -357,7 +357,7 @@ class Router(Recovery):
                 return
         handler(self, session, frame, size)
         out = self.out
-        if out.events and not out.failure:
+        if out.events and not out.failure and out.if_failed is None:
             self.fail_privately(session, f"The hub could not journal this {type_}; it was not "
                                          "applied. Retry later.")
 
@@ -531,6 +531,12 @@ class Router(Recovery):
                 previous()
                 fn()
             self.out.after_release = both
+
+    def if_not_committed(self, fn: Callable[[], None]) -> None:
+        """Run fn if this command's events cannot be committed (instead of
+        after_release's work): for work started outside the Router, which
+        must hear that the command failed; fn answers the sender itself."""
+        self.out.if_failed = fn
 
     # conveniences over send
 

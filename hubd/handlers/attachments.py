@@ -43,11 +43,15 @@ verbs = Verbs()
 
 
 class Upload:
-    __slots__ = ("id", "endpoint", "sender", "meta", "received", "hasher")
+    """An open upload: `received` bytes are staged and their frames committed
+    (and hashed, in order); `expected` is the offset the next chunk must
+    carry (beyond `received` by the chunks still on their way)."""
+
+    __slots__ = ("id", "endpoint", "sender", "meta", "received", "expected", "hasher")
 
     def __init__(self, id_: str, endpoint: int, sender: str, meta: Metadata):
         self.id, self.endpoint, self.sender, self.meta = id_, endpoint, sender, meta
-        self.received = 0
+        self.received = self.expected = 0
         self.hasher = hashlib.sha256()
 
 
@@ -103,7 +107,7 @@ class AttachmentsLive:
 
     def drop_upload(self, upload_id: str) -> None:
         """An upload ends without an object (aborted, refused at commit, its
-        connection gone, a failed write): its bytes and reservation go."""
+        connection gone, its begin failed): its bytes and reservation go."""
         upload = self.uploads.pop(upload_id, None)
         if upload is not None:
             self.release(upload.meta.scope, upload.meta.length)
@@ -120,30 +124,41 @@ class AttachmentsLive:
             answer: dict | None = None, effect=None) -> None:
         """fn(*args) on the worker, then AttachmentDone: the answer `type_`
         with `base` and `answer` (an OSError: `attachment unavailable`), and
-        `effect` (fn's result appended) applied first."""
+        `effect` (fn's result appended) applied first.
+
+        A request whose command journals something (a signed frame's nonce)
+        touches the store only once that commit succeeded; if it fails, the
+        request fails as a whole (`attachment unavailable`, its effect undone)
+        and its answer still keeps its place in the worker's order."""
         router = self.router
         if self.pending >= MAX_PENDING:
             router.metrics.count_signed_refusal("attachments", "busy")
             router.send(endpoint, router.frame(type_, target, "", **base, ok=False, error=BUSY))
             return
         self.pending += 1
+        fields = {**base, **(answer or {})}
 
-        def work():
-            return fn(*args) if fn is not None else None
+        def queue(work, failed: str | None) -> None:
+            future = asyncio.get_running_loop().run_in_executor(self.worker, work)
+            future.add_done_callback(lambda done: finished(done, failed))
 
-        def finished(future: asyncio.Future) -> None:
-            error = None
+        def finished(future: asyncio.Future, error: str | None) -> None:
             try:
                 result = future.result()
             except (OSError, sqlite3.Error) as exc:  # a full disk, an I/O error
                 log.error("attachment store operation failed", type=type_, error=repr(exc))
                 result, error = None, rules.UNAVAILABLE
             done = effect + (result,) if effect is not None else None
-            router.post_control(AttachmentDone(endpoint, target, type_,
-                                               {**base, **(answer or {})}, done, error))
+            router.post_control(AttachmentDone(endpoint, target, type_, fields, done, error))
 
-        future = asyncio.get_running_loop().run_in_executor(self.worker, work)
-        future.add_done_callback(finished)
+        def work():
+            return fn(*args) if fn is not None else None
+
+        if not router.has_events():
+            queue(work, None)
+            return
+        router.after_release(lambda: queue(work, None))
+        router.if_not_committed(lambda: queue(_nothing, rules.UNAVAILABLE))
 
     def background(self, fn, *args) -> None:
         """Store work nobody waits for (a discard, a gc's delete), in order
@@ -162,6 +177,10 @@ class AttachmentsLive:
             self.store.close()
 
 
+def _nothing() -> None:
+    return None
+
+
 def _refuse(live: AttachmentsLive, session: Session, operation: str, error: str) -> None:
     live.submit(session, operation, None, answer={"ok": False, "error": error})
 
@@ -169,13 +188,17 @@ def _refuse(live: AttachmentsLive, session: Session, operation: str, error: str)
 def done(router: Router, command: AttachmentDone) -> None:
     live = router.live_of(AttachmentsLive)
     live.pending -= 1
-    effect = command.effect
-    if effect is not None:
-        _apply(live, effect, command.error is None)
+    effect, error = command.effect, command.error
     fields = command.fields
-    if command.error is not None:
+    if effect is not None and effect[0] == "chunk":
+        error = _chunk_done(live, effect, error)
+        if error is None:
+            fields = dict(fields, received=live.uploads[effect[1]].received)
+    elif effect is not None:
+        _apply(live, effect, error is None)
+    if error is not None:
         fields = {k: v for k, v in fields.items() if k == "operation"}
-        fields.update(ok=False, error=command.error)
+        fields.update(ok=False, error=error)
     elif effect is not None and effect[0] == "read":
         fields = _read_answer(fields, effect[-1])
     elif effect is not None and effect[0] == "peer":
@@ -199,6 +222,28 @@ def _apply(live: AttachmentsLive, effect: tuple, ok: bool) -> None:
             (stored.refs.add if present else stored.refs.discard)(ref)
     elif kind == "upload_failed" and not ok:
         live.drop_upload(effect[1])
+    elif kind == "aborted" and ok:
+        live.drop_upload(effect[1])
+    elif kind == "collected" and ok:
+        for key in effect[1]:
+            stored = live.objects.pop(key, None)
+            if stored is not None:
+                live.release(key[0], stored.meta.length)
+
+
+def _chunk_done(live: AttachmentsLive, effect: tuple, error: str | None) -> str | None:
+    """A chunk's write (and its frame's commit) finished: counted if it was
+    next in line (rules.chunk_finished); the refusal its sender hears if not."""
+    _, upload_id, offset, data, _ = effect
+    upload = live.uploads.get(upload_id)
+    if upload is None:  # aborted, committed or its connection gone meanwhile
+        return error or rules.UNKNOWN_UPLOAD
+    upload.received, upload.expected, counted = rules.chunk_finished(
+        upload.received, upload.expected, offset, len(data), error is None)
+    if counted:
+        upload.hasher.update(data)
+        return None
+    return error or rules.BAD_OFFSET
 
 
 def _read_answer(fields: dict, data: bytes) -> dict:
@@ -260,15 +305,15 @@ def _chunk(router, live, session, frame, op):
     upload = _upload(live, session, frame)
     if upload is None:
         return _refuse(live, session, op, rules.UNKNOWN_UPLOAD)
-    data = rules.read_chunk(frame, upload.received, upload.meta.length)
+    data = rules.read_chunk(frame, upload.expected, upload.meta.length)
     if isinstance(data, str):
         return _refuse(live, session, op, data)
-    offset = upload.received
-    upload.received += len(data)
-    upload.hasher.update(data)
+    offset = upload.expected
+    upload.expected += len(data)
+    # counted (received, hashed) only once written and its frame committed:
+    # after a failure the client's retry at the same offset is accepted
     live.submit(session, op, live.store.write, upload.id, offset, data,
-                answer={"ok": True, "received": upload.received},
-                effect=("upload_failed", upload.id))
+                answer={"ok": True}, effect=("chunk", upload.id, offset, data))
 
 
 def _commit(router, live, session, frame, op):
@@ -296,8 +341,7 @@ def _abort(router, live, session, frame, op):
     upload = _upload(live, session, frame)
     if upload is None:
         return _refuse(live, session, op, rules.UNKNOWN_UPLOAD)
-    live.drop_upload(upload.id)
-    _ok(live, session, op)
+    live.submit(session, op, None, answer={"ok": True}, effect=("aborted", upload.id))
 
 
 def _ok(live, session, op, **fields):
@@ -354,12 +398,16 @@ def _gc(router, live, session, frame, op):
                      if key[0] == scope and stored.meta.expires_at <= router.now
                      and not stored.refs)
     digests = [digest for _, digest in expired]
-    if frame.get("dry_run") is False:
-        for key in expired:
-            stored = live.objects.pop(key)
-            live.release(key[0], stored.meta.length)
-            live.background(live.store.delete, key[0], key[1], stored.filename)
-    _ok(live, session, op, digests=digests)
+    if frame.get("dry_run") is not False:
+        return _ok(live, session, op, digests=digests)
+    doomed = [(key[0], key[1], live.objects[key].filename) for key in expired]
+    live.submit(session, op, _delete_all, live.store, doomed,
+                answer={"ok": True, "digests": digests}, effect=("collected", expired))
+
+
+def _delete_all(store: AttachmentStore, doomed: list[tuple[str, str, str]]) -> None:
+    for scope, digest, filename in doomed:
+        store.delete(scope, digest, filename)
 
 
 OPERATIONS = {"attachment_begin": _begin, "attachment_chunk": _chunk,

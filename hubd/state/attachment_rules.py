@@ -138,6 +138,18 @@ def read_chunk(frame: dict, received: int, length: int) -> bytes | str:
     return data
 
 
+def chunk_finished(received: int, expected: int, offset: int, size: int,
+                   stored: bool) -> tuple[int, int, bool]:
+    """An upload's (received, expected, counted) once its chunk at `offset`
+    of `size` bytes finished. Stored (written, its frame committed) and next
+    in line, it counts. Otherwise it does not (a failed one, or one sent on
+    after a failed one), and the upload expects again at most `offset`: the
+    client's retry there is accepted (docs/attachments.md, "Failures")."""
+    if stored and offset == received:
+        return received + size, max(expected, received + size), True
+    return received, max(received, min(expected, offset)), False
+
+
 def read_offset(frame: dict, length: int) -> int | str:
     offset = frame.get("offset", 0)
     if offset is None:

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import hashlib
 import os
 import signal
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from hubd.timing import Timing
 from hubd.wire.envelope import PROTOCOL_VERSION
-from tests.support.procs import hubd_process
+from tests.integration.test_faults import _mount_tmpfs
+from tests.support.procs import hubd_process, timing_file
 from tests.support.signed_site import (ATTACH_ACL, SignedProbe, SignedSite, begin_fields,
                                        read_back, start_signed_hub, upload)
 
@@ -169,3 +173,78 @@ def test_a_root_others_can_read_refuses_the_start(tmp_path):
     proc.proc.wait(15)
     assert proc.proc.returncode == 2
     assert "attachment directory must be owner-only" in proc.log()
+
+
+def _fill_to_the_last_page(path: Path) -> Path:
+    """Write until not one more page fits (so even a small journal commit,
+    which appends a page to the WAL, fails); return the filler's path."""
+    filler, block = path / "filler", 65536
+    with open(filler, "wb", buffering=0) as f:
+        while block:
+            try:
+                f.write(b"\0" * block)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                block //= 16
+    return filler
+
+
+def test_a_chunk_whose_journal_commit_failed_is_taken_again_at_its_offset(tmp_path):
+    """The chunk's signed frame journals its nonce; when that commit fails the
+    chunk is not counted, its sender hears `attachment unavailable`, and the
+    retry at the same offset is accepted once the journal recovers."""
+    small = tmp_path / "small"
+    _mount_tmpfs(small)
+    try:
+        # the journal on a small tmpfs, the root beside it; after a failed
+        # commit mutations are refused for 0.2 s (production: 1 s)
+        timing = timing_file(tmp_path / "timing.json", Timing(journal_retry_first=0.2))
+        site = start_signed_hub("hubd", tmp_path, ROLES, ATTACH_ACL, attachments=True,
+                                extra=("--db", str(small / "hubd.db"), "--timing", str(timing)),
+                                reference_files=False)
+        try:
+            data, answers = os.urandom(70_000), {}
+
+            def chunk(alice, upload_id, offset):
+                return alice.ask("attachment_chunk", scope="p", upload_id=upload_id,
+                                 offset=offset,
+                                 body=base64.b64encode(data[offset:offset + 32768]).decode())
+
+            async def run():
+                alice = await SignedProbe.open(site.proc.url, site.seats["p/alice"])
+                begun = await alice.ask("attachment_begin", **begin_fields(data))
+                answers["first"] = await chunk(alice, begun["upload_id"], 0)
+                filler = _fill_to_the_last_page(small)
+                answers["failed"] = await chunk(alice, begun["upload_id"], 32768)
+                filler.unlink()
+                deadline = time.monotonic() + 15
+                while True:  # mutations are refused a moment after a failed commit
+                    retry = await chunk(alice, begun["upload_id"], 32768)
+                    if retry["type"] == "attachment_result":
+                        break
+                    assert "cannot write its journal" in retry["payload"], retry
+                    assert time.monotonic() < deadline, retry
+                    await asyncio.sleep(0.1)
+                answers["retry"] = retry
+                answers["last"] = await chunk(alice, begun["upload_id"], 65536)
+                answers["commit"] = await alice.ask("attachment_commit", scope="p",
+                                                    upload_id=begun["upload_id"])
+                answers["back"] = await read_back(alice, hashlib.sha256(data).hexdigest())
+                answers["unanswered"] = alice.probe.seen("error")
+                await alice.close()
+
+            asyncio.run(run())
+        finally:
+            site.proc.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+    assert answers["first"]["received"] == 32768
+    failed = answers["failed"]
+    assert (failed["type"], failed["operation"], failed["ok"], failed["error"]) == (
+        "attachment_result", "attachment_chunk", False, "attachment unavailable")
+    assert (answers["retry"]["ok"], answers["retry"]["received"]) == (True, 65536)
+    assert answers["last"]["received"] == 70_000
+    assert answers["commit"]["ok"] and answers["back"] == data
+    # the failed chunk was answered once, by its attachment_result: no second
+    # answer (an `error`) beside it, only the refusals while the journal recovered
+    assert all("cannot write its journal" in e["payload"] for e in answers["unanswered"])

@@ -58,6 +58,22 @@ def test_a_chunk_must_continue_the_upload_within_its_length():
     assert r.read_chunk({"offset": 0, "body": big}, 0, r.MAX_LENGTH) == r.BAD_CHUNK_LENGTH
 
 
+def test_a_chunk_counts_only_once_stored_and_next_in_line():
+    # stored in order: counted, the next offset stays where the sender is
+    assert r.chunk_finished(0, 64, 0, 32, True) == (32, 64, True)
+    # its write or its frame's commit failed: the upload expects that offset again
+    assert r.chunk_finished(0, 64, 0, 32, False) == (0, 0, False)
+    # a chunk sent on after the failed one, stored: not counted (a gap before it)
+    assert r.chunk_finished(0, 0, 32, 32, True) == (0, 0, False)
+    # ... nor when the retry of the failed one was accepted meanwhile
+    assert r.chunk_finished(0, 32, 32, 32, True) == (0, 32, False)
+    # an earlier chunk stored after a later one failed: counted, and the
+    # upload expects the failed one's offset
+    assert r.chunk_finished(0, 32, 0, 32, True) == (32, 32, True)
+    # a later failure never moves `expected` below what is counted
+    assert r.chunk_finished(32, 96, 0, 32, False) == (32, 32, False)
+
+
 def test_uploads_and_space_are_bounded():
     assert r.upload_refusal(r.MAX_UPLOADS_PER_SENDER - 1, 0) is None
     assert r.upload_refusal(r.MAX_UPLOADS_PER_SENDER, 0) == r.TOO_MANY
