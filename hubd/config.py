@@ -71,12 +71,18 @@ class SecurityConfig:
     acl_policy: Path | None = None
     require_acl: bool = False
     role_grants: Path | None = None
-    # the keys of --message-auth-key and --message-auth-key-file (secrets:
-    # MacKey never prints one)
+    # the keys of --message-auth-key (secrets: MacKey never prints one); the
+    # key file's are read with the other files, at start and on SIGHUP
     message_auth_keys: tuple[MacKey, ...] = ()
+    message_auth_key_file: Path | None = None
     require_message_auth: bool = False
     message_auth_window: float = DEFAULT_WINDOW
     message_auth_replay_capacity: int = DEFAULT_CAPACITY
+    # --message-auth-sequence-floor-mode (off, compat, strict)
+    message_auth_floor_mode: str = "off"
+    # --message-auth-replay-db: accepted for the reference's command line;
+    # hubd's replay ledger is its journal (docs/identity.md), this is not opened
+    message_auth_replay_db: Path | None = None
     attachment_root: Path | None = None
     # hubd's bound on the bytes under the root (committed and reserved)
     attachment_max_bytes: int = 4 * 1024 ** 3

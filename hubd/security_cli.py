@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hubd.actors.signed_identity import mac_keyring
 from hubd.config import SecurityConfig
-from hubd.owner_only import open_to_others
-from hubd.state.message_auth import (DEFAULT_CAPACITY, DEFAULT_WINDOW, KeyFormatError,
-                                     keyring, parse_key, parse_key_file)
-
-MAX_KEY_FILE_BYTES = 1024 * 1024
+from hubd.state.acl import PolicyError
+from hubd.state.message_auth import (DEFAULT_CAPACITY, DEFAULT_WINDOW, FLOOR_MODES,
+                                     KeyFormatError, MacKey, parse_key)
 
 UNBOUND_MULTI_SEAT = (
     "Refusing to start: this hub declares a multi-seat profile (--identity-trust or "
@@ -58,6 +57,14 @@ def add_security_flags(parser: argparse.ArgumentParser) -> None:
                        metavar="SECONDS", help="how old a signed frame may be")
     ident.add_argument("--message-auth-replay-capacity", type=int, default=DEFAULT_CAPACITY,
                        metavar="N", help="fresh nonces remembered at most")
+    ident.add_argument("--message-auth-replay-db", metavar="PATH",
+                       help="the reference's separate nonce ledger; hubd keeps accepted "
+                            "nonces in its journal, with each frame's effects, and does not "
+                            "open this file (docs/identity.md)")
+    ident.add_argument("--message-auth-sequence-floor-mode", choices=FLOOR_MODES,
+                       default="off", help="strict: refuse a signed frame whose sequence is "
+                       "at or below the highest its key and sender had accepted (kept in the "
+                       "journal, across restarts); off and compat accept it")
     ident.add_argument("--attachment-root", metavar="DIR",
                        help="owner-only directory of scoped attachments (wire v4)")
     ident.add_argument("--attachment-max-bytes", type=int, default=4 * 1024 ** 3,
@@ -67,36 +74,18 @@ def add_security_flags(parser: argparse.ArgumentParser) -> None:
                        help="owner-only grants of attachments to recipient hubs (wire v6)")
 
 
-def _keys(args: argparse.Namespace, problems: list[str]):
-    keys = []
+def _keys(args: argparse.Namespace, problems: list[str]) -> tuple[MacKey, ...]:
+    """--message-auth-key's keys; the key file is read here too, to refuse a
+    start it cannot serve (the hub reads it again at start and on SIGHUP)."""
     try:
         keys = [parse_key(entry) for entry in args.message_auth_key]
     except KeyFormatError as exc:
         problems.append(str(exc))
         return ()
-    path = args.message_auth_key_file
-    if path:
-        try:
-            info = Path(path).stat()
-            loose = open_to_others("--message-auth-key-file", [(path, info.st_mode)])
-            if loose is not None:
-                problems.append(loose)
-                return ()
-            if info.st_size > MAX_KEY_FILE_BYTES:
-                problems.append(f"--message-auth-key-file {path} is over "
-                                f"{MAX_KEY_FILE_BYTES} bytes")
-                return ()
-            keys += parse_key_file(Path(path).read_text(encoding="utf-8"))
-        except OSError as exc:
-            problems.append(f"cannot read --message-auth-key-file {path}: {exc.strerror}")
-            return ()
-        except (KeyFormatError, UnicodeDecodeError) as exc:
-            problems.append(str(exc) if isinstance(exc, KeyFormatError) else
-                            f"--message-auth-key-file {path} is not UTF-8")
-            return ()
+    path = Path(args.message_auth_key_file) if args.message_auth_key_file else None
     try:
-        keyring(keys)
-    except KeyFormatError as exc:
+        mac_keyring(SecurityConfig(message_auth_keys=tuple(keys), message_auth_key_file=path))
+    except PolicyError as exc:
         problems.append(str(exc))
         return ()
     return tuple(keys)
@@ -119,6 +108,10 @@ def security_config(args: argparse.Namespace, token: str | None,
         problems.append("--attachment-max-bytes must be positive")
     if not args.message_auth_replay_capacity > 0:
         problems.append("--message-auth-replay-capacity must be positive")
+    if args.message_auth_replay_db and not args.require_message_auth:
+        problems.append("--message-auth-replay-db requires --require-message-auth")
+    if args.message_auth_sequence_floor_mode != "off" and not args.require_message_auth:
+        problems.append("--message-auth-sequence-floor-mode requires --require-message-auth")
     keys = _keys(args, problems)
     if args.attachment_root and not (token and args.require_identity_binding
                                      and args.require_message_auth and args.require_acl
@@ -136,7 +129,10 @@ def security_config(args: argparse.Namespace, token: str | None,
         require_identity_binding=args.require_identity_binding,
         acl_policy=path(args.acl_policy), require_acl=args.require_acl,
         role_grants=path(args.role_grants), message_auth_keys=keys,
+        message_auth_key_file=path(args.message_auth_key_file),
         require_message_auth=args.require_message_auth,
+        message_auth_floor_mode=args.message_auth_sequence_floor_mode,
+        message_auth_replay_db=path(args.message_auth_replay_db),
         message_auth_window=args.message_auth_window_seconds,
         message_auth_replay_capacity=args.message_auth_replay_capacity,
         attachment_root=path(args.attachment_root),

@@ -40,6 +40,7 @@ PROBES = {
     "planning": wire.probe_planning,
     "guard-window": wire.probe_guard_window,
     "message-auth-restart": identity_auth.probe_message_auth_restart,
+    "message-auth-floor": identity_auth.probe_message_auth_floor,
     "channels-private": wire.probe_channels_private,
     "operator-cli": identity_auth.probe_operator_cli,
     "identity-recovery": identity_auth.probe_identity_recovery,

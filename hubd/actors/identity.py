@@ -86,6 +86,13 @@ class IdentityWatch:
         self.signed = _signed(self.config)
         if self.signed.summary() != SignedIdentity().summary():
             log.info("signed identity", **self.signed.summary())
+        security = self.config.security
+        if security.require_message_auth:
+            # the reference says this on stderr; hubd's ledger is its journal
+            log.info("durable message-auth replay enabled", ledger="journal",
+                     sequence_floor=security.message_auth_floor_mode,
+                     **({"replay_db_not_opened": str(security.message_auth_replay_db)}
+                        if security.message_auth_replay_db is not None else {}))
         if self._journal is None:
             self._swap(read_principals_file(self.config.principals_file, self.config.token))
         else:

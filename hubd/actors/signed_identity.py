@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hubd.config import SecurityConfig
+from hubd.owner_only import open_to_others
 from hubd.state.acl import PolicyError, Rule, parse_acl_policy, parse_role_grants
 from hubd.state.identity_binding import TrustedKey, parse_trust_bundle
-from hubd.state.message_auth import MacKey, keyring
+from hubd.state.message_auth import KeyFormatError, MacKey, keyring, parse_key_file
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_KEY_FILE_BYTES = 1024 * 1024
 # trust material nobody else may change (reading it is harmless: keys are public)
 _WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 
@@ -52,7 +54,8 @@ class SignedIdentity:
                 "trusted_keys": len(self.trusted_keys), "acl": self.acl_enforced,
                 "acl_rules": len(self.acl or ()), "roles": len(self.role_grants),
                 "message_auth": self.message_auth_required,
-                "message_auth_keys": len(self.mac_keys)}
+                "message_auth_keys": len(self.mac_keys),
+                "message_auth_sequence_floor": self.config.message_auth_floor_mode}
 
 
 def _read_json(path: Path, what: str):
@@ -75,6 +78,38 @@ def _read_json(path: Path, what: str):
         raise PolicyError(f"{what} {path} is not JSON: {exc}") from None
 
 
+def read_key_file(path: Path) -> list[MacKey]:
+    """--message-auth-key-file: owner-only, one KEY_ID:SECRET:SENDER[,...] a
+    line; PolicyError says why not (the reference's sentences)."""
+    try:
+        info = path.stat()
+        loose = open_to_others("--message-auth-key-file", [(str(path), info.st_mode)])
+        if loose is not None:
+            raise PolicyError(loose)
+        if info.st_size > MAX_KEY_FILE_BYTES:
+            raise PolicyError(f"--message-auth-key-file {path} is over "
+                              f"{MAX_KEY_FILE_BYTES} bytes")
+        return parse_key_file(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PolicyError(f"cannot read --message-auth-key-file {path}: {exc.strerror}") \
+            from None
+    except UnicodeDecodeError:
+        raise PolicyError(f"--message-auth-key-file {path} is not UTF-8") from None
+    except KeyFormatError as exc:
+        raise PolicyError(str(exc)) from None
+
+
+def mac_keyring(config: SecurityConfig) -> dict[str, MacKey]:
+    """The per-message keys: --message-auth-key's and the key file's, now."""
+    keys = list(config.message_auth_keys)
+    if config.message_auth_key_file is not None:
+        keys += read_key_file(config.message_auth_key_file)
+    try:
+        return keyring(keys)
+    except KeyFormatError as exc:
+        raise PolicyError(str(exc)) from None
+
+
 def load_signed_identity(config: SecurityConfig) -> SignedIdentity:
     """Every file the flags name, read and checked; PolicyError says why not."""
 
@@ -90,4 +125,4 @@ def load_signed_identity(config: SecurityConfig) -> SignedIdentity:
     trusted = load(config.identity_trust, "identity trust bundle", parse_trust_bundle) or {}
     acl = load(config.acl_policy, "ACL policy", parse_acl_policy)
     roles = load(config.role_grants, "role grants", parse_role_grants) or {}
-    return SignedIdentity(config, trusted, acl, roles, keyring(list(config.message_auth_keys)))
+    return SignedIdentity(config, trusted, acl, roles, mac_keyring(config))

@@ -64,7 +64,8 @@ def check_message_auth(router: Router, session: Session, frame: dict, type_: str
     now = router.now
     verified = message_auth.verify(signed.mac_keys, frame, session.name, now,
                                    config.message_auth_window, nonces,
-                                   config.message_auth_replay_capacity)
+                                   config.message_auth_replay_capacity,
+                                   config.message_auth_floor_mode, session.principal)
     if verified.result != message_auth.OK:
         router.metrics.count_signed_refusal("message_auth", verified.result)
         if verified.result == message_auth.REPLAY_LEDGER_FULL:
@@ -75,6 +76,7 @@ def check_message_auth(router: Router, session: Session, frame: dict, type_: str
         return True
     router.event(message_auth.NONCE_EVENT, {
         "kid": verified.kid, "nonce": verified.nonce, "timestamp": verified.timestamp,
+        "sender": session.name, "sequence": verified.sequence,
         "at": now, "window": config.message_auth_window})
     return False
 

@@ -1,6 +1,6 @@
 """Per-message authentication: the reference's sender-bound HMAC keys
 (`--message-auth-key KID:SECRET:SENDER[,SENDER...]`), the `auth` object on
-the mutating verbs, and the replay window; pure (docs/identity.md,
+the mutating verbs, the replay window and the durable sequence floor; pure (docs/identity.md,
 "Per-message authentication"; docs/reference-observed.md §12).
 
 `auth.value` is the lowercase hex HMAC-SHA256 of the whole frame, `auth`
@@ -8,7 +8,14 @@ included but without `auth.value`, as sorted compact UTF-8 JSON; the key is
 the secret's UTF-8 bytes. A nonce is accepted once while its frame is fresh
 (`auth.timestamp` within the window behind the hub's clock, at most a second
 ahead); the nonces seen are journaled (`message_auth_nonce`: kid, nonce and
-time, never a secret), so a restart remembers them (`AuthNonces`).
+time, never a secret), so a restart remembers them (`AuthNonces`). The
+highest sequence accepted per key and sender (the floor) is kept from the
+same events; `--message-auth-sequence-floor-mode strict` refuses a sequence
+at or below it.
+
+A key may also be bound to hubd principals (`@NAME` among its senders): it
+then proves any seat a session of that principal speaks for
+(docs/identity.md, "Keys of a principal").
 """
 
 from __future__ import annotations
@@ -34,6 +41,12 @@ REPLAYED = "replayed"
 # cannot be remembered, so it is refused rather than risk accepting it twice
 REPLAY_LEDGER_FULL = "replay_ledger_full"
 
+# --message-auth-sequence-floor-mode: the reference's values; hubd records
+# the floor in every mode (it is in the nonce event anyway), only strict refuses
+FLOOR_MODES = ("off", "compat", "strict")
+FLOOR_STRICT = "strict"
+PRINCIPAL_MARK = "@"
+
 DEFAULT_WINDOW = 10.0
 DEFAULT_CAPACITY = 4096
 MAX_FUTURE_SKEW = 1.0
@@ -54,6 +67,7 @@ SIGNED_VERBS = frozenset((
 KEY_FORMAT = ("--message-auth-key / --message-auth-key-file entries must use "
               "KEY_ID:SECRET:SENDER[,SENDER...]")
 _KEY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
+_PRINCIPAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,255}\Z")
 
 
 class KeyFormatError(ValueError):
@@ -65,20 +79,33 @@ class MacKey:
     key_id: str
     secret: bytes
     senders: frozenset[str]
+    # hubd principals whose sessions may sign with it (`@NAME` senders)
+    principals: frozenset[str] = frozenset()
 
     def __repr__(self) -> str:  # a secret is never printed, logged or journaled
-        return f"MacKey({self.key_id!r}, senders={sorted(self.senders)!r})"
+        return (f"MacKey({self.key_id!r}, senders={sorted(self.senders)!r}, "
+                f"principals={sorted(self.principals)!r})")
+
+    def proves(self, sender: str, principal: str | None) -> bool:
+        """May a frame from `sender`, on a session of `principal`, be signed with it?"""
+        return sender in self.senders or (principal is not None and principal in self.principals)
 
 
 def parse_key(entry: str) -> MacKey:
     """One `KEY_ID:SECRET:SENDER[,SENDER...]`; the secret may not hold ':'
-    (the key id may not either), senders are the rest after the second ':'."""
+    (the key id may not either), senders are the rest after the second ':'.
+    A sender `@NAME` binds the key to the hubd principal NAME."""
     key_id, sep1, rest = entry.strip().partition(":")
     secret, sep2, senders = rest.partition(":")
     names = frozenset(s.strip() for s in senders.split(",") if s.strip())
     if not (sep1 and sep2 and key_id and secret and names) or not _KEY_ID.match(key_id):
         raise KeyFormatError(KEY_FORMAT)
-    return MacKey(key_id, secret.encode("utf-8"), names)
+    principals = frozenset(n[1:] for n in names if n.startswith(PRINCIPAL_MARK))
+    if not all(_PRINCIPAL.match(name) for name in principals):
+        raise KeyFormatError(f"message-auth key '{key_id}': a principal is @NAME, NAME "
+                             "a principal's name")
+    return MacKey(key_id, secret.encode("utf-8"),
+                  frozenset(n for n in names if not n.startswith(PRINCIPAL_MARK)), principals)
 
 
 def parse_key_file(text: str) -> list[MacKey]:
@@ -115,13 +142,16 @@ class Verified:
     kid: str = ""
     nonce: str = ""
     timestamp: float = 0.0
+    sequence: int = 0
 
 
 def verify(ring: dict[str, MacKey], frame: dict, sender: str, now: float, window: float,
-           nonces: "AuthNonces", capacity: int) -> Verified:
+           nonces: "AuthNonces", capacity: int, floor_mode: str = "off",
+           principal: str | None = None) -> Verified:
     """The verification of a frame's `auth` (Verified.result OK, or the
     reference's result naming why not), in the reference's order: missing,
-    key, sender, sequence, freshness, value, then replay."""
+    key, sender (or the session's principal), sequence, freshness, value,
+    replay, then (strict) the sequence floor of this key and sender."""
     auth = frame.get("auth")
     if not isinstance(auth, dict):
         return Verified(MISSING)
@@ -129,7 +159,7 @@ def verify(ring: dict[str, MacKey], frame: dict, sender: str, now: float, window
     key = ring.get(kid) if isinstance(kid, str) else None
     if key is None:
         return Verified(UNKNOWN_KEY)
-    if sender not in key.senders:
+    if not key.proves(sender, principal):
         return Verified(SENDER_MISMATCH)
     sequence = auth.get("sequence")
     if not _int(sequence) or sequence <= 0:
@@ -149,17 +179,29 @@ def verify(ring: dict[str, MacKey], frame: dict, sender: str, now: float, window
         return Verified(BAD_AUTHENTICATION)
     if nonces.seen(kid, nonce):
         return Verified(REPLAYED)
+    if floor_mode == FLOOR_STRICT and sequence <= nonces.floor(kid, sender):
+        return Verified(SEQUENCE_MISMATCH)
     if nonces.fresh_count(now, window) >= capacity:
         return Verified(REPLAY_LEDGER_FULL)
-    return Verified(OK, kid, nonce, float(stamp))
+    return Verified(OK, kid, nonce, float(stamp), sequence)
 
 
 class AuthNonces:
     """The nonces accepted while they could still be replayed (the projection
-    `message_auth`): (kid, nonce) -> the auth timestamp, oldest first."""
+    `message_auth`): (kid, nonce) -> the auth timestamp, oldest first; and
+    the floors: (kid, sender) -> the highest sequence accepted (one entry a
+    key and sender a key was bound to: bounded by the keys configured)."""
 
     def __init__(self):
         self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._floors: dict[tuple[str, str], int] = {}
+
+    def floor(self, kid: str, sender: str) -> int:
+        return self._floors.get((kid, sender), 0)
+
+    def raise_floor(self, kid: str, sender: str, sequence: int) -> None:
+        if sequence > self._floors.get((kid, sender), 0):
+            self._floors[(kid, sender)] = sequence
 
     def seen(self, kid: str, nonce: str) -> bool:
         return (kid, nonce) in self._seen
@@ -187,7 +229,7 @@ class AuthNonces:
 
     def __eq__(self, other) -> bool:  # a replayed projection equals the live one
         return isinstance(other, AuthNonces) and list(self._seen.items()) == \
-            list(other._seen.items())
+            list(other._seen.items()) and self._floors == other._floors
 
 
 NONCE_EVENT = "message_auth_nonce"
@@ -200,5 +242,7 @@ def _nonce(state, event) -> None:
     payload = event.payload
     nonces: AuthNonces = state.extensions["message_auth"]
     nonces.add(payload["kid"], payload["nonce"], payload["timestamp"])
+    if "sequence" in payload:  # a journal from before the floor has none
+        nonces.raise_floor(payload["kid"], payload["sender"], payload["sequence"])
     # bounded on replay too: a long journal's old nonces are dropped as it is read
     nonces.forget_before(payload["at"] - payload["window"] - MAX_FUTURE_SKEW)

@@ -176,3 +176,83 @@ def test_a_nonce_accepted_before_a_restart_is_refused_after_it(site):
     site.proc.stop()
     site.proc.start()
     assert asyncio.run(send("error"))["verification_result"] == "replayed"
+
+
+@pytest.fixture(params=KINDS)
+def strict_site(request, tmp_path: Path, reference_venv_status):
+    """The reference's durable-replay flags, the same argument list for both:
+    a replay ledger path and the strict sequence floor."""
+    if reference_venv_status[0] is None:
+        from tests.support.prereq import missing
+        missing(reference_venv_status[1])
+    ledger = tmp_path / "replay.db"
+    site = start_signed_hub(request.param, tmp_path, {"p/alice": [], "p/bob": []}, CLAIM_ACL,
+                            extra=("--message-auth-replay-db", str(ledger),
+                                   "--message-auth-sequence-floor-mode", "strict"))
+    site.kind, site.ledger = request.param, ledger
+    yield site
+    site.ref.stop_all()
+    site.proc.stop()
+
+
+def test_strict_refuses_a_sequence_at_or_below_its_floor_across_a_restart(strict_site):
+    site = strict_site
+
+    def signed(type_: str, kid: str, sequence: int, sender: str = "p/alice") -> dict:
+        return mac(envelope(sender, type_, target="all", task_id="T-9", checkpoint="c"),
+                   kid, sequence=sequence)
+
+    async def exchange(sends: list[tuple[dict, str]], sender: str = "p/alice") -> list[dict]:
+        probe = await _registered(site, sender)
+        await probe.recv_type("welcome")
+        answers = []
+        for frame, expect in sends:
+            await probe.send_json(frame)
+            answers.append(await probe.recv(
+                lambda f, expect=expect: f.get("type") in (expect, "error")))
+        await probe.close()
+        return answers
+
+    before = asyncio.run(exchange([
+        (signed("claim", "mac-0", 200), "claim_granted"),
+        (signed("checkpoint", "mac-0", 150), "checkpoint_saved"),  # below the floor
+        (signed("checkpoint", "mac-0", 200), "checkpoint_saved"),  # at it
+        (signed("checkpoint", "mac-0", 201), "checkpoint_saved")]))
+    # another key and sender has a floor of its own
+    bob = asyncio.run(exchange([(signed("claim", "mac-1", 5, "p/bob"), "claim_denied")],
+                               "p/bob"))
+    site.proc.stop()
+    site.proc.start()
+    after = asyncio.run(exchange([
+        (signed("checkpoint", "mac-0", 201), "checkpoint_saved"),  # the floor survived
+        (signed("checkpoint", "mac-0", 202), "checkpoint_saved")]))
+    results = [a.get("verification_result", a["type"]) for a in before + bob + after]
+    assert results == ["claim_granted", "sequence_mismatch", "sequence_mismatch",
+                       "checkpoint_saved", "claim_denied", "sequence_mismatch",
+                       "checkpoint_saved"]
+    # the reference keeps its own ledger file; hubd's ledger is its journal
+    # (docs/identity.md, "Replay memory")
+    assert site.ledger.exists() == (site.kind == "reference")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("flags, says", [
+    (("--message-auth-replay-db", "x.db"),
+     "--message-auth-replay-db requires --require-message-auth"),
+    (("--message-auth-sequence-floor-mode", "strict"),
+     "--message-auth-sequence-floor-mode requires --require-message-auth"),
+])
+def test_the_replay_flags_without_message_auth_refuse_the_start(kind, flags, says, tmp_path,
+                                                                reference_venv_status):
+    from tests.support.procs import hubd_process, reference_hub_process
+
+    if reference_venv_status[0] is None:
+        from tests.support.prereq import missing
+        missing(reference_venv_status[1])
+    make = reference_hub_process if kind == "reference" else hubd_process
+    proc = make(tmp_path / "hub", *flags)
+    with pytest.raises(Exception):
+        proc.start(ready_timeout=15)
+    proc.proc.wait(15)
+    assert proc.proc.returncode == 2
+    assert says in proc.log()

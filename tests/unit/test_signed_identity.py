@@ -210,3 +210,65 @@ def test_a_nonce_is_accepted_once_while_fresh_and_the_ledger_is_bounded():
     later = NOW + 12
     assert _verify(_mac(CLAIM, nonce="n-3", ts=later), nonces, capacity=1, now=later) == ma.OK
     assert len(nonces) == 0
+
+
+def _floor_verify(frame, nonces, mode, sender="p/alice"):
+    ring = ma.keyring([ma.parse_key(f"mac-0:{SECRET}:p/alice,p/bob"),
+                       ma.parse_key(f"mac-1:{SECRET}:p/alice")])
+    verified = ma.verify(ring, frame, sender, NOW, 10.0, nonces, 4096, mode)
+    if verified.result == ma.OK:  # what the nonce event's applier does
+        nonces.add(verified.kid, verified.nonce, verified.timestamp)
+        nonces.raise_floor(verified.kid, sender, verified.sequence)
+    return verified.result
+
+
+@pytest.mark.parametrize("mode, below, again", [
+    ("off", ma.OK, ma.OK), ("compat", ma.OK, ma.OK),
+    ("strict", ma.SEQUENCE_MISMATCH, ma.SEQUENCE_MISMATCH)])
+def test_strict_refuses_a_sequence_at_or_below_its_key_and_senders_floor(mode, below, again):
+    """As the reference's modes were seen to (reference-observed.md §12.4)."""
+    nonces = ma.AuthNonces()
+    assert _floor_verify(_mac(CLAIM, sequence=200, nonce="a"), nonces, mode) == ma.OK
+    assert _floor_verify(_mac(CLAIM, sequence=150, nonce="b"), nonces, mode) == below
+    assert _floor_verify(_mac(CLAIM, sequence=200, nonce="c"), nonces, mode) == again
+    # per key and sender: another key of alice's, and bob on the same key, start afresh
+    assert _floor_verify(_mac(CLAIM, kid="mac-1", sequence=5, nonce="d"), nonces, mode) == ma.OK
+    bob = dict(CLAIM, sender="p/bob")
+    assert _floor_verify(_mac(bob, sequence=5, nonce="e"), nonces, mode, "p/bob") == ma.OK
+    assert _floor_verify(_mac(CLAIM, sequence=201, nonce="f"), nonces, mode) == ma.OK
+    # the identical frame again is a replay, whatever its sequence
+    frame = _mac(CLAIM, sequence=300, nonce="g")
+    assert _floor_verify(frame, nonces, mode) == ma.OK
+    assert _floor_verify(frame, nonces, mode) == ma.REPLAYED
+    # the floor is kept in every mode (switching to strict starts from it)
+    assert nonces.floor("mac-0", "p/alice") == 300 and nonces.floor("mac-0", "p/bob") == 5
+
+
+def test_the_floor_is_rebuilt_from_the_nonce_events_and_an_old_event_has_none():
+    from types import SimpleNamespace
+
+    state = SimpleNamespace(extensions={"message_auth": ma.AuthNonces()})
+    [apply] = ma.appliers[ma.NONCE_EVENT]
+    base = {"kid": "mac-0", "timestamp": NOW, "at": NOW, "window": 10.0}
+    apply(state, SimpleNamespace(payload=dict(base, nonce="old")))  # before the floor
+    apply(state, SimpleNamespace(payload=dict(base, nonce="n", sender="p/a", sequence=7)))
+    apply(state, SimpleNamespace(payload=dict(base, nonce="m", sender="p/a", sequence=3)))
+    nonces = state.extensions["message_auth"]
+    assert nonces.floor("mac-0", "p/a") == 7 and nonces.seen("mac-0", "old")
+
+
+def test_a_key_bound_to_a_principal_proves_that_principals_sessions_only():
+    key = ma.parse_key(f"mac-ci:{SECRET}:@ci,p/ops")
+    assert (key.senders, key.principals) == ({"p/ops"}, {"ci"})
+    assert "ci" in repr(key) and SECRET not in repr(key)
+    assert key.proves("p/ci/runner-7", "ci") and key.proves("p/ops", None)
+    assert not key.proves("p/ci/runner-7", "alice") and not key.proves("p/ci/runner-7", None)
+    with pytest.raises(ma.KeyFormatError, match="@NAME"):
+        ma.parse_key(f"k:{SECRET}:@")
+    ring = ma.keyring([key])
+    frame = _mac(dict(CLAIM, sender="p/ci/runner-7"), kid="mac-ci")
+    verify = ma.verify  # the session's principal decides (the frame names none)
+    assert verify(ring, frame, "p/ci/runner-7", NOW, 10.0, ma.AuthNonces(), 9,
+                  principal="ci").result == ma.OK
+    assert verify(ring, frame, "p/ci/runner-7", NOW, 10.0, ma.AuthNonces(), 9,
+                  principal="mallory").result == ma.SENDER_MISMATCH

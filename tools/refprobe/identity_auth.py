@@ -255,3 +255,100 @@ async def probe_operator_cli(work: Workdir) -> None:
                                                             stderr=asyncio.subprocess.STDOUT)
                 out, _ = await asyncio.wait_for(proc.communicate(), 60)
                 print(f"## exit {proc.returncode}: {' '.join(out.decode().split())[:700]}", flush=True)
+
+
+def _sqlite_dump(path) -> None:
+    """Schema, rows (secrets cut) and mode of a SQLite file the reference wrote."""
+    import os
+    import sqlite3
+    import stat
+
+    if not path.exists():
+        print(f"## {path.name}: absent", flush=True)
+        return
+    print(f"## {path.name}: mode {stat.S_IMODE(os.stat(path).st_mode):04o}", flush=True)
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        for name, sql in db.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL"):
+            print(f"schema {name}: {sql}", flush=True)
+            if sql.upper().startswith("CREATE TABLE"):
+                for row in db.execute(f"SELECT * FROM \"{name}\" LIMIT 8"):
+                    print(f"  row {name}: {row}", flush=True)
+    finally:
+        db.close()
+
+
+async def probe_message_auth_floor(work: Workdir) -> None:
+    """--message-auth-sequence-floor-mode and --message-auth-replay-db: what the
+    durable ledger holds, and which sequences each mode refuses, across a restart."""
+    for mode in ("off", "compat", "strict"):
+        ledger = work.path / f"replay-{mode}.db"
+        flags = ["--db", str(work.path / f"hub-{mode}.db"), "--hub-id", "src",
+                 "--message-auth-key", f"mac-0:{MAC_SECRET}:p/alice,p/bob",
+                 "--message-auth-key", f"mac-1:{MAC_SECRET}:p/alice",
+                 "--require-message-auth", "--message-auth-replay-db", str(ledger),
+                 "--message-auth-sequence-floor-mode", mode]
+        hub = Hub(work, flags, f"hub-{mode}")
+        hub.start()
+        try:
+            print(f"# mode {mode}", flush=True)
+            a = await connect(hub, "p/alice", token=None)
+            b = await connect(hub, "p/bob", token=None)
+            await a.drain(0.3)
+            await b.drain(0.3)
+            s0, s1 = Signer(key_id="mac-0"), Signer(key_id="mac-1")
+
+            async def check(conn, signer, sender, seq, label, task="T"):
+                await conn.send(signer.mac(envelope(sender, "checkpoint", target="all", task_id=task,
+                                                     checkpoint="c"), sender, sequence=seq), f" ({label})")
+                await conn.recv()
+
+            await a.send(s0.mac(envelope("p/alice", "claim", target="all", task_id="T", idem_key="k"),
+                                "p/alice", sequence=100), " (claim seq 100)")
+            await a.recv()
+            await check(a, s0, "p/alice", 200, "alice mac-0 seq 200")
+            await check(a, s0, "p/alice", 150, "alice mac-0 seq 150 (below 200)")
+            await check(a, s0, "p/alice", 200, "alice mac-0 seq 200 again, new nonce")
+            await check(a, s1, "p/alice", 150, "alice mac-1 seq 150 (other key)")
+            await b.send(s0.mac(envelope("p/bob", "claim", target="all", task_id="U", idem_key="kb"),
+                                "p/bob", sequence=5), " (bob claim mac-0 seq 5: other sender, same key)")
+            await b.recv()
+            await a.ws.close()
+            await b.ws.close()
+            hub.stop()
+            print(hub.log.read_text()[-600:], flush=True)
+            _sqlite_dump(ledger)
+            hub.start()
+            a = await connect(hub, "p/alice", token=None)
+            await a.drain(0.3)
+            await check(a, s0, "p/alice", 201, "after restart: alice mac-0 seq 201")
+            await check(a, s0, "p/alice", 1, "after restart: alice mac-0 seq 1")
+            twice = s0.mac(envelope("p/alice", "checkpoint", target="all", task_id="T", checkpoint="c"),
+                           "p/alice", sequence=10_000)
+            await a.send(twice, " (seq 10000)")
+            await a.recv()
+            await a.send(twice, " (the identical frame again)")
+            await a.recv()
+            await a.ws.close()
+        finally:
+            hub.stop()
+    print("# startup combinations", flush=True)
+    startup_refusal(work, ["--message-auth-replay-db", str(work.path / "x.db")])
+    startup_refusal(work, ["--message-auth-sequence-floor-mode", "strict"])
+    startup_refusal(work, ["--message-auth-sequence-floor-mode", "off"])
+    startup_refusal(work, ["--message-auth-key", f"mac-0:{MAC_SECRET}:p/alice", "--require-message-auth",
+                           "--message-auth-sequence-floor-mode", "compat"])
+    startup_refusal(work, ["--message-auth-key", f"mac-0:{MAC_SECRET}:p/alice", "--require-message-auth",
+                           "--message-auth-sequence-floor-mode", "off"])
+    startup_refusal(work, ["--message-auth-key", f"mac-0:{MAC_SECRET}:p/alice", "--require-message-auth",
+                           "--message-auth-sequence-floor-mode", "strict"])
+    startup_refusal(work, ["--message-auth-key", f"mac-0:{MAC_SECRET}:p/alice", "--require-message-auth",
+                           "--message-auth-replay-db", str(work.path / "nodir" / "x.db")])
+    open_db = work.path / "loose.db"
+    open_db.write_bytes(b"")
+    open_db.chmod(0o644)
+    startup_refusal(work, ["--message-auth-key", f"mac-0:{MAC_SECRET}:p/alice", "--require-message-auth",
+                           "--message-auth-replay-db", str(open_db)])
+    startup_refusal(work, ["--db", str(work.path / "d.db"), "--message-auth-key", f"mac-0:{MAC_SECRET}:p/alice",
+                           "--require-message-auth", "--message-auth-replay-capacity", "2",
+                           "--message-auth-sequence-floor-mode", "compat"])
