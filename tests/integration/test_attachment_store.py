@@ -24,7 +24,7 @@ from hubd.wire.envelope import PROTOCOL_VERSION
 from tests.integration.test_faults import _mount_tmpfs
 from tests.support.procs import hubd_process, timing_file
 from tests.support.signed_site import (ATTACH_ACL, SignedProbe, SignedSite, begin_fields,
-                                       read_back, start_signed_hub, upload)
+                                       envelope, mac, read_back, start_signed_hub, upload)
 
 ROLES = {"p/alice": ["p/attachment-read", "p/attachment-write", "p/attachment-admin"]}
 
@@ -173,6 +173,33 @@ def test_a_root_others_can_read_refuses_the_start(tmp_path):
     proc.proc.wait(15)
     assert proc.proc.returncode == 2
     assert "attachment directory must be owner-only" in proc.log()
+
+
+def test_chunks_sent_without_waiting_are_each_counted_in_order(site):
+    """A chunk counts only once written and committed, but the next one is
+    expected at once: six chunks in flight (the site's root holds 200,000
+    bytes) are all taken, in order."""
+    data = os.urandom(6 * 32768 - 100)
+
+    async def run():
+        alice = await SignedProbe.open(site.proc.url, site.seats["p/alice"])
+        begun = await alice.ask("attachment_begin", **begin_fields(data))
+        for offset in range(0, len(data), 32768):
+            await alice.probe.send_json(mac(envelope(
+                "p/alice", "attachment_chunk", scope="p", upload_id=begun["upload_id"],
+                offset=offset, body=base64.b64encode(data[offset:offset + 32768]).decode()),
+                alice.seat.mac_kid))
+        answers = [await alice.probe.recv_type("attachment_result", operation="attachment_chunk")
+                   for _ in range(6)]
+        committed = await alice.ask("attachment_commit", scope="p",
+                                    upload_id=begun["upload_id"])
+        back = await read_back(alice, hashlib.sha256(data).hexdigest())
+        await alice.close()
+        return answers, committed, back
+
+    answers, committed, back = asyncio.run(run())
+    assert [a["received"] for a in answers] == [min(n * 32768, len(data)) for n in range(1, 7)]
+    assert committed["ok"] and back == data
 
 
 def _fill_to_the_last_page(path: Path) -> Path:
