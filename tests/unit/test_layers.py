@@ -11,6 +11,7 @@ file passes 600 lines."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,12 @@ FEDERATION_IMPORTERS = {"hubd.composition", "hubd.cli"}
 COMMAND_MODULES = {"federation.certs_cli", "federation.multihub_cli", "federation.site_cli"}
 
 
+@functools.cache
+def tree_of(path: Path) -> ast.Module:
+    """Each source file parsed once for the whole module: every test reads the same tree."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -64,7 +71,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path],
     is_package = path.name == "__init__.py"
     package = name if is_package else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree_of(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] in ("hubd", "federation"):
@@ -96,7 +103,7 @@ def _in_type_checking(node: ast.AST, path: Path) -> bool:
     lines = _TYPE_CHECKING_LINES.get(path)
     if lines is None:
         lines = set()
-        for block in ast.walk(ast.parse(path.read_text())):
+        for block in ast.walk(tree_of(path)):
             if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and \
                     block.test.id == "TYPE_CHECKING":
                 for inner in block.body:
@@ -239,7 +246,7 @@ def test_importing_the_hub_imports_no_federation_and_replay_needs_no_import():
 # -- the door model, read from the code (issue 26)
 
 def _trees() -> dict[str, ast.AST]:
-    return {name: ast.parse(path.read_text(), str(path)) for name, path in all_modules().items()}
+    return {name: tree_of(path) for name, path in all_modules().items()}
 
 
 def _names_called(tree: ast.AST) -> set[str]:
