@@ -13,7 +13,6 @@ import json
 import os
 
 from .config import FederationConfig, merged_routes
-from .pki import PkiError
 from .policy import PolicyError
 from .policy_loading import CLIENT_CA_LABEL, POLICY_LABEL, STORE_LABEL, load_serving_policy
 
@@ -43,6 +42,7 @@ def file_problems(config: FederationConfig | None, surveyed: set[str] = frozense
     """Every federation file that would refuse the hub's start, each named;
     the serving policy is not loaded when the owner-only survey already
     refused one of its files (in `surveyed`)."""
+    from .pki import PkiError  # cryptography's X.509: only `hubd --check` needs it here
     from .tls import server_context
 
     if config is None:

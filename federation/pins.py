@@ -24,9 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Literal, Union
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-
 PinKind = Literal["sha256", "spki-sha256"]
 CERT_PIN: PinKind = "sha256"
 SPKI_PIN: PinKind = "spki-sha256"
@@ -90,6 +87,16 @@ def parse_pin(text: str) -> Pin:
     return Pin(kind=kind, digest=bytes.fromhex(hex_digest))  # type: ignore[arg-type]
 
 
+def _x509():
+    """cryptography's X.509 parsing, imported when a certificate is first
+    parsed: a hub without TLS or peers never does, and the import is a tenth
+    of a second of its start."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    return x509, serialization
+
+
 def certificate_der(data: bytes) -> bytes:
     """The DER bytes of a certificate given as PEM or DER.
 
@@ -99,6 +106,7 @@ def certificate_der(data: bytes) -> bytes:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise PinError(f"certificate must be bytes, not {type(data).__name__}")
     data = bytes(data)
+    x509, serialization = _x509()
     try:
         if b"-----BEGIN" in data:
             cert = x509.load_pem_x509_certificate(data)
@@ -110,6 +118,7 @@ def certificate_der(data: bytes) -> bytes:
 
 
 def spki_der(der_cert: bytes) -> bytes:
+    x509, serialization = _x509()
     try:
         cert = x509.load_der_x509_certificate(der_cert)
     except ValueError as exc:

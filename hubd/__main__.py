@@ -1,5 +1,8 @@
+import gc
 import sys
 
-from hubd.cli import main
+gc.disable()  # for the imports too: see hubd.cli.main
+
+from hubd.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -20,7 +20,6 @@ import argparse
 import difflib
 import json
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -94,6 +93,8 @@ def read(path: str) -> dict:
             from None
     if len(data) > MAX_FILE_BYTES:
         raise ConfigProblems([f"config file {path} is over {MAX_FILE_BYTES} bytes"])
+    import tomllib  # only a hub started with --config reads TOML
+
     try:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError:

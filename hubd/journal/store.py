@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import sqlite_utils
-
 from hubd.state.events import Event
 from hubd.wire.codec import loads_stored
 
@@ -63,6 +61,10 @@ class JournalTooNew(RuntimeError):
 
 
 EXPECTED_COLUMNS = {"seq", "ts", "kind", "payload", "route"}
+# The events table as ensure_schema creates it (the create and the start's
+# check that there is nothing to create both read this).
+EVENT_COLUMNS = {"seq": int, "ts": float, "kind": str, "payload": str, "route": str,
+                 "principal": str}
 
 
 def check_schema_version(stored: str) -> None:
@@ -79,7 +81,27 @@ def check_schema_version(stored: str) -> None:
             f"{ours} and older): run a hubd that reads it, or start with a new --db")
 
 
+def schema_current(conn: sqlite3.Connection) -> bool:
+    """The journal already is what ensure_schema makes: its tables, the
+    events columns and this hubd's schema version."""
+    tables = {name for (name,) in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('events', 'meta')")}
+    if tables != {"events", "meta"}:
+        return False
+    stored = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if stored is None or str(stored[0]) != SCHEMA_VERSION:
+        return False
+    return set(EVENT_COLUMNS) <= {row[1] for row in conn.execute("PRAGMA table_info(events)")}
+
+
 def ensure_schema(conn: sqlite3.Connection) -> None:
+    if schema_current(conn):
+        # every start but a journal's first (or an upgrade's): nothing to
+        # create, so sqlite-utils (importing it and loading its plugins'
+        # entry points cost a start 0.1-0.5 s) is not needed
+        return
+    import sqlite_utils
+
     db = sqlite_utils.Database(conn)
     if db["events"].exists():
         columns = {c.name for c in db["events"].columns}
@@ -92,9 +114,8 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
         stored = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if stored is not None:
             check_schema_version(str(stored[0]))
-    db["events"].create({"seq": int, "ts": float, "kind": str, "payload": str, "route": str,
-                         "principal": str},
-                        pk="seq", not_null={"ts", "kind", "payload"}, if_not_exists=True)
+    db["events"].create(EVENT_COLUMNS, pk="seq", not_null={"ts", "kind", "payload"},
+                        if_not_exists=True)
     if "principal" not in {c.name for c in db["events"].columns}:
         # a journal from before principals: its events were nobody's
         conn.execute("ALTER TABLE events ADD COLUMN principal TEXT")

@@ -28,6 +28,14 @@ never asserts.
    and times it.
 4. The same starts again, now from the snapshot (and a tail of 0 events).
 5. The floor: the same start on an empty journal.
+
+The hubs start with their modules' bytecode, as an installed hubd does (pip
+compiles what it installs): it is compiled once into the run's folder
+(PYTHONPYCACHEPREFIX) before the first start. A checkout run with
+PYTHONDONTWRITEBYTECODE=1 (the container image's setting, and this
+machine's agents') would otherwise compile hubd's and federation's ~180
+modules from source at every start, 0.5-1.5 s of it here, which no deployed
+hub does; --no-bytecode measures that.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +61,7 @@ import orjson  # noqa: E402
 from hubd.journal import snapshots  # noqa: E402
 from hubd.journal.store import JournalStore  # noqa: E402
 from tests.bench.loadgen import proc_cpu_seconds  # noqa: E402
-from tests.support.procs import hubd_process  # noqa: E402
+from tests.support.procs import REPO, hubd_process  # noqa: E402
 
 HUB_ID = "bench-hub"
 PAIRS = 16
@@ -94,11 +103,23 @@ def logged_at(log: str, message: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
 
 
-def start_to_ready(folder: Path, db: Path, *args: str) -> tuple[float, dict]:
+def bytecode_env(folder: Path | None) -> dict[str, str]:
+    """The hubs' environment: with hubd's and federation's bytecode compiled
+    into `folder` (now, once), or (None) compiling them from source at every start."""
+    if folder is None:
+        return {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": ""}
+    env = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(folder)}  # "": unset
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "hubd"),
+                    str(REPO / "federation")], env={**os.environ, **env}, check=True)
+    return env
+
+
+def start_to_ready(folder: Path, db: Path, *args: str,
+                   env: dict | None = None) -> tuple[float, dict]:
     """Seconds from process start to /readyz 200, and the hub's replay line
     with the phases: to `listening` (Python, imports, the journal opened),
     the load, and from the load to ready."""
-    hub = hubd_process(folder, "--snapshot-every", "0", *args, db=db, hub_id=HUB_ID)
+    hub = hubd_process(folder, "--snapshot-every", "0", *args, db=db, hub_id=HUB_ID, env=env)
     hub.ready_path = None
     started, wall = time.perf_counter(), time.time()
     hub.start(ready_timeout=3600)  # the port opens before the replay
@@ -145,10 +166,10 @@ def snapshot(db: Path) -> str:
             f"{taken.seconds:.1f} s")
 
 
-def series(label: str, folder: Path, db: Path, starts: int) -> None:
+def series(label: str, folder: Path, db: Path, starts: int, env: dict) -> None:
     times, facts = [], []
     for _ in range(starts):
-        seconds, fact = start_to_ready(folder, db)
+        seconds, fact = start_to_ready(folder, db, env=env)
         times.append(seconds)
         facts.append(fact)
     phases = [statistics.median(f["phases"][i] for f in facts) for i in range(3)]
@@ -166,6 +187,9 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=3)
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the starts without a snapshot (minutes each at 10M)")
+    parser.add_argument("--no-bytecode", action="store_true",
+                        help="start the hubs compiling hubd from source each time "
+                             "(PYTHONDONTWRITEBYTECODE=1 on a checkout), not as installed")
     parser.add_argument("--keep", metavar="DIR", help="build the journal here and keep it "
                         "(reused when it already holds --events chats)")
     args = parser.parse_args()
@@ -178,16 +202,19 @@ def main() -> None:
             print(f"built in {build(db, args.events):.1f} s, "
                   f"{db.stat().st_size / 1e6:.0f} MB", flush=True)
         shutil.rmtree(snapshots.snapshot_dir(db), ignore_errors=True)
+        env = bytecode_env(None if args.no_bytecode else folder / "bytecode")
         empty = folder / "empty"
         empty.mkdir(exist_ok=True)
-        series("empty journal (the floor)", empty, empty / "hubd.db", args.starts)
+        if not (empty / "hubd.db").exists():
+            build(empty / "hubd.db", 0)  # a restart's journal exists (made by the first start)
+        series("empty journal (the floor)", empty, empty / "hubd.db", args.starts, env)
         if not args.no_baseline:
-            series(f"{args.events:,} chats, no snapshot", folder, db, args.starts)
+            series(f"{args.events:,} chats, no snapshot", folder, db, args.starts, env)
         print("snapshot:", snapshot(db), flush=True)
         newest = snapshots.listed(snapshots.snapshot_dir(db))[0]
         print(f"snapshot file {newest.path.name}: {newest.path.stat().st_size / 1e6:.1f} MB",
               flush=True)
-        series(f"{args.events:,} chats, snapshot", folder, db, args.starts)
+        series(f"{args.events:,} chats, snapshot", folder, db, args.starts, env)
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)

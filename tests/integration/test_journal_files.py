@@ -103,6 +103,49 @@ def test_a_journal_others_can_read_is_refused_with_the_fix(tmp_path):
 
 # -- what a journal says about itself (22.7)
 
+# Opens a journal as a hub's writer does and says whether the schema library
+# (sqlite-utils) was loaded to do it.
+OPEN_JOURNAL = ("import sys; from hubd.journal.store import JournalStore; "
+                "JournalStore(sys.argv[1]).close(); print('sqlite_utils' in sys.modules)")
+
+
+def schema_library_loaded(db: Path) -> bool:
+    out = subprocess.run([sys.executable, "-c", OPEN_JOURNAL, str(db)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip() == "True"
+
+
+def schema_of(db: Path) -> list:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall() \
+            + conn.execute("SELECT key, value FROM meta ORDER BY key").fetchall()
+
+
+def test_a_journal_in_this_hubds_schema_is_opened_without_the_schema_library(tmp_path):
+    """Every start but a journal's first finds nothing to create: sqlite-utils
+    (a tenth of a second or more of a start to import and load its plugins)
+    makes a new journal and upgrades an old one, and is not loaded otherwise."""
+    db = tmp_path / "hubd.db"
+    assert schema_library_loaded(db)  # a new journal
+    made = schema_of(db)
+    assert not schema_library_loaded(db)
+    assert schema_of(db) == made
+    # a journal from before principals (its events table has no principal
+    # column) is still upgraded, by sqlite-utils
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as conn:
+        conn.execute("CREATE TABLE events (seq INTEGER PRIMARY KEY, ts FLOAT NOT NULL, "
+                     "kind TEXT NOT NULL, payload TEXT NOT NULL, route TEXT)")
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    os.chmod(old, 0o600)
+    assert schema_library_loaded(old)
+    with sqlite3.connect(old) as conn:
+        assert "principal" in {row[1] for row in conn.execute("PRAGMA table_info(events)")}
+    assert not schema_library_loaded(old)
+
+
 def test_a_journal_from_a_newer_hubd_is_refused_naming_both_versions(tmp_path):
     db = tmp_path / "hubd.db"
     journal_with(db, chat(1, "hello"))
