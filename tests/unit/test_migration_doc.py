@@ -44,7 +44,7 @@ def test_every_flag_said_to_carry_over_is_one_hubd_takes():
 def test_no_flag_said_to_be_missing_is_one_hubd_takes():
     ours = hubd_flags()
     listed = not_in_hubd()
-    assert len(listed) > 40
+    assert len(listed) > 30  # the section was found and read (it shrinks as hubd gains flags)
     for flag, prefix in listed:
         if prefix:
             assert not [f for f in ours if f.startswith(flag)], flag
