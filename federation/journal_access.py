@@ -25,7 +25,8 @@ from typing import Callable
 
 import orjson
 
-from hubd.journal.store import INSERT
+from hubd.journal import chain
+from hubd.journal.store import INSERT, chain_head
 from hubd.state.events import Event
 
 HUBD = "hubd"
@@ -160,7 +161,7 @@ def append_operator_row(path: str | Path, kind: str,
             payload = build(rows)
             seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0] + 1
             event = Event(seq, time.time() if now is None else now, kind, payload)
-            conn.execute(INSERT, event.row())
+            conn.execute(INSERT, (*event.row(), chain.row_link(chain_head(conn), event.row())))
             conn.execute("COMMIT")
             return event
         except BaseException:

@@ -13,28 +13,35 @@ from __future__ import annotations
 import functools
 import itertools
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import sqlite_utils
+import structlog
 
 from hubd.state.events import Event
 from hubd.wire.codec import loads_stored
 
+from . import chain
 from .files import prepare_for_writing
 
-SCHEMA_VERSION = "1"
-INSERT = ("INSERT INTO events (seq, ts, kind, payload, route, principal) "
-          "VALUES (?, ?, ?, ?, ?, ?)")
-# Rows per multi-row INSERT: 6 parameters each, well under SQLite's 32,766.
+log = structlog.get_logger("hubd.journal")
+
+# 2: every row carries its hash-chain link (hubd/journal/chain.py); a hubd
+# that reads only schema 1 would append rows without one, so it refuses
+SCHEMA_VERSION = "2"
+INSERT = ("INSERT INTO events (seq, ts, kind, payload, route, principal, chain) "
+          "VALUES (?, ?, ?, ?, ?, ?, ?)")
+# Rows per multi-row INSERT: 7 parameters each, well under SQLite's 32,766.
 ROWS_PER_STATEMENT = 1000
 
 
 @functools.lru_cache(maxsize=64)
 def _insert_rows(n: int) -> str:
-    return ("INSERT INTO events (seq, ts, kind, payload, route, principal) VALUES "
-            + ",".join(["(?,?,?,?,?,?)"] * n))
+    return ("INSERT INTO events (seq, ts, kind, payload, route, principal, chain) VALUES "
+            + ",".join(["(?,?,?,?,?,?,?)"] * n))
 
 
 def _connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
@@ -93,7 +100,7 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
         if stored is not None:
             check_schema_version(str(stored[0]))
     db["events"].create({"seq": int, "ts": float, "kind": str, "payload": str, "route": str,
-                         "principal": str},
+                         "principal": str, "chain": bytes},
                         pk="seq", not_null={"ts", "kind", "payload"}, if_not_exists=True)
     if "principal" not in {c.name for c in db["events"].columns}:
         # a journal from before principals: its events were nobody's
@@ -101,6 +108,50 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
     db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
                  (SCHEMA_VERSION,))
+    if "chain" not in {c.name for c in db["events"].columns}:
+        upgrade_chain(conn)
+
+
+def upgrade_chain(conn: sqlite3.Connection) -> None:
+    """A journal from before the hash chain: add the column and link every
+    row in one transaction (all linked, or the journal as it was), once."""
+    started = time.perf_counter()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("ALTER TABLE events ADD COLUMN chain BLOB")
+        prev, rows, cursor = chain.GENESIS, 0, -1
+        while True:
+            batch = conn.execute(
+                "SELECT seq, ts, kind, payload, route, principal FROM events WHERE seq > ? "
+                "ORDER BY seq LIMIT 5000", (cursor,)).fetchall()
+            if not batch:
+                break
+            linked, prev = chain.chained(prev, batch)
+            conn.executemany("UPDATE events SET chain = ? WHERE seq = ?",
+                             [(row[6], row[0]) for row in linked])
+            cursor = batch[-1][0]
+            rows += len(batch)
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                     (SCHEMA_VERSION,))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    log.warning("journal upgraded in place: hash chain computed over its existing rows "
+                "(once; a hubd older than this one no longer opens it)", rows=rows,
+                head=prev.hex(), seconds=round(time.perf_counter() - started, 3))
+
+
+def chain_head(conn: sqlite3.Connection) -> bytes:
+    """The link of the last row (GENESIS for an empty journal)."""
+    row = conn.execute("SELECT chain FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+    if row is None:
+        return chain.GENESIS
+    if row[0] is None:
+        raise sqlite3.DatabaseError("the journal's last row has no hash-chain link "
+                                    "(written by a tool that does not chain rows)")
+    return bytes(row[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +223,8 @@ class JournalStore:
         self.path = Path(path)
         self.conn = _connect(self.path)
         ensure_schema(self.conn)
+        # the link of the last committed row: the next row links to it
+        self.head = chain_head(self.conn)
 
     def close(self) -> None:
         self.conn.close()
@@ -186,10 +239,15 @@ class JournalStore:
         and every step gives the GIL up and takes it back: with BEGIN, one
         step per row and COMMIT, each taking back waited for the event loop's
         thread to let go (up to the 5 ms switch interval when it was busy),
-        once per row, behind every commit."""
+        once per row, behind every commit.
+
+        Each row gets its hash-chain link here, in the statement that stores
+        it; the head moves on only once the rows are committed."""
         conn = self.conn
+        rows, head = chain.chained(self.head, rows)
         if len(rows) <= ROWS_PER_STATEMENT:
             conn.execute(_insert_rows(len(rows)), list(itertools.chain.from_iterable(rows)))
+            self.head = head
             return
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -201,6 +259,7 @@ class JournalStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        self.head = head
 
     def max_seq(self) -> int:
         return self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
