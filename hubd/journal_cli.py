@@ -3,7 +3,9 @@ snapshots what a hub can trust (docs/journal.md, "Verifying")?
 
 One replay of the journal from its start, on a read-only connection (a
 running hub is not disturbed): every row must decode and be of a kind this
-hubd knows; every snapshot beside it must be whole (checksum, format), of
+hubd knows, and its hash-chain link must hold (hubd/journal/chain_audit.py:
+the first bad seq is named); every signed checkpoint must hold and name the
+chain's link at its seq; every snapshot beside it must be whole (checksum, format), of
 this journal (hub id, the digest of its row), readable, and equal to the
 replay at its seq. A snapshot written by another hubd version or with other
 flags is reported as one a hub would pass over (not a fault: the hub
@@ -28,7 +30,7 @@ from hubd.composition import plugins_for
 from hubd.config import DEFAULT_DB, HubConfig
 from hubd.core.plugin import Installed
 from hubd.hub import fresh_state
-from hubd.journal import snapshots
+from hubd.journal import chain_audit, snapshots
 from hubd.journal.snapshots import SnapshotInvalid
 from hubd.journal.store import CorruptRow, JournalReader, UnknownKinds
 from hubd.state.frozen import FrozenStateError, canonical, fingerprint, thaw
@@ -54,6 +56,7 @@ class Report:
     last_seq: int = 0
     problems: list[dict] = field(default_factory=list)
     snapshots: list[SnapshotReport] = field(default_factory=list)
+    chain: dict = field(default_factory=dict)  # the hash chain's audit (chain_audit.py)
 
     def fault(self, where: str, what: str) -> None:
         self.problems.append({"where": where, "what": what})
@@ -85,9 +88,15 @@ def verify(db: Path) -> Report:
         for seq, (entry, _) in waiting.items():  # a corrupt row at its seq: never reached
             entry.status, entry.detail = "invalid", f"the replay never reached seq {seq}"
             report.fault(f"snapshot {entry.file}", entry.detail)
+        audited = chain_audit.audit(reader.conn, report.hub_id)
         reader.conn.execute("COMMIT")
     finally:
         reader.close()
+    report.chain = {"head": audited.head, "rows": audited.rows,
+                    "checkpoints": audited.checkpoints, "anchor_seq": audited.anchor_seq,
+                    "first_bad_seq": audited.first_bad_seq}
+    for where, what in audited.problems:
+        report.fault(where, what)
     for bad in corrupt:
         report.fault(f"row {bad.seq}", f"undecodable {bad.kind} row: {bad.error}")
     if unknown.events:
@@ -143,6 +152,13 @@ def _print(report: Report) -> None:
         print(f"  snapshot {entry.file} ({entry.bytes:,} bytes): {entry.status}: {entry.detail}")
     if not report.snapshots:
         print("  no snapshots")
+    chain = report.chain
+    if chain:
+        bad = chain["first_bad_seq"]
+        print(f"  hash chain: {chain['rows']:,} rows from "
+              f"{'seq ' + str(chain['anchor_seq']) if chain['anchor_seq'] else 'the start'}, "
+              f"head {chain['head'][:16]}.., {chain['checkpoints']} signed checkpoint(s)"
+              + (f"; first bad seq {bad}" if bad is not None else ""))
     for problem in report.problems:
         print(f"FAULT {problem['where']}: {problem['what']}")
     print("ok" if not report.problems else f"{len(report.problems)} fault(s)")

@@ -24,7 +24,7 @@ import structlog
 from hubd.state.events import Event
 from hubd.wire.codec import loads_stored
 
-from . import chain
+from . import chain, chain_checkpoints as checkpoints
 from .files import prepare_for_writing
 
 log = structlog.get_logger("hubd.journal")
@@ -110,6 +110,7 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
                  (SCHEMA_VERSION,))
     if "chain" not in {c.name for c in db["events"].columns}:
         upgrade_chain(conn)
+    checkpoints.ensure_table(conn)
 
 
 def upgrade_chain(conn: sqlite3.Connection) -> None:
@@ -225,6 +226,22 @@ class JournalStore:
         ensure_schema(self.conn)
         # the link of the last committed row: the next row links to it
         self.head = chain_head(self.conn)
+        self.signer: checkpoints.Signer | None = None  # once the hub knows its id and key
+
+    def start_signing(self, hub_id: str, private, every: int) -> None:
+        """Checkpoints from now on (hubd/journal/checkpoints.py); the head as
+        it is now is signed if the last checkpoint is older than it."""
+        self.signer = checkpoints.Signer(self.conn, hub_id, private, every)
+        seq = self.max_seq()
+        if seq > self.signer.last_seq:
+            self.signer.at(seq, self.head)
+
+    def checkpoint_at(self, seq: int) -> "checkpoints.Checkpoint | None":
+        """Sign the chain's link at seq (a snapshot's), if that row is here."""
+        row = self.conn.execute("SELECT chain FROM events WHERE seq = ?", (seq,)).fetchone()
+        if self.signer is None or row is None or row[0] is None:
+            return None
+        return self.signer.at(seq, bytes(row[0]))
 
     def close(self) -> None:
         self.conn.close()
@@ -247,8 +264,18 @@ class JournalStore:
         rows, head = chain.chained(self.head, rows)
         if len(rows) <= ROWS_PER_STATEMENT:
             conn.execute(_insert_rows(len(rows)), list(itertools.chain.from_iterable(rows)))
-            self.head = head
-            return
+        else:
+            self._append_many(rows)
+        self.head = head
+        if self.signer is not None:
+            try:
+                self.signer.committed(rows[-1][0], head)
+            except sqlite3.Error as exc:  # the rows are committed; the next commit tries again
+                log.warning("journal checkpoint not written; the next commit tries again",
+                            seq=rows[-1][0], error=repr(exc))
+
+    def _append_many(self, rows: list[tuple]) -> None:
+        conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             for start in range(0, len(rows), ROWS_PER_STATEMENT):
@@ -259,7 +286,6 @@ class JournalStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        self.head = head
 
     def max_seq(self) -> int:
         return self.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
