@@ -10,7 +10,9 @@ alone beyond that documented field).
 
 The journal is read on the reader threads; events are copied into the reply as
 the JSON text they are stored as (orjson fragments), never re-encoded, so what a
-peer fingerprints is byte-for-byte what this hub journaled.
+peer fingerprints is byte-for-byte what this hub journaled. Beside them goes
+the rows' hash chain and the signed checkpoints in the page's range
+(federation/log_chain.py), which the follower checks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import structlog
 
 from federation import logscope
 from federation.handlers.receiver import authorise_peer, peer_alive
+from federation.log_chain import served_chain
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
 from hubd.core.message import Message
@@ -35,6 +38,7 @@ verbs = Verbs()
 
 MAX_EVENTS = 2000  # per snapshot; a follower pages by asking again from next_cursor
 MAX_BYTES = 4 * 1024 * 1024
+CHAIN_BYTES = 200  # an event's entry in the page's chain field, at most
 # pulls read at once, for all peers: a follower asks for one page at a time, so
 # more is a peer pipelining requests; the rest get "nothing now" and ask again
 IN_FLIGHT = 8
@@ -52,11 +56,15 @@ def _decoded(payload):
 
 
 def _snapshot(router: Router, target: str, events: list, next_cursor: int,
-              log_end_seq, served: frozenset | None = None) -> Message:
+              log_end_seq, served: frozenset | None = None,
+              page_chain: dict | None = None) -> Message:
     fields = {}
     if served is not None:
         # the namespaces this peer's grant shows; others' events are withheld
         fields["served_namespaces"] = sorted(served)
+    if page_chain is not None:
+        # the rows' hash chain and signed checkpoints (federation/log_chain.py)
+        fields["chain"] = page_chain
     frame = router.frame("multihub_log_snapshot", target, "Multi-hub log snapshot",
                          events=events, next_cursor=next_cursor, log_end_seq=log_end_seq,
                          **fields)
@@ -93,11 +101,11 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
         return
 
     async def serve() -> None:
-        rows = await hub.read_journal("since", after, count)
+        rows, prev, signed = await hub.read_journal("chain_page", after, count)
         end = await hub.read_journal("max_seq")
-        events, used, cursor = [], 0, after
-        for seq, ts, kind, payload, _route in rows:
-            used += len(payload) + 64
+        events, shown, used, cursor = [], [], 0, after
+        for seq, ts, kind, payload, *_ in rows:
+            used += len(payload) + 64 + CHAIN_BYTES
             if events and used > MAX_BYTES:
                 break
             withheld = logscope.withheld_reason(kind, _decoded(payload), granted)
@@ -106,9 +114,14 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
                                "payload": orjson.Fragment(payload)})
             else:
                 events.append(logscope.placeholder(seq, ts, withheld))
+            shown.append(withheld is None)
             cursor = seq
+        page_chain = None
+        if prev is not None:
+            page_chain = served_chain(prev, rows[:len(events)], shown,
+                                      [cp for cp in signed if cp.seq <= cursor])
         hub.endpoints.deliver(endpoint, _snapshot(router, target, events, cursor, end,
-                                                  granted))
+                                                  granted, page_chain))
 
     task = asyncio.get_running_loop().create_task(serve(), name=f"log-pull-{target}")
     serving.add(task)

@@ -52,9 +52,20 @@ def _optional(text: str | None) -> bytes:
 def sealed_digest(route: str | None, principal: str | None) -> bytes:
     if route is None and principal is None:
         return _NOTHING_SEALED
-    return _sha256(b"s" + _optional(route) + _optional(principal)).digest()
+    key = (route, principal)
+    digest = _sealed_seen.get(key)
+    if digest is None:
+        # most rows repeat a few (route, principal) pairs: one hash fewer per
+        # row on the writer's thread; bounded, emptied when full
+        if len(_sealed_seen) >= SEALED_CACHE:
+            _sealed_seen.clear()
+        digest = _sealed_seen[key] = _sha256(
+            b"s" + _optional(route) + _optional(principal)).digest()
+    return digest
 
 
+SEALED_CACHE = 256
+_sealed_seen: dict[tuple, bytes] = {}
 _NOTHING_SEALED = _sha256(b"s\x00\x00").digest()
 
 

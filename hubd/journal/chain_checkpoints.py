@@ -2,9 +2,9 @@
 chain and its checkpoints").
 
 A checkpoint says "hub H's journal had link L at seq N", signed with the
-hub's Ed25519 checkpoint key. One at least every `--checkpoint-every` events
-(at the first commit that reaches the next multiple), and one at every
-snapshot's seq. Log pulls serve them beside the rows, so a peer checks what
+hub's Ed25519 checkpoint key. One at every multiple of `--checkpoint-every`
+(seqs N, 2N, ...), one at every snapshot's seq, and one at the head when a
+hub starts with rows after its last checkpoint. Log pulls serve them beside the rows, so a peer checks what
 it is served against what this hub signed, and two signed checkpoints of one
 hub for one seq with different links are a proof, to anyone, that its
 history was rewritten (equivocation).
@@ -103,10 +103,14 @@ def check(checkpoint: Checkpoint) -> None:
                                 "hold for its key") from None
 
 
-def due(last_checkpoint_seq: int, committed_seq: int, every: int) -> bool:
-    """A commit that reached the next multiple of `every` since the last
-    checkpoint calls for one (at its last seq). 0 turns them off."""
-    return every > 0 and committed_seq // every > last_checkpoint_seq // every
+def due(first_seq: int, last_seq: int, every: int) -> range:
+    """The seqs a commit of rows first_seq..last_seq signs: the multiples of
+    `every` among them (0: none). At fixed seqs, not at a commit's end, so
+    two histories of one hub are signed at the same seqs whatever their
+    commits grouped: a rewritten one shows a second head for a seq."""
+    if every <= 0:
+        return range(0)
+    return range(-(-first_seq // every) * every, last_seq + 1, every)
 
 
 def conflict(a: Checkpoint, b: Checkpoint) -> bool:
@@ -192,10 +196,15 @@ class Signer:
         conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('chain_key', ?)",
                      (public_hex(private),))
 
-    def committed(self, seq: int, head: bytes) -> Checkpoint | None:
-        if not due(self.last_seq, seq, self.every):
-            return None
-        return self.at(seq, head)
+    def committed(self, rows: list[tuple]) -> None:
+        """Rows just committed, each ending with its link, in seq order."""
+        first = rows[0][0]
+        for seq in due(first, rows[-1][0], self.every):
+            index = seq - first
+            row = rows[index] if index < len(rows) and rows[index][0] == seq else next(
+                (r for r in rows if r[0] == seq), None)
+            if row is not None:
+                self.at(seq, row[-1])
 
     def at(self, seq: int, head: bytes) -> Checkpoint:
         checkpoint = sign(self.private, self.hub_id, seq, head)

@@ -11,6 +11,7 @@ own connections (WAL lets them read beside the writer).
 from __future__ import annotations
 
 import functools
+import json
 import itertools
 import sqlite3
 import time
@@ -144,6 +145,22 @@ def upgrade_chain(conn: sqlite3.Connection) -> None:
                 head=prev.hex(), seconds=round(time.perf_counter() - started, 3))
 
 
+def link_at(conn: sqlite3.Connection, seq: int) -> bytes | None:
+    """The chain's link at seq: GENESIS at 0, the row's, or a compaction's
+    anchor; None where this journal cannot say (a compacted row)."""
+    if seq == 0:
+        return chain.GENESIS
+    row = conn.execute("SELECT chain FROM events WHERE seq = ?", (seq,)).fetchone()
+    if row is not None:
+        return bytes(row[0]) if row[0] is not None else None
+    anchored = conn.execute("SELECT value FROM meta WHERE key = 'chain_anchor'").fetchone()
+    if anchored is not None:
+        value = json.loads(anchored[0])
+        if value.get("seq") == seq:
+            return bytes.fromhex(value["link"])
+    return None
+
+
 def chain_head(conn: sqlite3.Connection) -> bytes:
     """The link of the last row (GENESIS for an empty journal)."""
     row = conn.execute("SELECT chain FROM events ORDER BY seq DESC LIMIT 1").fetchone()
@@ -269,7 +286,7 @@ class JournalStore:
         self.head = head
         if self.signer is not None:
             try:
-                self.signer.committed(rows[-1][0], head)
+                self.signer.committed(rows)
             except sqlite3.Error as exc:  # the rows are committed; the next commit tries again
                 log.warning("journal checkpoint not written; the next commit tries again",
                             seq=rows[-1][0], error=repr(exc))
@@ -342,6 +359,23 @@ class JournalReader:
         return self.conn.execute(
             "SELECT seq, ts, kind, payload, route FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
             (after_seq, limit)).fetchall()
+
+    def chain_page(self, after_seq: int, limit: int) -> tuple[list[tuple], bytes | None, list]:
+        """A log pull's rows after after_seq, (seq, ts, kind, payload, route,
+        principal, link), the link at after_seq (None: not held here, below
+        a compaction's anchor) and the signed checkpoints in the rows' range,
+        from one read transaction."""
+        conn = self.conn
+        conn.execute("BEGIN")
+        try:
+            rows = conn.execute(
+                "SELECT seq, ts, kind, payload, route, principal, chain FROM events "
+                "WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)).fetchall()
+            prev = link_at(conn, after_seq)
+            signed = checkpoints.between(conn, after_seq, rows[-1][0]) if rows else []
+        finally:
+            conn.execute("COMMIT")
+        return rows, prev, signed
 
     def inbox_rows(self, after_seq: int, limit: int) -> list[tuple]:
         """(seq, kind, chat frame or None) after after_seq, in seq order: the
