@@ -28,6 +28,7 @@ from federation import state as forward_state
 from federation.actors.claim_forwarder import ClaimVerdict
 from federation.actors.delivery_sender import DeliveryAnswered
 from federation.actors.watch import Equivocated, Observed
+from federation.state import outbox_of
 from federation.config import FederationConfig
 from federation.handlers import authority as authority_state
 from federation.handlers import (attachment_reads, claims, delivery_forward, forwarding,
@@ -88,6 +89,7 @@ class Federation:
             health_problems=(federation_problems,),
             bind=self.bind,
             restored=self.restored,
+            journal_needs=lambda state: outbox_of(state).oldest_seq(),
             rebuilt=self.rebuilt,
             start=self.start,
             reload=self.reload,

@@ -41,7 +41,8 @@ from hubd.core.plugin import Installed, Plugin
 from hubd.health import OK, journal_problems, judge
 from hubd.journal import chain_checkpoints as checkpoints, snapshots
 from hubd.journal.checkpoint import Checkpointer
-from hubd.journal.restore import Projection, SnapshotPolicy, policy_for, project
+from hubd.journal.restore import (JournalCompacted, Projection, SnapshotPolicy, policy_for,
+                                  project)
 from hubd.journal.files import JournalFileError
 from hubd.journal.store import (CorruptRow, JournalReader, JournalTooNew, NotAHubdJournal,
                                 UnknownKinds)
@@ -112,8 +113,11 @@ class Hub:
     async def load_state(self, use_snapshots: bool = True) -> HubState:
         """The journal's projection: the newest usable snapshot plus the
         events after it (or, use_snapshots=False, a replay from the start)."""
-        projection = await asyncio.get_running_loop().run_in_executor(
-            self._reader_thread, self._project, use_snapshots)
+        try:
+            projection = await asyncio.get_running_loop().run_in_executor(
+                self._reader_thread, self._project, use_snapshots)
+        except JournalCompacted as exc:
+            raise JournalRefused(f"journal {self.config.db}: {exc}") from exc
         self.corrupt_rows = projection.corrupt
         self.unknown_kinds = projection.unknown
         self.metrics.replayed_events += projection.applied

@@ -18,6 +18,7 @@ the rows' hash chain and the signed checkpoints in the page's range
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
 import orjson
 import structlog
@@ -26,6 +27,7 @@ from federation import logscope
 from federation.handlers.receiver import authorise_peer, peer_alive
 from federation.log_chain import served_chain
 from hubd.actors.router import Router
+from hubd.journal.store import PULL_CURSOR_META
 from hubd.core.plugin import Verbs
 from hubd.core.message import Message
 from hubd.state.presence import Session
@@ -70,6 +72,19 @@ def _snapshot(router: Router, target: str, events: list, next_cursor: int,
                          **fields)
     # the events are orjson fragments (their stored text): encoded now, once
     return Message(frame, orjson.dumps(frame))
+
+
+async def _note_pull(hub, peer: str, after: int) -> None:
+    """Where this peer last asked from, in the journal's meta (not an event):
+    `hubd journal compact` keeps what a follower still re-reads
+    (docs/journal.md, "Compaction")."""
+    store = hub.writer.store
+    if store is None:
+        return
+    try:
+        await hub.writer.call(store.set_meta, f"{PULL_CURSOR_META}{peer}", str(after))
+    except sqlite3.Error as exc:
+        log.warning("could not note a peer's log-pull cursor", peer=peer, error=repr(exc))
 
 
 @verbs.handles("multihub_log_request", peers=True)
@@ -122,6 +137,7 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
                                       [cp for cp in signed if cp.seq <= cursor])
         hub.endpoints.deliver(endpoint, _snapshot(router, target, events, cursor, end,
                                                   granted, page_chain))
+        await _note_pull(hub, sender, after)
 
     task = asyncio.get_running_loop().create_task(serve(), name=f"log-pull-{target}")
     serving.add(task)

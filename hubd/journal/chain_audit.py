@@ -15,9 +15,8 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
-import orjson
-
 from hubd.journal import chain, chain_checkpoints as checkpoints
+from hubd.journal.store import chain_anchor
 
 MAX_NAMED = 20  # changed rows named one by one; the rest are counted
 
@@ -37,23 +36,13 @@ class ChainReport:
         return self.broken[0] if self.broken else None
 
 
-def anchor(conn: sqlite3.Connection) -> tuple[int, bytes]:
-    """(seq, link) the chain continues from: (0, GENESIS), or what a
-    compaction recorded."""
-    row = conn.execute("SELECT value FROM meta WHERE key = 'chain_anchor'").fetchone()
-    if row is None:
-        return 0, chain.GENESIS
-    value = orjson.loads(row[0])
-    return int(value["seq"]), bytes.fromhex(value["link"])
-
-
 def audit(conn: sqlite3.Connection, hub_id: str | None) -> ChainReport:
     """Run inside the caller's read transaction (one view of the journal)."""
     report = ChainReport()
     key_row = conn.execute("SELECT value FROM meta WHERE key = 'chain_key'").fetchone()
     journal_key = key_row[0] if key_row else None
     try:
-        start, prev = anchor(conn)
+        start, prev = chain_anchor(conn)
     except (ValueError, KeyError, TypeError) as exc:
         report.problems.append(("meta chain_anchor", f"unreadable: {exc}"))
         return report

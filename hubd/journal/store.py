@@ -35,6 +35,9 @@ log = structlog.get_logger("hubd.journal")
 SCHEMA_VERSION = "2"
 INSERT = ("INSERT INTO events (seq, ts, kind, payload, route, principal, chain) "
           "VALUES (?, ?, ?, ?, ?, ?, ?)")
+# meta key (+ peer) of the after_seq a peer's last log pull asked from
+# (federation/handlers/logpull.py writes it, hubd/journal/compaction.py reads it)
+PULL_CURSOR_META = "pull_after:"
 # Rows per multi-row INSERT: 7 parameters each, well under SQLite's 32,766.
 ROWS_PER_STATEMENT = 1000
 
@@ -145,6 +148,21 @@ def upgrade_chain(conn: sqlite3.Connection) -> None:
                 head=prev.hex(), seconds=round(time.perf_counter() - started, 3))
 
 
+def chain_anchor(conn: sqlite3.Connection) -> tuple[int, bytes]:
+    """(seq, link) the chain continues from: (0, GENESIS), or the last row a
+    compaction dropped and its link (hubd/journal/compaction.py)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'chain_anchor'").fetchone()
+    if row is None:
+        return 0, chain.GENESIS
+    value = json.loads(row[0])
+    return int(value["seq"]), bytes.fromhex(value["link"])
+
+
+def set_chain_anchor(conn: sqlite3.Connection, seq: int, link: bytes) -> None:
+    conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('chain_anchor', ?)",
+                 (json.dumps({"seq": seq, "link": link.hex()}),))
+
+
 def link_at(conn: sqlite3.Connection, seq: int) -> bytes | None:
     """The chain's link at seq: GENESIS at 0, the row's, or a compaction's
     anchor; None where this journal cannot say (a compacted row)."""
@@ -153,12 +171,8 @@ def link_at(conn: sqlite3.Connection, seq: int) -> bytes | None:
     row = conn.execute("SELECT chain FROM events WHERE seq = ?", (seq,)).fetchone()
     if row is not None:
         return bytes(row[0]) if row[0] is not None else None
-    anchored = conn.execute("SELECT value FROM meta WHERE key = 'chain_anchor'").fetchone()
-    if anchored is not None:
-        value = json.loads(anchored[0])
-        if value.get("seq") == seq:
-            return bytes.fromhex(value["link"])
-    return None
+    anchor_seq, anchor_link = chain_anchor(conn)
+    return anchor_link if anchor_seq == seq else None
 
 
 def chain_head(conn: sqlite3.Connection) -> bytes:
