@@ -235,7 +235,8 @@ def _compact(args, db: Path) -> int:
         print("hubd journal compact: the retention must be 0 or more", file=sys.stderr)
         return 2
     try:
-        done = compaction.compact(db, args.keep_after_seq, args.keep_days)
+        installed = Installed(plugins_for(HubConfig(db=db)))
+        done = compaction.compact(db, installed, args.keep_after_seq, args.keep_days)
     except (compaction.CompactRefused, OfflineJournalError, sqlite3.DatabaseError) as exc:
         print(f"hubd journal compact: nothing dropped: {exc}", file=sys.stderr)
         return 2

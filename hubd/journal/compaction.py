@@ -24,10 +24,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hubd.composition import plugins_for
-from hubd.config import HubConfig
-from hubd.core.plugin import Installed
-from hubd.hub import fresh_state
 from hubd.journal import chain_checkpoints as checkpoints, snapshots
 from hubd.journal.offline import exclusive
 from hubd.journal.snapshots import SnapshotInvalid
@@ -75,7 +71,7 @@ def retention_cut(conn: sqlite3.Connection, keep_after_seq: int | None,
     return first_young - 1
 
 
-def _newest_snapshot(conn, db: Path, hub_id: str, installed: Installed):
+def _newest_snapshot(conn, db: Path, hub_id: str, installed):
     """The newest snapshot that is whole, of this journal, and readable; its
     state. The running hub's flags may differ from the defaults this reads
     with, so the fingerprint is not required here: a hub that cannot use it
@@ -96,14 +92,14 @@ def _newest_snapshot(conn, db: Path, hub_id: str, installed: Installed):
     return None
 
 
-def plan(conn: sqlite3.Connection, db: Path, keep_after_seq: int | None,
+def plan(conn: sqlite3.Connection, db: Path, installed, keep_after_seq: int | None,
          keep_days: float | None, now: float | None = None) -> CompactPlan:
+    """`installed`: the plugins of the hub's configuration (their appliers
+    read the snapshot, their journal_needs say what it still reads)."""
     now = time.time() if now is None else now
     requested = retention_cut(conn, keep_after_seq, keep_days, now)
     result = CompactPlan(requested)
     hub_id = (conn.execute("SELECT value FROM meta WHERE key = 'hub_id'").fetchone() or [""])[0]
-    config = HubConfig(db=db)
-    installed = Installed(plugins_for(config))
     found = _newest_snapshot(conn, db, hub_id, installed)
     if found is None:
         raise CompactRefused("no usable snapshot beside the journal: every row is still needed "
@@ -127,12 +123,12 @@ def plan(conn: sqlite3.Connection, db: Path, keep_after_seq: int | None,
     return result
 
 
-def compact(db: str | Path, keep_after_seq: int | None, keep_days: float | None,
+def compact(db: str | Path, installed, keep_after_seq: int | None, keep_days: float | None,
             now: float | None = None) -> CompactPlan:
     """Plan and drop, under the exclusive lock (the hub stopped)."""
     db = Path(db)
     with exclusive(db) as conn:
-        result = plan(conn, db, keep_after_seq, keep_days, now)
+        result = plan(conn, db, installed, keep_after_seq, keep_days, now)
         if result.cut <= 0:
             return result
         link = conn.execute("SELECT chain FROM events WHERE seq = ?", (result.cut,)).fetchone()
