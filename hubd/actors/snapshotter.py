@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-import sys
 import sqlite3
+import sys
 import time
 
 import orjson
@@ -99,7 +99,6 @@ class Snapshotter:
                       reason=report.get("error", "the worker died (see its log lines above)"),
                       seconds=round(seconds, 3))
         return {"outcome": outcome, "seconds": seconds, **report}
-
 
     async def _checkpoint(self, seq: int) -> None:
         """Every snapshot's seq gets a signed checkpoint of the chain there

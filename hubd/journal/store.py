@@ -11,8 +11,8 @@ own connections (WAL lets them read beside the writer).
 from __future__ import annotations
 
 import functools
-import json
 import itertools
+import json
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -176,10 +176,11 @@ def link_at(conn: sqlite3.Connection, seq: int) -> bytes | None:
 
 
 def chain_head(conn: sqlite3.Connection) -> bytes:
-    """The link of the last row (GENESIS for an empty journal)."""
+    """The link of the last row (for a journal without rows, GENESIS, or the
+    anchor of a compaction that dropped them all)."""
     row = conn.execute("SELECT chain FROM events ORDER BY seq DESC LIMIT 1").fetchone()
     if row is None:
-        return chain.GENESIS
+        return chain_anchor(conn)[1]
     if row[0] is None:
         raise sqlite3.DatabaseError("the journal's last row has no hash-chain link "
                                     "(written by a tool that does not chain rows)")
@@ -260,7 +261,7 @@ class JournalStore:
         self.signer: checkpoints.Signer | None = None  # once the hub knows its id and key
 
     def start_signing(self, hub_id: str, private, every: int) -> None:
-        """Checkpoints from now on (hubd/journal/checkpoints.py); the head as
+        """Checkpoints from now on (hubd/journal/chain_checkpoints.py); the head as
         it is now is signed if the last checkpoint is older than it."""
         self.signer = checkpoints.Signer(self.conn, hub_id, private, every)
         seq = self.max_seq()
@@ -301,9 +302,9 @@ class JournalStore:
         if self.signer is not None:
             try:
                 self.signer.committed(rows)
-            except sqlite3.Error as exc:  # the rows are committed; the next commit tries again
-                log.warning("journal checkpoint not written; the next commit tries again",
-                            seq=rows[-1][0], error=repr(exc))
+            except sqlite3.Error as exc:  # the rows are committed all the same
+                log.warning("journal checkpoint not written; the next is at the next multiple "
+                            "of --checkpoint-every", seq=rows[-1][0], error=repr(exc))
 
     def _append_many(self, rows: list[tuple]) -> None:
         conn = self.conn
