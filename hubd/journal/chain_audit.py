@@ -39,6 +39,10 @@ class ChainReport:
 def audit(conn: sqlite3.Connection, hub_id: str | None) -> ChainReport:
     """Run inside the caller's read transaction (one view of the journal)."""
     report = ChainReport()
+    if "chain" not in {row[1] for row in conn.execute("PRAGMA table_info(events)")}:
+        report.problems.append(("journal", "no hash chain: written by a hubd from before it; "
+                                           "a start of this hubd links it in place, once"))
+        return report
     key_row = conn.execute("SELECT value FROM meta WHERE key = 'chain_key'").fetchone()
     journal_key = key_row[0] if key_row else None
     try:

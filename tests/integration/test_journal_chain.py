@@ -123,6 +123,8 @@ def test_a_journal_from_before_the_chain_is_linked_in_place_once(tmp_path):
         conn.execute("DELETE FROM meta WHERE key = 'chain_key'")
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     conn.close()
+    code, out = verify(db)  # read-only: it says what a start will do
+    assert code == 1 and "FAULT journal: no hash chain" in out, out
     hub = hubd_process(tmp_path, "--checkpoint-every", str(EVERY)).start()
     try:
         assert "journal upgraded in place: hash chain computed over its existing rows" in hub.log()
