@@ -163,8 +163,9 @@ class ChainWatch:
             try:
                 checkpoint = checkpoints.from_json(value)
             except checkpoints.CheckpointInvalid as exc:
-                raise ChainBroken(self.peer, value.get("seq", 0) if isinstance(value, dict)
-                                  else 0, "", "", str(exc)) from None
+                seq = value.get("seq") if isinstance(value, dict) else None
+                raise ChainBroken(self.peer, seq if type(seq) is int else 0, "", "",
+                                  str(exc)) from None
             before = self.checkpoints.get(checkpoint.seq)
             if before is not None and checkpoints.conflict(before, checkpoint):
                 raise CheckpointEquivocation(self.peer, before, checkpoint)
