@@ -62,6 +62,7 @@ class Federation:
         self.peer_links = None  # federation.actors.peers.PeerLinks: one link per peer hub
         self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
         self.log_pulls: set = set()  # log pulls being read (handlers/logpull.py bounds them)
+        self.pulls_noted: dict[str, int] = {}  # peer -> the after_seq last noted in the journal
 
     def plugin(self) -> Plugin:
         verbs: dict = {}

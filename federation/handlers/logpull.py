@@ -41,6 +41,7 @@ verbs = Verbs()
 MAX_EVENTS = 2000  # per snapshot; a follower pages by asking again from next_cursor
 MAX_BYTES = 4 * 1024 * 1024
 CHAIN_BYTES = 200  # an event's entry in the page's chain field, at most
+NOTE_STEP = 500  # a peer's pull cursor is noted again once it moved this far (_note_pull)
 # pulls read at once, for all peers: a follower asks for one page at a time, so
 # more is a peer pipelining requests; the rest get "nothing now" and ask again
 IN_FLIGHT = 8
@@ -75,15 +76,21 @@ def _snapshot(router: Router, target: str, events: list, next_cursor: int,
 
 
 async def _note_pull(hub, peer: str, after: int) -> None:
-    """Where this peer last asked from, in the journal's meta (not an event):
-    `hubd journal compact` keeps what a follower still re-reads
-    (docs/journal.md, "Compaction")."""
+    """Where this peer asks from, in the journal's meta (not an event): `hubd
+    journal compact` keeps what a follower still re-reads (docs/journal.md,
+    "Compaction"). Written when it goes back, or forward by NOTE_STEP: each
+    write is a commit (an fsync) on the writer's thread, and a value behind
+    the truth only keeps more rows."""
+    noted = hub.federation.pulls_noted
+    last = noted.get(peer)
     store = hub.writer.store
-    if store is None:
+    if store is None or (last is not None and last <= after < last + NOTE_STEP):
         return
+    noted[peer] = after
     try:
         await hub.writer.call(store.set_meta, f"{PULL_CURSOR_META}{peer}", str(after))
     except sqlite3.Error as exc:
+        noted.pop(peer, None)
         log.warning("could not note a peer's log-pull cursor", peer=peer, error=repr(exc))
 
 
