@@ -378,18 +378,16 @@ class JournalReader:
     def chain_page(self, after_seq: int, limit: int) -> tuple[list[tuple], bytes | None, list]:
         """A log pull's rows after after_seq, (seq, ts, kind, payload, route,
         principal, link), the link at after_seq (None: not held here, below
-        a compaction's anchor) and the signed checkpoints in the rows' range,
-        from one read transaction."""
+        a compaction's anchor) and the signed checkpoints in the rows' range.
+        Three statements, no transaction: the reader threads share this
+        connection, and committed rows and checkpoints never change under a
+        running hub."""
         conn = self.conn
-        conn.execute("BEGIN")
-        try:
-            rows = conn.execute(
-                "SELECT seq, ts, kind, payload, route, principal, chain FROM events "
-                "WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)).fetchall()
-            prev = link_at(conn, after_seq)
-            signed = checkpoints.between(conn, after_seq, rows[-1][0]) if rows else []
-        finally:
-            conn.execute("COMMIT")
+        rows = conn.execute(
+            "SELECT seq, ts, kind, payload, route, principal, chain FROM events "
+            "WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)).fetchall()
+        prev = link_at(conn, after_seq)
+        signed = checkpoints.between(conn, after_seq, rows[-1][0]) if rows else []
         return rows, prev, signed
 
     def inbox_rows(self, after_seq: int, limit: int) -> list[tuple]:
