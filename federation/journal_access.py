@@ -9,10 +9,8 @@ Two jobs, both outside a running hub:
   run beside the live peer hub). An encrypted (SQLCipher) reference journal is
   not readable and is reported as such.
 - append one operator row (the equivocation recovery) to a *stopped* hubd
-  journal, at the next seq. "Stopped" is checked, not assumed: the write takes
-  SQLite's exclusive lock without waiting, which a running hub's open journal
-  connection prevents, so the ceremony cannot race a live process that would
-  keep its in-memory quarantine and never see the row.
+  journal, at the next seq, linked into its hash chain (hubd/journal/offline.py
+  checks "stopped").
 """
 
 from __future__ import annotations
@@ -25,7 +23,9 @@ from typing import Callable
 
 import orjson
 
-from hubd.journal.store import INSERT
+from hubd.journal import chain, offline
+from hubd.journal.offline import OfflineJournalError, exclusive
+from hubd.journal.store import INSERT, chain_head
 from hubd.state.events import Event
 
 HUBD = "hubd"
@@ -120,27 +120,8 @@ def append_operator_row(path: str | Path, kind: str,
     Raises HubRunning when another process has the journal open, JournalError
     for a missing or non-hubd journal."""
     path = Path(path)
-    if not path.is_file():
-        raise JournalError(f"journal not found: {path}")
     try:
-        conn = sqlite3.connect(f"file:{path.resolve()}?mode=rw", uri=True,
-                               isolation_level=None, timeout=0)
-    except sqlite3.Error as exc:
-        raise JournalError(f"cannot open {path} for writing: {exc}") from exc
-    try:
-        try:
-            # EXCLUSIVE locking in WAL mode: the lock is taken on the database
-            # file itself and held until close, so any other open connection
-            # (a running hub always has one) makes this fail at once.
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-            conn.execute("BEGIN EXCLUSIVE")
-        except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
-                raise HubRunning(f"{path} is in use by another process; stop the hub first "
-                                 "and run this again") from exc
-            raise JournalError(f"cannot lock {path}: {exc}") from exc
-        try:
+        with exclusive(path) as conn:
             schema = _schema(conn, path)
             if schema != HUBD:
                 raise JournalError(
@@ -160,12 +141,9 @@ def append_operator_row(path: str | Path, kind: str,
             payload = build(rows)
             seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0] + 1
             event = Event(seq, time.time() if now is None else now, kind, payload)
-            conn.execute(INSERT, event.row())
-            conn.execute("COMMIT")
+            conn.execute(INSERT, (*event.row(), chain.row_link(chain_head(conn), event.row())))
             return event
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-    finally:
-        conn.close()
+    except offline.HubRunning as exc:
+        raise HubRunning(str(exc)) from exc
+    except OfflineJournalError as exc:
+        raise JournalError(str(exc)) from exc

@@ -59,7 +59,12 @@ class Unfingerprintable(MergeError, ValueError):
 
 
 class Equivocation(MergeError):
-    """One identity (hub_id, seq) presented with two different contents."""
+    """One identity (hub_id, seq) presented with two different contents.
+    (federation/log_chain.py adds the chain's kinds: a broken chain, two
+    signed heads for one seq; each quarantines the peer alike.)"""
+
+    reason = "conflicting_offer"
+    proof: list | None = None  # signed evidence a third party can check, if any
 
     def __init__(self, hub_id: str, seq: int, accepted_fingerprint: str,
                  offered_fingerprint: str):

@@ -209,8 +209,14 @@ def _cmd_status(args) -> int:
         print(f"quarantined peers ({len(quarantined)}; not polled until "
               "`hubd multihub recover`):")
         for peer, q in sorted(quarantined.items()):
-            print(f"  {peer}: equivocated at seq {q.seq} (accepted "
+            what = {"chain_broken": "hash chain broken",
+                    "checkpoint_equivocation": "signed two heads"}.get(q.reason, "equivocated")
+            print(f"  {peer}: {what} at seq {q.seq} (accepted "
                   f"{q.accepted_fingerprint[:16]}…, offered {q.conflicting_fingerprint[:16]}…)")
+            for checkpoint in q.proof:  # both signed by the peer's key: checkable by anyone
+                print(f"    proof: hub {checkpoint.get('hub_id')} seq {checkpoint.get('seq')} "
+                      f"head {checkpoint.get('head')} key {checkpoint.get('key')} "
+                      f"signature {checkpoint.get('signature')}")
     else:
         print("quarantined peers: none")
     return EXIT_OK

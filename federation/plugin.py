@@ -28,6 +28,7 @@ from federation import state as forward_state
 from federation.actors.claim_forwarder import ClaimVerdict
 from federation.actors.delivery_sender import DeliveryAnswered
 from federation.actors.watch import Equivocated, Observed
+from federation.state import outbox_of
 from federation.config import FederationConfig
 from federation.handlers import authority as authority_state
 from federation.handlers import (attachment_reads, claims, delivery_forward, forwarding,
@@ -61,6 +62,7 @@ class Federation:
         self.peer_links = None  # federation.actors.peers.PeerLinks: one link per peer hub
         self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
         self.log_pulls: set = set()  # log pulls being read (handlers/logpull.py bounds them)
+        self.pulls_noted: dict[str, int] = {}  # peer -> the after_seq last noted in the journal
 
     def plugin(self) -> Plugin:
         verbs: dict = {}
@@ -88,6 +90,7 @@ class Federation:
             health_problems=(federation_problems,),
             bind=self.bind,
             restored=self.restored,
+            journal_needs=lambda state: outbox_of(state).oldest_seq(),
             rebuilt=self.rebuilt,
             start=self.start,
             reload=self.reload,

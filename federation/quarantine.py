@@ -71,7 +71,12 @@ def equivocation_payload(error: Equivocation, observer_id: str, detected_at: flo
             "accepted_fingerprint": error.accepted_fingerprint,
             "conflicting_fingerprint": error.offered_fingerprint,
             "detected_at": float(detected_at),
-            "status": "quarantined"}
+            "status": "quarantined",
+            # what was caught (federation/log_chain.py): conflicting_offer,
+            # chain_broken, checkpoint_equivocation; and for the last the two
+            # signed checkpoints, the proof a third party can check
+            "reason": error.reason,
+            **({"proof": error.proof} if error.proof else {})}
 
 
 def recovery_payload(peer_id: str, operator: str, reason: str, new_log_generation: str,
@@ -103,12 +108,18 @@ class Quarantine:
     conflicting_fingerprint: str
     detected_at: float
     observer_id: str
+    reason: str = "conflicting_offer"
+    proof: tuple = ()  # two signed checkpoints (checkpoint_equivocation)
 
     def to_json(self) -> dict:
-        return {"peer_id": self.peer_id, "seq": self.seq,
-                "accepted_fingerprint": self.accepted_fingerprint,
-                "conflicting_fingerprint": self.conflicting_fingerprint,
-                "detected_at": self.detected_at, "observer_id": self.observer_id}
+        out = {"peer_id": self.peer_id, "seq": self.seq,
+               "accepted_fingerprint": self.accepted_fingerprint,
+               "conflicting_fingerprint": self.conflicting_fingerprint,
+               "detected_at": self.detected_at, "observer_id": self.observer_id,
+               "reason": self.reason}
+        if self.proof:
+            out["proof"] = list(self.proof)
+        return out
 
 
 def active_quarantines(rows: Iterable) -> dict[str, Quarantine]:
@@ -143,9 +154,15 @@ def active_quarantines(rows: Iterable) -> dict[str, Quarantine]:
             detected = getattr(row, "ts", 0.0) if not isinstance(row, Mapping) else row.get(
                 "ts", 0.0)
         observer = payload.get("observer_id")
+        reason = payload.get("reason")
+        proof = payload.get("proof")
+        proof = tuple(proof) if isinstance(proof, list) and len(proof) == 2 and all(
+            isinstance(item, Mapping) for item in proof) else ()
         active[peer] = Quarantine(peer, seq, fingerprints[0], fingerprints[1],
                                   float(detected or 0.0),
-                                  observer if isinstance(observer, str) else "")
+                                  observer if isinstance(observer, str) else "",
+                                  reason if isinstance(reason, str) else "conflicting_offer",
+                                  proof)
     return active
 
 

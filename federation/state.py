@@ -111,6 +111,11 @@ class ForwardOutbox:
         rows = self.by_peer.get(peer)
         return next(iter(rows.values())) if rows else None
 
+    def oldest_seq(self) -> int | None:
+        """The oldest unsettled forward's chat: the sender reads it back by seq."""
+        oldest = [next(iter(rows.values())).seq for rows in self.by_peer.values() if rows]
+        return min(oldest) if oldest else None
+
     def after(self, peer: str, after_seq: int, limit: int) -> list[int]:
         """The seqs of up to `limit` unsettled forwards to `peer` after `after_seq`."""
         seqs: list[int] = []

@@ -23,7 +23,7 @@ from hubd import __version__, config_file, logs
 from hubd.config_file import ConfigProblems, Layers
 from hubd.config import (BROKER_SOCKET_SUFFIX, BROKER_TOKEN_SUFFIX, DEFAULT_DB, DEFAULT_PORT,
                          DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS, DEFAULT_QUOTA_WINDOW,
-                         DEFAULT_SNAPSHOT_EVENTS, BrokerConfig, HubConfig, broker_files_beside)
+                         DEFAULT_SNAPSHOT_EVENTS, DEFAULT_CHECKPOINT_EVENTS, BrokerConfig, HubConfig, broker_files_beside)
 from federation.config import FederationConfigError, build_federation_config
 from hubd.http.host_trust import AuthorityError, parse_advertised
 from hubd.security_cli import add_security_flags, security_config
@@ -126,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
                             f"(default {TIMING.snapshot_interval:g})")
     store.add_argument("--snapshot-keep", type=int, default=2, metavar="N",
                        help="snapshots kept beside the journal, the newest (default 2)")
+    store.add_argument("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVENTS,
+                       metavar="EVENTS",
+                       help="sign the journal's hash-chain head at least once per this many "
+                            f"events, and at every snapshot (default {DEFAULT_CHECKPOINT_EVENTS:,};"
+                            " 0: only at snapshots; docs/journal.md)")
     auth = parser.add_argument_group("authentication")
     auth.add_argument("--token", help="shared-secret connect token (off by default)")
     auth.add_argument("--token-file", help="read the connect token from this file")
@@ -375,6 +380,8 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
     positive("durable_ingress_window", "pending_receipts", "snapshot_keep")
     if args.snapshot_every < 0:
         problems.append("--snapshot-every must be 0 or positive")
+    if args.checkpoint_every < 0:
+        problems.append("--checkpoint-every must be 0 or positive")
     timing = timing_from_args(args, problems)
     advertised = frozenset()
     try:
@@ -434,7 +441,8 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
         redsyn_limits=redsyn_limits, broker=broker,
         warn_stale_recipients=args.warn_stale_recipients,
         pending_receipts=args.pending_receipts, timing=timing, security=security,
-        snapshot_events=args.snapshot_every, snapshot_keep=args.snapshot_keep)
+        snapshot_events=args.snapshot_every, snapshot_keep=args.snapshot_keep,
+        checkpoint_events=args.checkpoint_every)
 
 
 def _broker_config(args: argparse.Namespace, problems: list[str]) -> BrokerConfig | None:

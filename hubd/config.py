@@ -26,6 +26,9 @@ DEFAULT_QUOTA_WINDOW = 60.0
 # A restart replays at most about this many events after the newest snapshot
 # (~10 us each): half a second.
 DEFAULT_SNAPSHOT_EVENTS = 50_000
+# a signed checkpoint of the journal's hash chain at least once per this many
+# events (hubd/journal/checkpoints.py): a log pull's page (1,000) holds one
+DEFAULT_CHECKPOINT_EVENTS = 1000
 
 
 # The broker's default socket and token file are named after the journal and
@@ -132,6 +135,8 @@ class HubConfig:
     snapshot_events: int = DEFAULT_SNAPSHOT_EVENTS
     snapshot_keep: int = 2
     snapshot_max_bytes: int = 1 << 30
+    # a signed checkpoint of the hash chain's head this often (0: only at snapshots)
+    checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS
     # every deadline, period and back-off of the hub (hubd/timing.py)
     timing: Timing = field(default_factory=Timing)
     security: SecurityConfig = field(default_factory=SecurityConfig)

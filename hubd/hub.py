@@ -39,13 +39,15 @@ from hubd.core.endpoints import Endpoints
 from hubd.core.message import CLOSE_GOING_AWAY
 from hubd.core.plugin import Installed, Plugin
 from hubd.health import OK, journal_problems, judge
-from hubd.journal import snapshots
+from hubd.journal import chain_checkpoints as checkpoints, snapshots
 from hubd.journal.checkpoint import Checkpointer
-from hubd.journal.restore import Projection, SnapshotPolicy, policy_for, project
+from hubd.journal.restore import (JournalCompacted, Projection, SnapshotPolicy, policy_for,
+                                  project)
 from hubd.journal.files import JournalFileError
 from hubd.journal.store import (CorruptRow, JournalReader, JournalTooNew, NotAHubdJournal,
                                 UnknownKinds)
 from hubd.metrics import HubMetrics
+from hubd.owner_only import OwnerOnlyFileError
 from hubd.state.hub import HubState
 from hubd.wire.envelope import PROTOCOL_VERSION
 
@@ -111,8 +113,11 @@ class Hub:
     async def load_state(self, use_snapshots: bool = True) -> HubState:
         """The journal's projection: the newest usable snapshot plus the
         events after it (or, use_snapshots=False, a replay from the start)."""
-        projection = await asyncio.get_running_loop().run_in_executor(
-            self._reader_thread, self._project, use_snapshots)
+        try:
+            projection = await asyncio.get_running_loop().run_in_executor(
+                self._reader_thread, self._project, use_snapshots)
+        except JournalCompacted as exc:
+            raise JournalRefused(f"journal {self.config.db}: {exc}") from exc
         self.corrupt_rows = projection.corrupt
         self.unknown_kinds = projection.unknown
         self.metrics.replayed_events += projection.applied
@@ -211,6 +216,12 @@ class Hub:
         self.hub_id = self.config.hub_id or stored or f"hubd-{secrets.token_hex(4)}"
         if stored != self.hub_id:
             await self.writer.call(store.set_meta, "hub_id", self.hub_id)
+        try:
+            chain_key = checkpoints.load_or_create_key(self.config.db)
+        except (OwnerOnlyFileError, OSError) as exc:
+            raise JournalRefused(f"journal {self.config.db}: {exc}") from exc
+        await self.writer.call(store.start_signing, self.hub_id, chain_key,
+                               self.config.checkpoint_events)
         await self.identity.open()
         self.snapshot_policy = policy_for(self.config.db, self.hub_id, self.fresh_state,
                                           self.config.snapshot_max_bytes)

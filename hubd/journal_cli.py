@@ -3,7 +3,9 @@ snapshots what a hub can trust (docs/journal.md, "Verifying")?
 
 One replay of the journal from its start, on a read-only connection (a
 running hub is not disturbed): every row must decode and be of a kind this
-hubd knows; every snapshot beside it must be whole (checksum, format), of
+hubd knows, and its hash-chain link must hold (hubd/journal/chain_audit.py:
+the first bad seq is named); every signed checkpoint must hold and name the
+chain's link at its seq; every snapshot beside it must be whole (checksum, format), of
 this journal (hub id, the digest of its row), readable, and equal to the
 replay at its seq. A snapshot written by another hubd version or with other
 flags is reported as one a hub would pass over (not a fault: the hub
@@ -25,12 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hubd.composition import plugins_for
-from hubd.config import DEFAULT_DB, HubConfig
+from hubd.config import HubConfig, journal_command
 from hubd.core.plugin import Installed
 from hubd.hub import fresh_state
-from hubd.journal import snapshots
+from hubd.journal import chain_audit, compaction, snapshots
+from hubd.journal.offline import OfflineJournalError
 from hubd.journal.snapshots import SnapshotInvalid
-from hubd.journal.store import CorruptRow, JournalReader, UnknownKinds
+from hubd.journal.store import CorruptRow, JournalReader, UnknownKinds, chain_anchor
 from hubd.state.frozen import FrozenStateError, canonical, fingerprint, thaw
 from hubd.state.hub import apply
 
@@ -54,6 +57,7 @@ class Report:
     last_seq: int = 0
     problems: list[dict] = field(default_factory=list)
     snapshots: list[SnapshotReport] = field(default_factory=list)
+    chain: dict = field(default_factory=dict)  # the hash chain's audit (chain_audit.py)
 
     def fault(self, where: str, what: str) -> None:
         self.problems.append({"where": where, "what": what})
@@ -70,24 +74,33 @@ def verify(db: Path) -> Report:
         reader.conn.execute("BEGIN")  # one view of the journal, however long this takes
         row = reader.conn.execute("SELECT value FROM meta WHERE key = 'hub_id'").fetchone()
         report.hub_id = row[0] if row else None
-        waiting = _snapshots_to_compare(reader, db, report, ours, installed.appliers)
-        state = fresh()
+        anchor = chain_anchor(reader.conn)[0]
+        waiting = _snapshots_to_compare(reader, db, report, ours, installed.appliers, anchor)
+        state, base = _base(db, anchor, waiting, fresh, installed.appliers, report)
         corrupt: list[CorruptRow] = []
         unknown = UnknownKinds()
         for event in reader.replay(corrupt=corrupt):
             if event.kind not in state.appliers:
                 unknown.count(event)
-            apply(state, event)
             report.rows += 1
+            if event.seq <= base:  # in the base snapshot's state already
+                continue
+            apply(state, event)
             if event.seq in waiting:
                 _compare(waiting.pop(event.seq), state, report)
         report.last_seq = state.last_seq
         for seq, (entry, _) in waiting.items():  # a corrupt row at its seq: never reached
             entry.status, entry.detail = "invalid", f"the replay never reached seq {seq}"
             report.fault(f"snapshot {entry.file}", entry.detail)
+        audited = chain_audit.audit(reader.conn, report.hub_id)
         reader.conn.execute("COMMIT")
     finally:
         reader.close()
+    report.chain = {"head": audited.head, "rows": audited.rows,
+                    "checkpoints": audited.checkpoints, "anchor_seq": audited.anchor_seq,
+                    "first_bad_seq": audited.first_bad_seq}
+    for where, what in audited.problems:
+        report.fault(where, what)
     for bad in corrupt:
         report.fault(f"row {bad.seq}", f"undecodable {bad.kind} row: {bad.error}")
     if unknown.events:
@@ -97,13 +110,37 @@ def verify(db: Path) -> Report:
     return report
 
 
-def _snapshots_to_compare(reader, db: Path, report: Report, ours: str, appliers) -> dict:
+def _base(db: Path, anchor: int, waiting: dict, fresh, appliers, report: Report):
+    """The state the replay starts from, and its seq: empty at 0, or for a
+    journal compacted through `anchor`, the oldest readable snapshot after it
+    (the rows before it are gone; a hub starts from a snapshot too)."""
+    if not anchor:
+        return fresh(), 0
+    seq = min((s for s in waiting if s > anchor), default=None)
+    if seq is None:
+        report.fault(f"row {anchor}", "the journal was compacted through this seq and no "
+                                      "snapshot after it can be read: its state cannot be "
+                                      "rebuilt")
+        return fresh(), 1 << 62
+    entry, _ = waiting.pop(seq)
+    file = next(f for f in snapshots.listed(snapshots.snapshot_dir(db)) if f.seq == seq)
+    state, _ = thaw(snapshots.read(file, 1 << 40)[1], appliers)
+    entry.detail = "the base the compacted journal's rows after it are replayed on"
+    return state, seq
+
+
+def _snapshots_to_compare(reader, db: Path, report: Report, ours: str, appliers,
+                          anchor: int) -> dict:
     """Check each snapshot file on its own; those this hubd can read, by seq,
     with their state, to compare with the replay when it gets there."""
     waiting: dict = {}
     for file in sorted(snapshots.listed(snapshots.snapshot_dir(db)), key=lambda f: f.seq):
         entry = SnapshotReport(file.path.name, file.seq, file.path.stat().st_size)
         report.snapshots.append(entry)
+        if file.seq <= anchor:
+            entry.status = "compacted"
+            entry.detail = "its row was compacted away: a hub passes over it"
+            continue
         try:
             header, body = snapshots.read(file, 1 << 40)
             if header.get("hub_id") != report.hub_id:
@@ -143,6 +180,13 @@ def _print(report: Report) -> None:
         print(f"  snapshot {entry.file} ({entry.bytes:,} bytes): {entry.status}: {entry.detail}")
     if not report.snapshots:
         print("  no snapshots")
+    chain = report.chain
+    if chain:
+        bad = chain["first_bad_seq"]
+        print(f"  hash chain: {chain['rows']:,} rows from "
+              f"{'seq ' + str(chain['anchor_seq']) if chain['anchor_seq'] else 'the start'}, "
+              f"head {chain['head'][:16]}.., {chain['checkpoints']} signed checkpoint(s)"
+              + (f"; first bad seq {bad}" if bad is not None else ""))
     for problem in report.problems:
         print(f"FAULT {problem['where']}: {problem['what']}")
     print("ok" if not report.problems else f"{len(report.problems)} fault(s)")
@@ -150,18 +194,27 @@ def _print(report: Report) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="hubd journal",
-                                     description="Check a hub's journal and snapshots.")
+                                     description="Check or compact a hub's journal.")
     sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("verify", help="replay the journal once and check every row and "
-                           "snapshot (exit 0: nothing wrong; 1: faults, each named)")
-    check.add_argument("--db", default=DEFAULT_DB,
-                       help=f"the hub's journal database (default ./{DEFAULT_DB})")
-    check.add_argument("--json", action="store_true", help="print JSON")
+    journal_command(sub, "verify", "replay the journal once and check every row, the hash "
+                    "chain, its signed checkpoints and every snapshot (exit 0: nothing wrong; "
+                    "1: faults, each named)")
+    compact = journal_command(
+        sub, "compact", "drop the event rows the newest snapshot makes unnecessary, as far "
+        "as the retention given allows, never what the mailbox, unsettled forwards or peers' "
+        "log pulls still read (the hub stopped; docs/journal.md)")
+    keep = compact.add_mutually_exclusive_group(required=True)
+    keep.add_argument("--keep-after-seq", type=int, metavar="N",
+                      help="keep every row after seq N")
+    keep.add_argument("--keep-days", type=float, metavar="D",
+                      help="keep every row from the first one younger than D days on")
     args = parser.parse_args(argv)
     db = Path(args.db)
     if not db.is_file():
         print(f"hubd journal: no journal at {db}", file=sys.stderr)
         return 2
+    if args.command == "compact":
+        return _compact(args, db)
     try:
         report = verify(db)
     except sqlite3.DatabaseError as exc:
@@ -174,3 +227,27 @@ def main(argv: list[str]) -> int:
     else:
         _print(report)
     return 1 if report.problems else 0
+
+
+def _compact(args, db: Path) -> int:
+    if (args.keep_after_seq is not None and args.keep_after_seq < 0) or (
+            args.keep_days is not None and not args.keep_days >= 0):
+        print("hubd journal compact: the retention must be 0 or more", file=sys.stderr)
+        return 2
+    try:
+        installed = Installed(plugins_for(HubConfig(db=db)))
+        done = compaction.compact(db, installed, args.keep_after_seq, args.keep_days)
+    except (compaction.CompactRefused, OfflineJournalError, sqlite3.DatabaseError) as exc:
+        print(f"hubd journal compact: nothing dropped: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(done.to_json(), indent=2))
+        return 0
+    limits = ", ".join(f"{name} {seq}" for name, seq in sorted(done.limits.items()))
+    if done.cut:
+        print(f"dropped {done.dropped:,} rows through seq {done.cut} (anchored at the signed "
+              f"checkpoint there); newest snapshot at seq {done.snapshot_seq}")
+    else:
+        print("nothing dropped: no signed checkpoint at or below what may go")
+    print(f"  retention allows through seq {done.requested}; limits: {limits}")
+    return 0

@@ -1,7 +1,8 @@
 """WatchFollower: the actor that follows one watched peer's event log.
 
 One per `--multihub-watch` peer. It pulls the peer's log over the peer's link
-(bounded pages, an overlap re-read so a rewritten history is caught), merges
+(bounded pages, an overlap re-read so a rewritten history is caught), checks
+the pages' hash chain and signed checkpoints (federation/log_chain.py), merges
 it (federation/merge.py), folds it (fold.py) and sends what the peer asserts
 as a message (Observed, or Equivocated) to whoever started it; the Router
 turns those into journaled partition, heal and equivocation rows. It never
@@ -27,6 +28,7 @@ import structlog
 from federation.clock import SYSTEM, wait_for
 from federation.fold import FOLDED_KINDS, asserting_hubs, fold
 from federation.actors.link_socket import LinkError
+from federation.log_chain import ChainWatch
 from federation.log_model import Equivocation, MergeError
 from federation.log_snapshot import decode_snapshot
 from federation.merge import MergedLog
@@ -109,6 +111,7 @@ class WatchFollower:
         self.clock = clock
         self.inbox: asyncio.Queue = asyncio.Queue(1)
         self._merged = MergedLog(retain=FOLDED_KINDS.__contains__)
+        self._chain = ChainWatch(peer)  # the peer's hash chain and checkpoints, as served
         self._status = WatchStatus(peer, quarantined=quarantined)
 
     # -- messages in (from other tasks on this loop; never block)
@@ -165,16 +168,17 @@ class WatchFollower:
                      "payload": "", "after_seq": after, "limit": PAGE},
                     None, reply_type="multihub_log_snapshot"), self.pull_timeout)
                 snapshot = decode_snapshot(answer)
+                self._chain.check(after, snapshot.events, answer.get("chain"))
                 result = self._merged.accept(self.peer, after, snapshot.events,
                                              snapshot.next_cursor, snapshot.log_end_seq)
                 if result.refused or result.caught_up:
                     break
-        except Equivocation as exc:
+        except Equivocation as exc:  # a conflicting offer, a broken chain, two signed heads
             status.quarantined = True
-            status.last_error = f"equivocation at seq {exc.seq}"
+            status.last_error = f"{exc.reason.replace('_', ' ')} at seq {exc.seq}"
             log.error("peer equivocated; quarantined until an operator recovers it",
-                      peer=self.peer, seq=exc.seq, accepted=exc.accepted_fingerprint,
-                      offered=exc.offered_fingerprint)
+                      peer=self.peer, reason=exc.reason, seq=exc.seq, error=str(exc),
+                      accepted=exc.accepted_fingerprint, offered=exc.offered_fingerprint)
             self.tell(Equivocated(self.peer, exc, self.snapshot()))
             return True
         except (LinkError, MergeError, TimeoutError) as exc:

@@ -24,6 +24,7 @@ import secrets
 from dataclasses import dataclass, field
 
 import structlog
+from prometheus_client import Counter
 
 from federation.actors.claim_forwarder import ClaimForwarder, ClaimVerdict
 from federation.config import FederationConfig
@@ -87,6 +88,10 @@ class Authority:
                                               timeout=hub.config.timing.claim_answer)
         self.quarantined: set[str] = set()
         metrics = hub.metrics
+        self.refusals = Counter("hubd_watch_quarantines",
+                                "Watched peers quarantined, by why: conflicting_offer, "
+                                "chain_broken, checkpoint_equivocation.",
+                                ["peer", "reason"], registry=metrics.registry)
         metrics.gauge("hubd_namespace_partitioned",
                       "1 while a governed namespace refuses claims as contested, else 0.",
                       lambda: {ns: int(ns in self.detector.partitioned())
@@ -161,6 +166,7 @@ class Authority:
         if peer in self.quarantined:
             return
         self.quarantined.add(peer)
+        self.refusals.labels(peer, error.reason).inc()
         router.event(MULTIHUB_EQUIVOCATION,
                      equivocation_payload(error, self.hub.hub_id, router.now))
 

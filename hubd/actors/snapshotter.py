@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import sqlite3
 import sys
 import time
 
@@ -90,12 +91,26 @@ class Snapshotter:
                      seq=report.get("seq"), bytes=report.get("bytes"),
                      seconds=round(seconds, 3), replayed=report.get("applied"),
                      from_snapshot=report.get("from_snapshot"))
+            if outcome == "written":
+                await self._checkpoint(int(report.get("seq") or 0))
         else:
             log.error("snapshot not written; the next attempt follows the next interval",
                       outcome=outcome, exit_code=worker.returncode,
                       reason=report.get("error", "the worker died (see its log lines above)"),
                       seconds=round(seconds, 3))
         return {"outcome": outcome, "seconds": seconds, **report}
+
+    async def _checkpoint(self, seq: int) -> None:
+        """Every snapshot's seq gets a signed checkpoint of the chain there
+        (docs/journal.md): compaction anchors at one."""
+        writer = self.hub.writer
+        if writer.store is None:
+            return
+        try:
+            await writer.call(writer.store.checkpoint_at, seq)
+        except sqlite3.Error as exc:
+            log.warning("journal checkpoint at the snapshot's seq not written", seq=seq,
+                        error=repr(exc))
 
 
 def _kill(worker: asyncio.subprocess.Process) -> None:

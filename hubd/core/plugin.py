@@ -186,6 +186,9 @@ class Plugin:
     bind: Callable[[Any], None] | None = None
     # a state was replayed from the journal, at start or after a rebuild
     restored: Callable[["HubState"], None] | None = None
+    # the oldest seq this plugin's state still reads back from the journal
+    # (None: none); `hubd journal compact` never drops it or what follows
+    journal_needs: Callable[["HubState"], int | None] | None = None
     # the Router rebuilt its state from the journal (not at start)
     rebuilt: Callable[["Router"], None] | None = None
     # after the replay, before the hub runs: open what the plugin serves on its

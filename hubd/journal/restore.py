@@ -18,7 +18,7 @@ from hubd.state.hub import HubState, apply
 
 from . import snapshots
 from .snapshots import SnapshotFile, SnapshotInvalid
-from .store import CorruptRow, JournalReader, UnknownKinds
+from .store import CorruptRow, JournalReader, UnknownKinds, chain_anchor
 
 log = structlog.get_logger("hubd.journal.snapshots")
 
@@ -67,6 +67,15 @@ def project(reader: JournalReader, fresh: Callable[[], HubState],
     projection = _from_snapshot(reader, fresh, policy, upto, skipped) if policy else None
     if projection is None:
         projection = Projection(fresh(), skipped=skipped)
+    anchor = chain_anchor(reader.conn)[0]
+    if anchor and projection.from_snapshot <= anchor:
+        # the rows before the anchor are gone: a replay from here would build
+        # a state missing them, never the journal's
+        raise JournalCompacted(
+            f"the journal was compacted through seq {anchor} and no snapshot after it can be "
+            "used (" + ("; ".join(f"seq {seq}: {why}" for seq, why in skipped) or "none found")
+            + "): run the hubd version, with the flags, that wrote its newest snapshot, or "
+            "restore the journal from a backup taken before the compaction")
     state, known = projection.state, projection.state.appliers
     for event in reader.replay(state.last_seq, corrupt=projection.corrupt):
         if upto is not None and event.seq > upto:
@@ -76,6 +85,11 @@ def project(reader: JournalReader, fresh: Callable[[], HubState],
         apply(state, event)
         projection.applied += 1
     return projection
+
+
+class JournalCompacted(RuntimeError):
+    """The journal's early rows were compacted away and no snapshot after them
+    can be used: its projection cannot be built."""
 
 
 def _from_snapshot(reader: JournalReader, fresh, policy: SnapshotPolicy, upto: int | None,

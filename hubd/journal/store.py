@@ -12,27 +12,39 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import structlog
+
 from hubd.state.events import Event
 from hubd.wire.codec import loads_stored
 
+from . import chain, chain_checkpoints as checkpoints
 from .files import prepare_for_writing
 
-SCHEMA_VERSION = "1"
-INSERT = ("INSERT INTO events (seq, ts, kind, payload, route, principal) "
-          "VALUES (?, ?, ?, ?, ?, ?)")
-# Rows per multi-row INSERT: 6 parameters each, well under SQLite's 32,766.
+log = structlog.get_logger("hubd.journal")
+
+# 2: every row carries its hash-chain link (hubd/journal/chain.py); a hubd
+# that reads only schema 1 would append rows without one, so it refuses
+SCHEMA_VERSION = "2"
+INSERT = ("INSERT INTO events (seq, ts, kind, payload, route, principal, chain) "
+          "VALUES (?, ?, ?, ?, ?, ?, ?)")
+# meta key (+ peer) of the after_seq a peer's last log pull asked from
+# (federation/handlers/logpull.py writes it, hubd/journal/compaction.py reads it)
+PULL_CURSOR_META = "pull_after:"
+# Rows per multi-row INSERT: 7 parameters each, well under SQLite's 32,766.
 ROWS_PER_STATEMENT = 1000
 
 
 @functools.lru_cache(maxsize=64)
 def _insert_rows(n: int) -> str:
-    return ("INSERT INTO events (seq, ts, kind, payload, route, principal) VALUES "
-            + ",".join(["(?,?,?,?,?,?)"] * n))
+    return ("INSERT INTO events (seq, ts, kind, payload, route, principal, chain) VALUES "
+            + ",".join(["(?,?,?,?,?,?,?)"] * n))
 
 
 def _connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
@@ -64,7 +76,7 @@ EXPECTED_COLUMNS = {"seq", "ts", "kind", "payload", "route"}
 # The events table as ensure_schema creates it (the create and the start's
 # check that there is nothing to create both read this).
 EVENT_COLUMNS = {"seq": int, "ts": float, "kind": str, "payload": str, "route": str,
-                 "principal": str}
+                 "principal": str, "chain": bytes}
 
 
 def check_schema_version(stored: str) -> None:
@@ -82,11 +94,12 @@ def check_schema_version(stored: str) -> None:
 
 
 def schema_current(conn: sqlite3.Connection) -> bool:
-    """The journal already is what ensure_schema makes: its tables, the
-    events columns and this hubd's schema version."""
+    """The journal already is what ensure_schema makes: its tables (the chain's
+    checkpoints among them), the events columns and this hubd's schema version."""
     tables = {name for (name,) in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('events', 'meta')")}
-    if tables != {"events", "meta"}:
+        "SELECT name FROM sqlite_master WHERE type = 'table' "
+        "AND name IN ('events', 'meta', 'checkpoints')")}
+    if tables != {"events", "meta", "checkpoints"}:
         return False
     stored = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     if stored is None or str(stored[0]) != SCHEMA_VERSION:
@@ -122,6 +135,79 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
     db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
                  (SCHEMA_VERSION,))
+    if "chain" not in {c.name for c in db["events"].columns}:
+        upgrade_chain(conn)
+    checkpoints.ensure_table(conn)
+
+
+def upgrade_chain(conn: sqlite3.Connection) -> None:
+    """A journal from before the hash chain: add the column and link every
+    row in one transaction (all linked, or the journal as it was), once."""
+    started = time.perf_counter()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("ALTER TABLE events ADD COLUMN chain BLOB")
+        prev, rows, cursor = chain.GENESIS, 0, -1
+        while True:
+            batch = conn.execute(
+                "SELECT seq, ts, kind, payload, route, principal FROM events WHERE seq > ? "
+                "ORDER BY seq LIMIT 5000", (cursor,)).fetchall()
+            if not batch:
+                break
+            linked, prev = chain.chained(prev, batch)
+            conn.executemany("UPDATE events SET chain = ? WHERE seq = ?",
+                             [(row[6], row[0]) for row in linked])
+            cursor = batch[-1][0]
+            rows += len(batch)
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                     (SCHEMA_VERSION,))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    log.warning("journal upgraded in place: hash chain computed over its existing rows "
+                "(once; a hubd older than this one no longer opens it)", rows=rows,
+                head=prev.hex(), seconds=round(time.perf_counter() - started, 3))
+
+
+def chain_anchor(conn: sqlite3.Connection) -> tuple[int, bytes]:
+    """(seq, link) the chain continues from: (0, GENESIS), or the last row a
+    compaction dropped and its link (hubd/journal/compaction.py)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'chain_anchor'").fetchone()
+    if row is None:
+        return 0, chain.GENESIS
+    value = json.loads(row[0])
+    return int(value["seq"]), bytes.fromhex(value["link"])
+
+
+def set_chain_anchor(conn: sqlite3.Connection, seq: int, link: bytes) -> None:
+    conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('chain_anchor', ?)",
+                 (json.dumps({"seq": seq, "link": link.hex()}),))
+
+
+def link_at(conn: sqlite3.Connection, seq: int) -> bytes | None:
+    """The chain's link at seq: GENESIS at 0, the row's, or a compaction's
+    anchor; None where this journal cannot say (a compacted row)."""
+    if seq == 0:
+        return chain.GENESIS
+    row = conn.execute("SELECT chain FROM events WHERE seq = ?", (seq,)).fetchone()
+    if row is not None:
+        return bytes(row[0]) if row[0] is not None else None
+    anchor_seq, anchor_link = chain_anchor(conn)
+    return anchor_link if anchor_seq == seq else None
+
+
+def chain_head(conn: sqlite3.Connection) -> bytes:
+    """The link of the last row (for a journal without rows, GENESIS, or the
+    anchor of a compaction that dropped them all)."""
+    row = conn.execute("SELECT chain FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+    if row is None:
+        return chain_anchor(conn)[1]
+    if row[0] is None:
+        raise sqlite3.DatabaseError("the journal's last row has no hash-chain link "
+                                    "(written by a tool that does not chain rows)")
+    return bytes(row[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +279,24 @@ class JournalStore:
         self.path = Path(path)
         self.conn = _connect(self.path)
         ensure_schema(self.conn)
+        # the link of the last committed row: the next row links to it
+        self.head = chain_head(self.conn)
+        self.signer: checkpoints.Signer | None = None  # once the hub knows its id and key
+
+    def start_signing(self, hub_id: str, private, every: int) -> None:
+        """Checkpoints from now on (hubd/journal/chain_checkpoints.py); the head as
+        it is now is signed if the last checkpoint is older than it."""
+        self.signer = checkpoints.Signer(self.conn, hub_id, private, every)
+        seq = self.max_seq()
+        if seq > self.signer.last_seq:
+            self.signer.at(seq, self.head)
+
+    def checkpoint_at(self, seq: int) -> "checkpoints.Checkpoint | None":
+        """Sign the chain's link at seq (a snapshot's), if that row is here."""
+        row = self.conn.execute("SELECT chain FROM events WHERE seq = ?", (seq,)).fetchone()
+        if self.signer is None or row is None or row[0] is None:
+            return None
+        return self.signer.at(seq, bytes(row[0]))
 
     def close(self) -> None:
         self.conn.close()
@@ -207,11 +311,26 @@ class JournalStore:
         and every step gives the GIL up and takes it back: with BEGIN, one
         step per row and COMMIT, each taking back waited for the event loop's
         thread to let go (up to the 5 ms switch interval when it was busy),
-        once per row, behind every commit."""
+        once per row, behind every commit.
+
+        Each row gets its hash-chain link here, in the statement that stores
+        it; the head moves on only once the rows are committed."""
         conn = self.conn
+        rows, head = chain.chained(self.head, rows)
         if len(rows) <= ROWS_PER_STATEMENT:
             conn.execute(_insert_rows(len(rows)), list(itertools.chain.from_iterable(rows)))
-            return
+        else:
+            self._append_many(rows)
+        self.head = head
+        if self.signer is not None:
+            try:
+                self.signer.committed(rows)
+            except sqlite3.Error as exc:  # the rows are committed all the same
+                log.warning("journal checkpoint not written; the next is at the next multiple "
+                            "of --checkpoint-every", seq=rows[-1][0], error=repr(exc))
+
+    def _append_many(self, rows: list[tuple]) -> None:
+        conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             for start in range(0, len(rows), ROWS_PER_STATEMENT):
@@ -278,6 +397,21 @@ class JournalReader:
         return self.conn.execute(
             "SELECT seq, ts, kind, payload, route FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
             (after_seq, limit)).fetchall()
+
+    def chain_page(self, after_seq: int, limit: int) -> tuple[list[tuple], bytes | None, list]:
+        """A log pull's rows after after_seq, (seq, ts, kind, payload, route,
+        principal, link), the link at after_seq (None: not held here, below
+        a compaction's anchor) and the signed checkpoints in the rows' range.
+        Three statements, no transaction: the reader threads share this
+        connection, and committed rows and checkpoints never change under a
+        running hub."""
+        conn = self.conn
+        rows = conn.execute(
+            "SELECT seq, ts, kind, payload, route, principal, chain FROM events "
+            "WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)).fetchall()
+        prev = link_at(conn, after_seq)
+        signed = checkpoints.between(conn, after_seq, rows[-1][0]) if rows else []
+        return rows, prev, signed
 
     def inbox_rows(self, after_seq: int, limit: int) -> list[tuple]:
         """(seq, kind, chat frame or None) after after_seq, in seq order: the

@@ -71,6 +71,12 @@ class MailboxState:
                 _, evicted = self.by_key.popitem(last=False)
                 self.entries -= len(evicted.seqs)
 
+    def oldest_seq(self) -> int | None:
+        """The oldest chat the index may still read back from the journal."""
+        firsts = [entries.seqs[0] for entries in self.by_key.values() if entries.seqs]
+        firsts += [seq for seq, _item, _sender in self.globbed]
+        return min(firsts) if firsts else None
+
     def advance(self, identity: str, seq: int) -> None:
         if seq > self.watermarks.get(identity, 0):
             self.watermarks[identity] = seq

@@ -34,6 +34,7 @@ import pytest
 from federation.journal_access import append_operator_row
 from federation.log_model import Equivocation
 from federation.quarantine import MULTIHUB_EQUIVOCATION, equivocation_payload
+from hubd.journal import chain
 from hubd.timing import Timing
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import REPO, free_port, hubd_process
@@ -144,7 +145,9 @@ async def west_history(url):
 
 
 def tamper(west_dir, seq):
-    """Rewrite one row's payload in place (the hub is stopped)."""
+    """Rewrite one row's payload in place (the hub is stopped), and its hash
+    chain from there on, as a new generation of the history would be (a row
+    changed under its link is refused for good: test_chain_federation.py)."""
     db = sqlite3.connect(west_dir / "hubd.db")
     try:
         (payload,) = db.execute("SELECT payload FROM events WHERE seq = ?", (seq,)).fetchone()
@@ -153,9 +156,17 @@ def tamper(west_dir, seq):
         with db:
             changed = db.execute("UPDATE events SET payload = ? WHERE seq = ?",
                                  (json.dumps(value), seq)).rowcount
-        assert changed == 1
+            assert changed == 1
+            relink(db)
     finally:
         db.close()
+
+
+def relink(db):
+    linked, _ = chain.chained(chain.GENESIS, db.execute(
+        "SELECT seq, ts, kind, payload, route, principal FROM events ORDER BY seq").fetchall())
+    db.executemany("UPDATE events SET chain = ? WHERE seq = ?",
+                   [(row[6], row[0]) for row in linked])
 
 
 async def rogue_claim(url, task_id):

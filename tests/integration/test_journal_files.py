@@ -151,14 +151,14 @@ def test_a_journal_from_a_newer_hubd_is_refused_naming_both_versions(tmp_path):
     journal_with(db, chat(1, "hello"))
     conn = sqlite3.connect(db)
     with conn:
-        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     conn.close()
     said = start_refused(db)
-    assert "newer hubd" in said and "journal schema 2" in said and "reads schema 1" in said
+    assert "newer hubd" in said and "journal schema 3" in said and "reads schema 2" in said
     # the principal command refuses it alike, and changes nothing
     out = subprocess.run([sys.executable, "-m", "hubd", "principal", "list", "--db", str(db)],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "journal schema 2" in out.stderr, out.stderr
+    assert out.returncode == 2 and "journal schema 3" in out.stderr, out.stderr
 
 
 def test_events_of_kinds_this_hubd_does_not_know_are_reported_not_skipped(tmp_path):

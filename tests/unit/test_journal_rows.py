@@ -52,11 +52,12 @@ def test_the_row_that_keeps_a_refused_events_seq_is_always_storable():
 
 
 def test_a_newer_schema_is_refused_naming_both_versions():
+    check_schema_version("2")
     check_schema_version("1")
     check_schema_version("0")
-    for stored in ("2", "next"):
+    for stored in ("3", "next"):
         with pytest.raises(JournalTooNew, match=rf"journal schema {stored}; this hubd reads "
-                                                r"schema 1 and older"):
+                                                r"schema 2 and older"):
             check_schema_version(stored)
 
 

@@ -61,7 +61,7 @@ def test_active_quarantines():
     assert set(active) == {"west", "north"}  # north's recovery is not explicit
     assert active["west"].to_json() == {"peer_id": "west", "seq": 3, "accepted_fingerprint": A,
                                         "conflicting_fingerprint": B, "detected_at": 5.0,
-                                        "observer_id": "east"}
+                                        "observer_id": "east", "reason": "conflicting_offer"}
     assert active["north"].seq == 0 and active["north"].accepted_fingerprint == "0" * 64
     recovered = rows() + [(MULTIHUB_EQUIVOCATION_RECOVERY,
                            recovery_payload("west", "op", "r", "g2", 9.0))]
