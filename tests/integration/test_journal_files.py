@@ -113,7 +113,8 @@ def schema_library_loaded(db: Path) -> bool:
     out = subprocess.run([sys.executable, "-c", OPEN_JOURNAL, str(db)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.strip() == "True"
+    # the last line: an upgrade logs what it did before it (the hash chain's)
+    return out.stdout.strip().splitlines()[-1] == "True"
 
 
 def schema_of(db: Path) -> list:

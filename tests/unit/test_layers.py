@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("doors", ("hubd.http", "hubd.doors")),
     ("hub", ("hubd.hub",)),
     ("composition", ("hubd.composition", "hubd.server")),
-    ("command line", ("hubd.cli", "hubd.__main__", "hubd.principal_cli", "hubd.preflight",
+    ("command line", ("hubd.cli", "hubd.cli_flags", "hubd.__main__", "hubd.principal_cli", "hubd.preflight",
                       "hubd.snapshot_worker", "hubd.journal_cli", "hubd.security_cli")),
 ]
 # the package itself holds only __version__
