@@ -63,8 +63,16 @@ async def pipelined(conn: SignedProbe, frames: list[dict], window: int) -> list[
 
 async def one_hub(kind: str, total: int, window: int) -> dict:
     folder = Path(tempfile.mkdtemp(prefix=f"bench-attach-{kind}-"))
+    # the reference limits each agent's frame rate (hubd has no such limit):
+    # raised out of reach (its "0 disables" still refused an uncontended upload
+    # with "Rate limit exceeded." on a quiet machine), or the run ends there
+    unlimited = ("--rate", "100000", "--burst", "100000", "--host-rate", "100000",
+                 "--host-burst", "100000") if kind == "reference" else ()
+    # every chunk and read is a signed frame whose nonce stays in the replay
+    # ledger for the auth window: 64 MiB is ~4,100 of them within seconds
+    unlimited += ("--message-auth-replay-capacity", "100000")
     site = start_signed_hub(kind, folder, ROLES, ATTACH_ACL, attachments=True,
-                            reference_files=False)
+                            reference_files=False, extra=unlimited)
     pid = site.proc.pid
     samples: list[int] = []
 
