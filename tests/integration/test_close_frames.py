@@ -120,8 +120,11 @@ def conn_of(server, name):
 
 
 async def test_stalled_consumer_gets_a_graceful_1013_before_the_abort(tmp_path):
-    # a one-second drain deadline (production's is five), swept ten times a second
-    async with running_hub(tmp_path, timing=Timing(sweep=0.1, send_stall=1.0)) as server:
+    # a one-second drain deadline (production's is five), swept ten times a second;
+    # the waking client, in this test's own event loop, has three seconds to read
+    # what the hub had buffered before its close (one was not enough on a busy machine)
+    async with running_hub(tmp_path, timing=Timing(sweep=0.1, send_stall=1.0,
+                                                   graceful_close=3.0)) as server:
         waking = await stall(server, "p/waking")
         sleeping = await stall(server, "p/sleeping")
         talker = await WsProbe.open(server.url)
