@@ -24,13 +24,11 @@ import pytest
 
 from federation.quarantine import MULTIHUB_EQUIVOCATION
 from hubd.journal import chain_checkpoints
-from hubd.timing import Timing
-from tests.integration.test_equivocation import (WATCH_INTERVAL, agent, caught_up, journal,
+from tests.integration.test_equivocation import (agent, caught_up, east_watching_west, journal,
                                                  max_seq, rows, watch)
 from tests.integration.test_journal_chain import change_payload
 from tests.integration.test_journal_verify import verify
-from tests.support.federation import make_pki, site_flags, write_serving_policy
-from tests.support.procs import REPO, free_port, hubd_process
+from tests.support.procs import REPO
 from tests.support.waiting import wait_for
 
 EVERY = 4  # west's --checkpoint-every
@@ -38,29 +36,8 @@ EVERY = 4  # west's --checkpoint-every
 
 @pytest.fixture
 def pair(tmp_path):
-    pki = make_pki(tmp_path / "pki", ["east", "west"])
-    ports = {hub: free_port() for hub in ("east", "west")}
-    url = {hub: f"wss://127.0.0.1:{port}/" for hub, port in ports.items()}
-    procs = {}
-
-    def make(hub):
-        grants = {"west": ["PROJ"]} if hub == "east" else {"east": ["PROJ"]}
-        policy = write_serving_policy(tmp_path / f"{hub}-policy", pki, grants)
-        site = site_flags(pki, hub, policy)
-        extra = ["--checkpoint-every", str(EVERY)]
-        if hub == "east":
-            extra += ["--namespace-owner", "PROJ=east", "--multihub-watch", f"west={url['west']}",
-                      "--multihub-watch-pin",
-                      f"west={pki.server_pin('west')}"]
-        proc = hubd_process(tmp_path / hub, *site.serve, *site.connect, *extra, hub_id=hub,
-                            port=ports[hub], scheme="wss",
-                            timing=Timing(watch_interval=WATCH_INTERVAL))
-        procs[hub] = proc
-        return proc
-
-    yield make, url
-    for proc in procs.values():
-        proc.stop()
+    with east_watching_west(tmp_path, ("--checkpoint-every", str(EVERY))) as made:
+        yield made
 
 
 async def chats(url, prefix, n):

@@ -22,6 +22,7 @@ log; west's journal is changed under an identity east already accepted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import sqlite3
@@ -91,10 +92,11 @@ def recover(hub_dir, peer):
         capture_output=True, text=True, timeout=60, cwd=REPO)
 
 
-@pytest.fixture
-def pair(tmp_path):
-    """start(hub, ...) for east (watching west every WATCH_INTERVAL) and west (no
-    owner map: it grants PROJ claims itself, so a live one is an assertion)."""
+@contextlib.contextmanager
+def east_watching_west(tmp_path, flags: tuple[str, ...] = ()):
+    """make(hub) for east (watching west every WATCH_INTERVAL) and west (no
+    owner map: it grants PROJ claims itself, so a live one is an assertion),
+    each over mTLS with `flags` too; every hub made is stopped at the end."""
     pki = make_pki(tmp_path / "pki", ["east", "west"])
     ports = {hub: free_port() for hub in ("east", "west")}
     url = {hub: f"wss://127.0.0.1:{port}/" for hub, port in ports.items()}
@@ -104,20 +106,28 @@ def pair(tmp_path):
         grants = {"west": ["PROJ"]} if hub == "east" else {"east": ["PROJ"]}
         policy = write_serving_policy(tmp_path / f"{hub}-policy", pki, grants)
         site = site_flags(pki, hub, policy)
-        extra = []
+        extra = list(flags)
         if hub == "east":
-            extra = ["--namespace-owner", "PROJ=east", "--multihub-watch",
-                     f"west={url['west']}", "--multihub-watch-pin",
-                     f"west={pki.server_pin('west')}"]
+            extra += ["--namespace-owner", "PROJ=east", "--multihub-watch",
+                      f"west={url['west']}", "--multihub-watch-pin",
+                      f"west={pki.server_pin('west')}"]
         proc = hubd_process(tmp_path / hub, *site.serve, *site.connect, *extra, hub_id=hub,
                             port=ports[hub], scheme="wss",
                             timing=Timing(watch_interval=WATCH_INTERVAL))
         procs[hub] = proc
         return proc
 
-    yield make, url
-    for proc in procs.values():
-        proc.stop()
+    try:
+        yield make, url
+    finally:
+        for proc in procs.values():
+            proc.stop()
+
+
+@pytest.fixture
+def pair(tmp_path):
+    with east_watching_west(tmp_path) as made:
+        yield made
 
 
 def watch(east):

@@ -60,6 +60,21 @@ def state_of(tmp_path, db):
         reader.close()
 
 
+def hub_with_a_snapshot(tmp_path):
+    """A running hub on tmp_path/hubd.db with the history written and a snapshot
+    taken (checkpoints every EVERY events, a snapshot every SNAPSHOT_EVERY)."""
+    timing = Timing(snapshot_check=0.1, snapshot_interval=0.1)
+    hub = hubd_process(tmp_path, "--checkpoint-every", str(EVERY), "--snapshot-every",
+                       str(SNAPSHOT_EVERY), timing=timing).start()
+    try:
+        asyncio.run(history(hub.url))
+        wait_for(lambda: "snapshot written" in hub.log(), what="a snapshot")
+    except BaseException:
+        hub.stop()
+        raise
+    return hub
+
+
 def seqs(db):
     conn = sqlite3.connect(db)
     try:
@@ -70,12 +85,8 @@ def seqs(db):
 
 def test_compact_keeps_what_is_needed_and_a_restart_has_the_same_state(tmp_path):
     db = tmp_path / "hubd.db"
-    timing = Timing(snapshot_check=0.1, snapshot_interval=0.1)
-    hub = hubd_process(tmp_path, "--checkpoint-every", str(EVERY), "--snapshot-every",
-                       str(SNAPSHOT_EVERY), timing=timing).start()
+    hub = hub_with_a_snapshot(tmp_path)
     try:
-        asyncio.run(history(hub.url))
-        wait_for(lambda: "snapshot written" in hub.log(), what="a snapshot")
         code, out = compact(db, "--keep-after-seq", "1000")
         assert code == 2 and "stop the hub first" in out, out  # never under a running hub
     finally:
@@ -124,14 +135,7 @@ def test_compact_keeps_what_is_needed_and_a_restart_has_the_same_state(tmp_path)
 
 def test_a_compaction_the_retention_does_not_allow_drops_nothing(tmp_path):
     db = tmp_path / "hubd.db"
-    timing = Timing(snapshot_check=0.1, snapshot_interval=0.1)
-    hub = hubd_process(tmp_path, "--checkpoint-every", str(EVERY), "--snapshot-every",
-                       str(SNAPSHOT_EVERY), timing=timing).start()
-    try:
-        asyncio.run(history(hub.url))
-        wait_for(lambda: "snapshot written" in hub.log(), what="a snapshot")
-    finally:
-        hub.stop()
+    hub_with_a_snapshot(tmp_path).stop()
     all_rows = seqs(db)
     code, out = compact(db, "--keep-days", "1")  # every row is younger than a day
     assert code == 0 and "nothing dropped" in out, out
