@@ -10,18 +10,16 @@ nothing about what exists, what it may not read, or why.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
 from hubd.state.acl import PolicyError
+from hubd.state.attachment_rules import DIGEST, SCOPE
 
 MAX_POLICY_BYTES = 64 * 1024
 MAX_GRANTS = 256
 GRANT_KEYS = frozenset({"recipient_hub", "scope", "digest", "expires_at"})
 PEER_VERSION = 6
 
-_DIGEST = re.compile(r"[0-9a-f]{64}\Z")
-_SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +58,8 @@ def parse_recipient_policy(data: bytes) -> tuple[RecipientGrant, ...]:
             raise PolicyError(f"grant {index} must have exactly {sorted(GRANT_KEYS)}")
         hub, scope, digest, expires = (entry["recipient_hub"], entry["scope"], entry["digest"],
                                        entry["expires_at"])
-        if not (isinstance(hub, str) and hub and isinstance(scope, str) and _SCOPE.match(scope)
-                and isinstance(digest, str) and _DIGEST.match(digest)
+        if not (isinstance(hub, str) and hub and isinstance(scope, str) and SCOPE.match(scope)
+                and isinstance(digest, str) and DIGEST.match(digest)
                 and type(expires) in (int, float)):
             raise PolicyError(f"grant {index} has a bad field")
         if (hub, scope, digest) in seen:
@@ -90,7 +88,7 @@ def read_peer_request(frame: dict) -> PeerRequest | None:
     action, scope, digest = frame.get("action"), frame.get("scope"), frame.get("digest")
     offset = frame.get("offset", 0) if action == "read" else 0
     if action not in ("info", "read") or not isinstance(scope, str) \
-            or not _SCOPE.match(scope) or not isinstance(digest, str) \
-            or not _DIGEST.match(digest) or type(offset) is not int or offset < 0:
+            or not SCOPE.match(scope) or not isinstance(digest, str) \
+            or not DIGEST.match(digest) or type(offset) is not int or offset < 0:
         return None
     return PeerRequest(action, scope, digest, offset)

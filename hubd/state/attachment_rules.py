@@ -49,8 +49,10 @@ SCOPE_QUOTA = "attachment scope quota exceeded"
 # hubd's: the root holds its byte bound; nothing committed is touched
 ROOT_FULL = "attachment store full"
 
-_SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
-_DIGEST = re.compile(r"[0-9a-f]{64}\Z")
+# an attachment scope (a project name) and a content digest (sha256 hex), as
+# the reference accepts them; cross-hub grants (attachment_grants) read the same
+SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+DIGEST = re.compile(r"[0-9a-f]{64}\Z")
 _MEDIA = re.compile(r"[a-z0-9][a-z0-9.+-]*/[a-z0-9][a-z0-9.+-]{0,80}\Z")
 _PROVENANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/#@-]{0,255}\Z")
 _REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
@@ -73,7 +75,7 @@ def access_error(type_: str, frame: dict, sender: str, version: int | None,
     if version is None or version < 4:
         return VERSION_FOUR
     scope = frame.get("scope")
-    if not isinstance(scope, str) or not _SCOPE.match(scope) or scope != project_of(sender):
+    if not isinstance(scope, str) or not SCOPE.match(scope) or scope != project_of(sender):
         return DENIED
     permission = ATTACHMENT_VERBS[type_]
     if not holds_role(roles, sender, f"{scope}/{permission}"):
@@ -106,7 +108,7 @@ def read_begin(frame: dict, now: float) -> Metadata | str:
     length, digest = frame["length"], frame["digest"]
     if not _is_int(length) or not 0 <= length <= MAX_LENGTH:
         return BAD_LENGTH
-    if not isinstance(digest, str) or not _DIGEST.match(digest):
+    if not isinstance(digest, str) or not DIGEST.match(digest):
         return BAD_DIGEST
     media = frame["media_type"]
     if not isinstance(media, str) or not _MEDIA.match(media):
@@ -166,7 +168,7 @@ def upload_id_of(frame: dict) -> str | None:
 
 def digest_of(frame: dict) -> str | None:
     value = frame.get("digest")
-    return value if isinstance(value, str) and _DIGEST.match(value) else None
+    return value if isinstance(value, str) and DIGEST.match(value) else None
 
 
 def ref_of(frame: dict) -> str | None:
