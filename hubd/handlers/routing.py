@@ -58,7 +58,7 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
         extensions = router.state.extensions
         for mailbox in mailboxes:
             namespace = mailbox.namespace
-            if namespace is not None and not _names(target, namespace):
+            if namespace is not None and namespace not in target.projects:
                 continue
             planned = mailbox.plan(router, extensions[mailbox.projection], frame, sender, target,
                                    route_extra)
@@ -93,12 +93,6 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
     if directed and not recipients:
         metrics.dead_letters += 1
     return event, recipients, directed
-
-
-def _names(target: Target, namespace: str) -> bool:
-    """Does the target name an item of `namespace` (<namespace>/...)?"""
-    prefix = namespace + "/"
-    return any(item.startswith(prefix) for item in target.items)
 
 
 def stamp_chat(router: Router, frame: dict, sender: str) -> None:

@@ -89,15 +89,10 @@ class HubWebSocket(web.WebSocketResponse):
         self.close_finished = False
         self._in_close = False  # close() was called and has not returned yet
         self._close_done = asyncio.Event()
-        # the client's close frame has been read: with the hub's own (aiohttp
-        # answers one at once), the closing handshake is complete
+        # the client's close frame has been read (by the door's receive loop,
+        # or the linger below): with the hub's own (aiohttp answers one at
+        # once), the closing handshake is complete
         self.peer_closed = False
-
-    async def receive(self, timeout: float | None = None):
-        msg = await super().receive(timeout)
-        if msg.type is WSMsgType.CLOSE:
-            self.peer_closed = True  # aiohttp has already sent the hub's close frame back
-        return msg
 
     async def finish(self) -> None:
         """End the TCP connection once the handler is done with the socket:

@@ -34,7 +34,9 @@ def is_directed(frame: dict, target) -> bool:
     and not to a seat on a peer hub (local names never hold '@'; those
     recipients and mailboxes are there). The routing service and the chat
     projection both ask this."""
-    return not target.is_broadcast and not frame.get("channel") and "@" not in target.raw
+    if not target.items:  # a broadcast
+        return False
+    return not frame.get("channel") and "@" not in target.raw
 
 
 @dataclass(slots=True)

@@ -233,12 +233,16 @@ DELIVERY_INVALID_SHAPE = "invalid_shape"
 # verb -> the checks of its fields and the envelope's, merged once (a frame's
 # keys are looked up here: a chat has a handful, the tables have dozens;
 # fields passed on as sent have no check)
-_CHECKS: dict[str, dict] = {
-    verb: {name: rule.accepts for name, rule in {**ENVELOPE, **fields}.items()
-           if rule.accepts is not None}
-    for verb, fields in VERB_FIELDS.items()}
-_ENVELOPE_CHECKS = {name: rule.accepts for name, rule in ENVELOPE.items()
-                    if rule.accepts is not None}
+def _checks(rules: dict[str, Rule]) -> dict:
+    """name -> the type its values must have exactly (Rule.exact), or the
+    rule's accepts; fields passed on as sent are left out."""
+    return {name: rule.exact or rule.accepts for name, rule in rules.items()
+            if rule.accepts is not None}
+
+
+_CHECKS: dict[str, dict] = {verb: _checks({**ENVELOPE, **fields})
+                            for verb, fields in VERB_FIELDS.items()}
+_ENVELOPE_CHECKS = _checks(ENVELOPE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +262,14 @@ def check_fields(frame: dict) -> FieldError | None:
     checks = _CHECKS.get(type_ or "chat", _ENVELOPE_CHECKS)
     for name, value in frame.items():
         accepts = checks.get(name)
-        if accepts is not None and value is not None and not accepts(value):
-            return _broken(name, rules_of(type_)[name])
+        if accepts is None or value is None:
+            continue
+        if type(accepts) is type:
+            if type(value) is accepts:
+                continue
+        elif accepts(value):
+            continue
+        return _broken(name, rules_of(type_)[name])
     return None
 
 

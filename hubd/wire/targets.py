@@ -36,6 +36,9 @@ class Target:
     raw: str
     items: tuple[str, ...]  # empty for a broadcast
     globs: tuple[bool, ...] = ()  # per item: is it a glob (computed once per target)
+    # the projects its items name (`<project>/...`), globs too: which
+    # mailboxes a chat to it may reach is asked once per target, not per chat
+    projects: frozenset[str] = frozenset()
 
     @property
     def is_broadcast(self) -> bool:
@@ -71,7 +74,8 @@ def parse_target(raw: str) -> Target:
     target = _PARSED.get(raw)
     if target is None:
         items = tuple(part.strip() for part in raw.split(",") if part.strip())
-        target = Target(raw, items, tuple(is_glob(item) for item in items))
+        target = Target(raw, items, tuple(is_glob(item) for item in items),
+                        frozenset(filter(None, map(project_of, items))))
         if len(_PARSED) >= _PARSED_LIMIT:
             _PARSED.clear()
         _PARSED[raw] = target

@@ -328,7 +328,12 @@ def _apply_event(state, event) -> None:
 
 
 def _apply_chat_event(state, event) -> None:
-    apply_chat(state.extensions["redsyn"], event.payload, event.route, event.seq, event.ts)
+    route = event.route
+    if route is not None:
+        boxes = route.get("boxes")
+        if boxes is not None and "redsyn" not in boxes:
+            return  # the routing service put it in no REDSYN box (most chats)
+    apply_chat(state.extensions["redsyn"], event.payload, route, event.seq, event.ts)
 
 
 for _kind in KINDS:
