@@ -28,7 +28,7 @@ from typing import Callable, TypeVar
 
 import structlog
 
-from hubd.core.commands import TIMERS_DUE, WAKE, ConfigReloaded, Inbound, Tick, TimersDue, Wake
+from hubd.core.commands import TIMERS_DUE, WAKE, ConfigReloaded, Inbound, Tick, TimersDue
 from hubd.core.message import CLOSE_INTERNAL, CloseEndpoint, Message
 from hubd.core.refusals import (REFUSALS, JournalUnavailable, MutationsRefused,
                                 PrincipalSuspended)
@@ -117,7 +117,7 @@ class Router(Recovery):
         # the one dispatch table: command type -> fn(router, command)
         self._table: dict[type, Callable] = {
             Tick: Router._tick, TimersDue: Router._timers_due,
-            ConfigReloaded: Router._config_reloaded, Wake: Router._nothing,
+            ConfigReloaded: Router._config_reloaded,
             JournalFailed: Router._commit_failed, RowsRefused: Router._rows_refused,
             **installed.commands}
         # live (not journaled) bookkeeping of the plugins, one typed home each
@@ -131,7 +131,8 @@ class Router(Recovery):
         while True:
             command = await inbox.get()
             await self._handle_control()
-            self._dispatch(command)
+            if command is not WAKE:  # a wake-up only brings the control queue in
+                self._dispatch(command)
             handled = 1
             # A round ends early when a handler failed mid-mutation (nothing
             # more is decided on a dirty state) or another actor has news
@@ -141,7 +142,8 @@ class Router(Recovery):
                     command = inbox.get_nowait()
                 except asyncio.QueueEmpty:
                     break
-                self._dispatch(command)
+                if command is not WAKE:
+                    self._dispatch(command)
                 handled += 1
             await self._flush()
             if self._needs_rebuild:
@@ -300,9 +302,6 @@ class Router(Recovery):
         self._needs_rebuild = True
 
     # -- the Router's own commands
-
-    def _nothing(self, command) -> None:
-        pass
 
     def _commit_failed(self, command: JournalFailed) -> None:
         self._journal_failed = True
