@@ -1,9 +1,9 @@
 """Start reference-client programs through ref_zygote.py (the test process's side).
 
-A `synapse` command or ref_agent_driver.py run costs ~0.4-2 CPU-s of imports
-before it does anything; ref_zygote.py, under the reference venv's python,
+A `synapse` command, reference hub or ref_agent_driver.py run cost ~0.4-0.7
+CPU-s of imports and teardown when started afresh; ref_zygote.py, under the reference venv's python,
 imports the package once and forks each program from there, with the argv,
-environment, working directory and standard streams given here. What runs is
+environment, working directory, umask and standard streams given here. What runs is
 the reference's unchanged program; only its start is cheaper.
 
 One zygote per distinct interpreter configuration (the PYTHON* variables of
@@ -125,7 +125,7 @@ class Zygote:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         conn.connect(self.address)
         request = {"argv": [str(a) for a in argv], "env": env, "cwd": str(cwd),
-                   "new_session": new_session}
+                   "umask": _umask(), "new_session": new_session}
         socket.send_fds(conn, [json.dumps(request).encode()], list(streams))
         return ForkedProgram(self, conn, argv)
 
@@ -138,6 +138,16 @@ class Zygote:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _umask() -> int:
+    """This process's umask, which a program it started would inherit (read
+    from /proc: os.umask() can only be read by setting it)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    raise RuntimeError("no Umask line in /proc/self/status")
 
 
 _zygotes: dict[tuple, Zygote] = {}

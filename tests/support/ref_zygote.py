@@ -2,21 +2,23 @@
 
 Run by the REFERENCE virtual environment's python, never imported by the tests
 or by hubd (the reference package is AGPL: a black box in its own processes).
-Each `synapse ...` command or ref_agent_driver.py run spends ~0.4-2 CPU-s
-importing the reference package before doing anything; the interop tests start
-hundreds of them. This process imports the package once and then, for each
-request, forks a child that runs the very same program (the `synapse` console
-script or the driver, by runpy, as `python SCRIPT ARGS` would) with the
-request's argv, environment, working directory and standard streams. The
-reference code is unchanged and nothing of it runs in this process before the
-fork but its imports, which read no environment (checked for 0.99.38: no
-module-level reads of os.environ, the home folder or the clock); the child
-gets the request's environment before the program starts.
+Each `synapse ...` command, reference hub or ref_agent_driver.py run spent
+~0.4-0.7 CPU-s importing the reference package and tearing it down again; the
+interop tests start hundreds of them. This process imports the package once
+(and builds the CLI's parser once, which imports every command's module) and
+then, for each request, forks a child that runs the very same program (the
+`synapse` console script or the driver, by runpy, as `python SCRIPT ARGS`
+would) with the request's argv, environment, working directory, umask and
+standard streams. The reference code is unchanged; before the fork only its
+imports and its parser construction ran here, and those read no environment
+(checked for 0.99.38: no module-level reads of os.environ or the home folder,
+no cached lookups of them); the child gets the request's environment before
+the program starts.
 
-Protocol (tests/support/refclient.py is the other end): the test process makes
+Protocol (tests/support/ref_forks.py is the other end): the test process makes
 the listening AF_UNIX SOCK_SEQPACKET socket and passes its descriptor number as
 argv[1]. Per program one connection, one request message
-    {"argv": [SCRIPT, ARG...], "env": {...}, "cwd": DIR}
+    {"argv": [SCRIPT, ARG...], "env": {...}, "cwd": DIR, "umask": N, "new_session": B}
 carrying stdin, stdout and stderr as SCM_RIGHTS descriptors. A monitor process
 forked for that connection forks the program, answers {"pid": PID}, passes on
 each {"signal": N} it receives to the program (it is the program's parent, so
@@ -104,6 +106,7 @@ def monitor(conn: socket.socket, request: dict, fds: list[int]) -> dict:
         if request.get("new_session"):
             os.setsid()
         os.chdir(request["cwd"])
+        os.umask(request["umask"])
         os.environ.clear()
         os.environ.update(request["env"])
         return request
@@ -125,7 +128,10 @@ def monitor(conn: socket.socket, request: dict, fds: list[int]) -> dict:
                     pass
                 os._exit(0)
             if listening:
-                message = conn.recv(4096)
+                try:
+                    message = conn.recv(4096)
+                except OSError:
+                    message = b""
                 if message:
                     os.kill(pid, int(json.loads(message)["signal"]))
                 else:  # the test process is gone: so goes its program
@@ -150,7 +156,7 @@ def run_program(script: str) -> int:
         _finish()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-        code = 1
+        raise  # not reached: SIGINT ended the process
     except BaseException:  # noqa: BLE001 - reported as the interpreter does, exit 1
         traceback.print_exc()
         code = 1
