@@ -1,10 +1,11 @@
 """Start reference-client programs through ref_zygote.py (the test process's side).
 
 A `synapse` command, reference hub or ref_agent_driver.py run cost ~0.4-0.7
-CPU-s of imports and teardown when started afresh; ref_zygote.py, under the reference venv's python,
-imports the package once and forks each program from there, with the argv,
-environment, working directory, umask and standard streams given here. What runs is
-the reference's unchanged program; only its start is cheaper.
+CPU-s of imports and teardown when started afresh; ref_zygote.py, under the
+reference venv's python, imports the package once and forks each program
+from there, with the argv, environment, working directory, umask and standard
+streams given here. What runs is the reference's unchanged program; only its
+start is cheaper.
 
 One zygote per distinct interpreter configuration (the PYTHON* variables of
 the programs' environment, which Python reads at start-up, before any
