@@ -57,7 +57,8 @@ def prewarm() -> None:
                    "cryptography.hazmat.primitives.serialization",
                    "cryptography.hazmat.primitives.asymmetric.ed25519",
                    "synapse_channel.core.hub_factory", "synapse_channel.core.hub_handshake",
-                   "synapse_channel.core.delivery_replay", "synapse_channel.core.delivery_ownership",
+                   "synapse_channel.core.delivery_replay",
+                   "synapse_channel.core.delivery_ownership",
                    "synapse_channel.core.hub_component_normalization"):
         importlib.import_module(module)
 
