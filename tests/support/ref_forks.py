@@ -110,7 +110,11 @@ class Zygote:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         listener.bind(self.address)
         listener.listen(128)
+        # its own home: nothing of a test's (the imports read none, but if
+        # they did, it would not be a test's folder that a later test removed)
         env = dict(env, HOME=str(self.home))
+        for var in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
+            env[var] = str(self.home / var.lower())
         with open(self.home / "zygote.log", "wb") as log:
             self.proc = subprocess.Popen(
                 [str(python), str(ZYGOTE), str(listener.fileno())], pass_fds=[listener.fileno()],
