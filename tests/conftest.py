@@ -18,6 +18,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from tests.support.prereq import strict  # noqa: E402
+from tests.support import ref_forks  # noqa: E402
 
 
 def pytest_configure(config):
@@ -28,6 +29,7 @@ def pytest_configure(config):
     from source again (~0.7 s of CPU per start, about a third of it), where an
     installed hubd reads the bytecode pip wrote. compileall writes regardless
     of that variable and skips what is already current."""
+    ref_forks.hubs_too = True
     if hasattr(config, "workerinput"):  # an xdist worker: the controller did it
         return
     for package in ("hubd", "federation", "tests/support"):
@@ -55,3 +57,11 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"skipped on CI, where nothing may skip: {reason}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _reference_zygotes():
+    """Stop the reference programs' zygotes (tests/support/ref_forks.py) at the
+    session's end, so their programs' CPU is counted before pytest reports."""
+    yield
+    ref_forks.stop_zygotes()

@@ -12,12 +12,12 @@ import base64
 import json
 import os
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support import ref_forks
 from tests.support.federation import make_pki, write_serving_policy
 from tests.support.signed_site import (ATTACH_ACL, TOKEN, SignedProbe, owner_only,
                                        start_signed_hub, upload)
@@ -67,10 +67,10 @@ def _read(site, reader: str, digest: str, actions: list) -> list[dict]:
             "certfile": site.pki.file(reader, "client", "cert"),
             "keyfile": site.pki.file(reader, "client", "key"),
             "cafile": str(site.pki.folder / "ca.pem"), "actions": actions}
-    done = subprocess.run([site.ref.python, str(READER), json.dumps(args)], capture_output=True,
-                          text=True, timeout=120, env=site.ref.env)
-    assert done.returncode == 0, done.stderr
-    return [json.loads(line) for line in done.stdout.splitlines()]
+    code, out, err = ref_forks.run(site.ref.python, [READER, json.dumps(args)], site.ref.env,
+                                   Path.cwd(), timeout=120)
+    assert code == 0, err
+    return [json.loads(line) for line in out.splitlines()]
 
 
 def _grant(site, digest: str, expires_at: float, recipient: str = "dst") -> None:

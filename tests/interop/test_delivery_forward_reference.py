@@ -149,8 +149,9 @@ def test_reference_client_delivery_api_across_two_hubd_hubs(tmp_path, pki,
     bridge's completion shows. Both hubds welcome v3:
     the client sends no delivery verb to a hub below 3."""
     import json
-    import subprocess
+    from pathlib import Path
 
+    from tests.support import ref_forks
     from tests.support.procs import REPO, reference_env
 
     venv = reference_venv_status[0]
@@ -163,19 +164,18 @@ def test_reference_client_delivery_api_across_two_hubd_hubs(tmp_path, pki,
     try:
         wait_for(lambda: east.get_json("/health")["message_forward"]["west"]["link"] == "up",
                  what="east's link to west")
-        result = subprocess.run(
-            [str(venv / "bin" / "python"), str(REPO / "tests" / "support" /
-                                                "ref_delivery_driver.py"),
+        _, out, err = ref_forks.run(
+            venv / "bin" / "python",
+            [REPO / "tests" / "support" / "ref_delivery_driver.py",
              "--uri", east.url, "--bob-uri", west.url, "--peer", "west", "--ns", "iop",
-             "--ledger", str(tmp_path / "ledger"), "--scenario", "across"],
-            capture_output=True, text=True, timeout=90,
+             "--ledger", tmp_path / "ledger", "--scenario", "across"],
             # bob's client trusts west's certificate through the test CA
-            env={**reference_env(tmp_path / "home"), "SSL_CERT_FILE": str(pki.folder / "ca.pem")})
-        (tmp_path / "driver.out").write_text(result.stdout + "\n" + result.stderr)
-        lines = [json.loads(line) for line in result.stdout.splitlines()
-                 if line.startswith("{")]
+            {**reference_env(tmp_path / "home"), "SSL_CERT_FILE": str(pki.folder / "ca.pem")},
+            Path.cwd(), timeout=90)
+        (tmp_path / "driver.out").write_text(out + "\n" + err)
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         events = {line["event"]: line for line in lines}
-        assert "done" in events, (result.stdout[-6000:], result.stderr[-3000:])
+        assert "done" in events, (out[-6000:], err[-3000:])
         answer = events["answer"]["frame"]
         key = operation_key("east", "iop/alice@east", "job-1")
         assert (answer["type"], answer["operation_key"], answer["remote_hub"]) == \

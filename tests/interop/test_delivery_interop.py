@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
+from pathlib import Path
 
+from tests.support import ref_forks
 from tests.support.delivery_driver import Agent, delivery_rows, operation_key
 from tests.support.procs import REPO, hubd_process, reference_env
 
@@ -24,13 +25,13 @@ HUB_ID = "iop-dlv"
 
 
 def drive(venv, url: str, workdir, scenario: str) -> list[dict]:
-    result = subprocess.run(
-        [str(venv / "bin" / "python"), str(DRIVER), "--uri", url, "--ns", "iop",
-         "--ledger", str(workdir / f"ledger-{scenario}"), "--scenario", scenario],
-        capture_output=True, text=True, timeout=60, env=reference_env(workdir / "home"))
-    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert any(line["event"] == "done" for line in lines), (result.stdout[-3000:],
-                                                           result.stderr[-3000:])
+    _, out, err = ref_forks.run(
+        venv / "bin" / "python", [DRIVER, "--uri", url, "--ns", "iop",
+                                  "--ledger", workdir / f"ledger-{scenario}",
+                                  "--scenario", scenario],
+        reference_env(workdir / "home"), Path.cwd(), timeout=60)
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert any(line["event"] == "done" for line in lines), (out[-3000:], err[-3000:])
     return lines
 
 

@@ -20,6 +20,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support import ref_forks
+from tests.support.ref_forks import ForkedProgram
+
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_SPEC = "synapse-channel[encryption]==0.99.38"
 REFERENCE_EXTRA = ["websockets==17.4"]
@@ -105,7 +108,10 @@ class HubProcess:
     env: dict[str, str] | None = None
     log_path: Path | None = None
     ready_path: str | None = None  # polled after the port opens, until it answers 200
-    proc: subprocess.Popen | None = field(default=None, repr=False)
+    # the reference venv's python: argv[0] is its script, forked by its zygote
+    # (tests/support/ref_forks.py) instead of started afresh
+    forked_by: Path | None = None
+    proc: "subprocess.Popen | ForkedProgram | None" = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -121,12 +127,14 @@ class HubProcess:
         return self.proc.pid
 
     def start(self, ready_timeout: float = 30.0) -> "HubProcess":
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(
-            self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
-        if out is not subprocess.DEVNULL:
-            out.close()
+        out = open(self.log_path if self.log_path else os.devnull, "ab")
+        with out:
+            if self.forked_by is not None:
+                self.proc = ref_forks.start(self.forked_by, self.argv, self.env or dict(os.environ),
+                                            out.fileno())
+            else:
+                self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
+                                             env=self.env, start_new_session=True)
         wait_port(self.host, self.port, ready_timeout, self.proc)
         if self.ready_path:
             self.wait_ready(ready_timeout)
@@ -150,7 +158,7 @@ class HubProcess:
 
     def signal(self, sig: int) -> None:
         if self.alive():
-            os.kill(self.pid, sig)
+            self.proc.send_signal(sig)
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL if it does not exit in time. A hubd whose log
@@ -164,17 +172,17 @@ class HubProcess:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.kill()
             self.proc.wait()
 
     def log(self) -> str:
@@ -302,4 +310,5 @@ def reference_hub_process(workdir: Path, *args: str, port: int | None = None, hu
     argv = [str(venv / "bin" / "synapse"), "hub", "--host", "127.0.0.1", "--port", str(port),
             "--db", str(db), "--hub-id", hub_id, "--metrics", *args]
     return HubProcess(argv, port, scheme=scheme, env=reference_env(workdir / "home"),
-                      log_path=workdir / f"ref-{port}.log", ready_path="/health")
+                      log_path=workdir / f"ref-{port}.log", ready_path="/health",
+                      forked_by=venv / "bin" / "python" if ref_forks.hubs_too else None)

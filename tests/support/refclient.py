@@ -11,6 +11,11 @@ virtual environment (see procs.reference_venv); nothing imports it. Three ways i
   ``ref_agent_driver.py`` under the reference python, for flows the CLI cannot
   express (mailbox, acks, raw frame inspection, history selectors).
 
+Each program is forked by a zygote that imported the reference package once
+(tests/support/ref_forks.py, ref_zygote.py): the same program, its own
+process, argv, environment and streams, without ~0.5 CPU-s of imports and
+interpreter teardown per start.
+
 All processes share one isolated HOME/XDG tree per ``RefClient``: the reference
 client keeps a machine identity key there and signs its registrations with it,
 and the reference hub pins a name to the first key it saw (TOFU), so every
@@ -28,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tests.support import ref_forks
 from tests.support.procs import reference_env, reference_venv
+from tests.support.ref_forks import ForkedProgram
 
 DRIVER = Path(__file__).with_name("ref_agent_driver.py")
 Frame = dict[str, Any]
@@ -53,7 +60,7 @@ class CliResult:
 class _LineReader:
     """Collect a child's stdout lines in a thread; wait on them with deadlines."""
 
-    def __init__(self, proc: subprocess.Popen, parse: Callable[[str], Any]) -> None:
+    def __init__(self, proc: ForkedProgram, parse: Callable[[str], Any]) -> None:
         self.proc = proc
         self.items: list[Any] = []
         self.eof = False
@@ -93,7 +100,7 @@ class _LineReader:
             return list(self.items)
 
 
-def _stop(proc: subprocess.Popen, grace: float = 3.0) -> None:
+def _stop(proc: ForkedProgram, grace: float = 3.0) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -106,7 +113,7 @@ def _stop(proc: subprocess.Popen, grace: float = 3.0) -> None:
 class ListenProcess:
     """A background ``synapse listen`` and the lines it prints."""
 
-    def __init__(self, proc: subprocess.Popen, name: str) -> None:
+    def __init__(self, proc: ForkedProgram, name: str) -> None:
         self.proc, self.name = proc, name
         self.reader = _LineReader(proc, lambda s: s)
 
@@ -128,7 +135,7 @@ class ListenProcess:
 class RefAgent:
     """A reference ``SynapseAgent`` in its own process (see ref_agent_driver.py)."""
 
-    def __init__(self, proc: subprocess.Popen, name: str) -> None:
+    def __init__(self, proc: ForkedProgram, name: str) -> None:
         self.proc, self.name = proc, name
         self.reader = _LineReader(proc, self._parse)
         self._lock = threading.Lock()
@@ -302,12 +309,11 @@ class RefClient:
             argv += ["--uri", self.url]
         argv += self._auth(token) + list(args)
         try:
-            cp = subprocess.run(argv, env=self.env, capture_output=True, text=True,
-                                timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd or self.home)
+            code, out, err = ref_forks.run(self.python, argv, self.env, cwd or self.home, timeout)
         except subprocess.TimeoutExpired as exc:
             raise AssertionError(f"`synapse {cmd}` did not finish in {timeout}s: "
                                  f"{exc.stdout!r} {exc.stderr!r}") from None
-        return CliResult(argv, cp.returncode, cp.stdout, cp.stderr)
+        return CliResult(argv, code, out, err)
 
     # -- convenience one-shots ------------------------------------------------------
 
@@ -330,15 +336,14 @@ class RefClient:
 
     # -- background programs ----------------------------------------------------------
 
-    def _popen(self, argv: list[str], label: str, stdin: bool = False) -> subprocess.Popen:
+    def _popen(self, argv: list[str], label: str, stdin: bool = False) -> ForkedProgram:
+        """`argv`: the program (the `synapse` script or the driver) and its arguments."""
         logs = self.home / "logs"
         logs.mkdir(exist_ok=True)
         self._n = getattr(self, "_n", 0) + 1
         err_path = logs / f"{self._n:02d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.stderr"
         with open(err_path, "w") as err:
-            proc = subprocess.Popen(argv, env=self.env, cwd=self.home, text=True, bufsize=1,
-                                    stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=err)
+            proc = ref_forks.popen(self.python, argv, self.env, self.home, err.fileno(), stdin)
         proc.stderr_path = err_path  # type: ignore[attr-defined]
         return proc
 
@@ -356,7 +361,7 @@ class RefClient:
               mac: tuple[str, str] | None = None) -> RefAgent:
         """`identity`: (private key PEM, key id) to sign the registration;
         `mac`: (key id, secret) for per-message auth."""
-        argv = [self.python, str(DRIVER), "--uri", self.url, "--name", name,
+        argv = [str(DRIVER), "--uri", self.url, "--name", name,
                 *self._auth(token)]
         if identity is not None:
             argv += ["--identity-key", str(identity[0]), "--identity-key-id", identity[1]]

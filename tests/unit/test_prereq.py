@@ -29,6 +29,9 @@ def run_sample(tmp_path, ci: str | None):
     if ci is not None:
         env["CI"] = ci
     env["PYTHONPATH"] = str(REPO)
+    # only tests.conftest (-p), the plugin under test: the installed plugins'
+    # imports (hypothesis, aiohttp, asyncio, xdist) were 3 of its 3.5 CPU-s
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "tests.conftest", "-p",
          "no:cacheprovider", str(tmp_path / "test_sample.py")],
