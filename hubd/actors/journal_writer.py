@@ -25,7 +25,9 @@ RowsRefused).
 from __future__ import annotations
 
 import asyncio
+import queue
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -37,7 +39,6 @@ from hubd.core.endpoints import Endpoints
 from hubd.core.message import CloseEndpoint, Message
 from hubd.core.refusals import CommitFailed
 from hubd.journal.store import JournalStore
-from hubd.journal.thread import DbThread
 from hubd.state.events import refused_row
 
 
@@ -159,7 +160,27 @@ def release(outcomes: list[Outcome], use_failure: bool, endpoints: Endpoints,
             outcome.after_release()
 
 
+class _Call:
+    """A call of a store method on the writer's thread, in turn with the commits."""
+
+    __slots__ = ("fn", "args", "future")
+
+    def __init__(self, fn, args, future):
+        self.fn, self.args, self.future = fn, args, future
+
+
+_STOP = object()
+
+
 class JournalWriter:
+    """Two halves. The loop half (`run`) hands each batch from the Router to the
+    thread half at once, and releases what the thread reports committed. The
+    thread half commits whatever has queued up while its last commit ran, and
+    starts the next commit as soon as one returns: it never waits for the event
+    loop to release the last group first. One hand-off in per batch, one
+    report out per group; release stays in seq order because the reports are
+    made, and run, in the order of the commits."""
+
     def __init__(self, path: str | Path, metrics, endpoints: Endpoints,
                  on_failure: Callable[[JournalFailed], None]):
         self.path = Path(path)
@@ -169,15 +190,31 @@ class JournalWriter:
         self._on_failure = on_failure
         # a commit succeeded since the last JournalFailed
         self._recovered = True
-        self._thread = DbThread("journal-writer")
         self.store: JournalStore | None = None
-        self.failed = False
         self.committed_seq = 0
         self._fault = faults.from_env()  # None unless a crash test armed HUBD_FAULT
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # batches and markers handed to the thread and not yet reported back:
+        # at most QUEUE_BATCHES, so a slow disk holds the Router up at the inbox
+        self._in_flight = 0
+        self._space: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._death: BaseException | None = None
+        # the thread's own: a commit failed and no Resync came since
+        self._failed = False
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="journal-writer", daemon=True)
+        self._thread.start()
 
-    async def call(self, fn, *args):
-        """Run fn on the writer thread (the write connection lives there)."""
-        return await self._thread.call(fn, *args)
+    # -- the loop half
+
+    def call(self, fn, *args) -> asyncio.Future:
+        """Run fn on the writer thread (the write connection lives there), after
+        what was handed to it before."""
+        loop = self._loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._jobs.put(_Call(fn, args, future))
+        return future
 
     async def open(self) -> JournalStore:
         self.store = await self.call(JournalStore, self.path)
@@ -188,61 +225,168 @@ class JournalWriter:
         if self.store is not None:
             await self.call(self.store.close)
             self.store = None
-        self._thread.stop()
+        self._jobs.put(_STOP)
+        self._thread.join()
 
     async def run(self) -> None:
-        inbox = self.inbox
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._space = asyncio.Event()
+        inbox, jobs = self.inbox, self._jobs
+        try:
+            while True:
+                item = await inbox.get()
+                while True:
+                    if self._in_flight >= QUEUE_BATCHES:
+                        self._space.clear()
+                        await self._space.wait()
+                    self._in_flight += 1
+                    jobs.put(item)
+                    try:
+                        item = inbox.get_nowait()
+                    except asyncio.QueueEmpty:
+                        break
+        except asyncio.CancelledError:
+            if self._death is not None:
+                raise RuntimeError("the journal writer stopped") from self._death
+            raise
+
+    def _reported(self, group: list[Outcome], jobs: int, failed: bool, failing: set | None,
+                  notices: list, flushes: list) -> None:
+        """On the loop: what the thread did with one group (and the Flush
+        markers right behind it), in commit order. A failure here is the
+        writer's: it stops the hub, as it would inside `run`."""
+        try:
+            for notice in notices:
+                self._notice(*notice)
+            if group:
+                release(group, failed, self.endpoints, self.metrics.frames_out, failing)
+            for flush in flushes:
+                if not flush.done.done():
+                    flush.done.set_result(self.committed_seq)
+        except BaseException as exc:
+            self._stopped(exc, "releasing a committed group failed")
+            raise
+        finally:
+            self._in_flight -= jobs
+            if self._space is not None and self._in_flight < QUEUE_BATCHES:
+                self._space.set()
+
+    def _notice(self, what: str, *args) -> None:
+        if what == "committed":
+            self.committed_seq, events, seconds = args
+            self.metrics.observe_commit(events, seconds)
+            self._recovered = True
+        elif what == "failed":
+            exc, events, first_seq = args
+            self.metrics.journal_failures += 1
+            log.error("journal commit failed; mutations refused until state is rebuilt",
+                      events=events, first_seq=first_seq, error=repr(exc))
+            self._on_failure(JournalFailed(exc, self._recovered))
+            self._recovered = False
+        else:  # "refused"
+            self.committed_seq, kind, principal, seqs, error = args
+            self.metrics.rows_refused += len(seqs)
+            log.error("journal rows refused; their command failed alone", kind=kind,
+                      first_seq=seqs[0], events=len(seqs), principal=principal,
+                      error=repr(error))
+            self._on_failure(RowsRefused(principal, seqs))
+
+    def _stopped(self, exc: BaseException, what: str) -> None:
+        """The writer cannot go on: `run` ends with this error (the hub stops)."""
+        if self._death is None:
+            self._death = exc
+            log.error(what, error=repr(exc))
+        if self._task is not None:
+            self._task.cancel()
+
+    # -- the thread half
+
+    def _report(self, fn, *args) -> None:
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    def _work(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._stopped, exc,
+                                                "the journal writer's thread stopped")
+            raise
+
+    def _serve(self) -> None:
+        jobs = self._jobs
         while True:
-            items = [await inbox.get()]
+            items = [jobs.get()]
             while True:
                 try:
-                    items.append(inbox.get_nowait())
-                except asyncio.QueueEmpty:
+                    items.append(jobs.get_nowait())
+                except queue.Empty:
                     break
-            await self._process(items)
-
-    async def _process(self, items: list) -> None:
-        group: list[Outcome] = []
-        for item in items:
-            if isinstance(item, list):
-                group.extend(item)
-                if sum(len(o.events) for o in group) < MAX_GROUP_EVENTS:
+            group: list[Outcome] = []
+            events = handed = 0
+            flushes: list[Flush] = []
+            for item in items:
+                if type(item) is list:
+                    if flushes:
+                        self._commit(group, handed, flushes)
+                        group, events, handed, flushes = [], 0, 0, []
+                    group.extend(item)
+                    handed += 1
+                    events += sum(len(outcome.events) for outcome in item)
+                    if events >= MAX_GROUP_EVENTS:
+                        self._commit(group, handed, flushes)
+                        group, events, handed = [], 0, 0
                     continue
-            await self._commit(group)
-            group = []
-            if isinstance(item, Resync):
-                self.failed = False
-            elif isinstance(item, Flush):
-                if not item.done.done():
-                    item.done.set_result(self.committed_seq)
-        if group:
-            await self._commit(group)
+                if type(item) is Flush:
+                    flushes.append(item)
+                    handed += 1
+                    continue
+                if group or flushes:
+                    self._commit(group, handed, flushes)
+                    group, events, handed, flushes = [], 0, 0, []
+                if item is _STOP:
+                    return
+                if type(item) is Resync:
+                    self._failed = False
+                    self._report(self._reported, [], 1, False, None, [], [])
+                else:
+                    self._run_call(item)
+            if group or flushes:
+                self._commit(group, handed, flushes)
 
-    async def _commit(self, group: list[Outcome]) -> None:
-        if not group:
-            return
+    def _run_call(self, call: _Call) -> None:
+        try:
+            result = call.fn(*call.args)
+        except BaseException as exc:  # handed to the awaiting coroutine
+            self._report(_resolve, call.future, False, exc)
+        else:
+            self._report(_resolve, call.future, True, result)
+
+    def _commit(self, group: list[Outcome], handed: int, flushes: list) -> None:
         events = [event for outcome in group for event in outcome.events]
-        failed = self.failed
+        failed = self._failed
         failing = None
+        notices: list = []
         if events and not failed:
             if self._fault is not None:
                 self._fault.reached("before", events)
             started = time.perf_counter()
             try:
-                # the rows were made on the loop (Router.event), not on the
-                # writer's thread, which then needs the GIL only to start and
-                # to end the statement
-                await self.call(self.store.append, [event.row() for event in events])
+                # the rows were made on the loop (Router.event): here they are
+                # only read
+                self.store.append([event.row() for event in events])
             except ROW_ERRORS as exc:
-                failing = await self._commit_one_by_one(group, exc)
+                failing = self._commit_one_by_one(group, exc, notices)
             except Exception as exc:  # sqlite3.OperationalError, OSError: the disk said no
                 failed = True
-                self._fail(events, exc)
+                self._fail(events, exc, notices)
             else:
-                self._committed(events, started)
-        release(group, failed, self.endpoints, self.metrics.frames_out, failing)
+                self._committed(events, started, notices)
+        self._report(self._reported, group, handed, failed, failing, notices, flushes)
 
-    async def _commit_one_by_one(self, group: list[Outcome], error: BaseException) -> set:
+    def _commit_one_by_one(self, group: list[Outcome], error: BaseException,
+                           notices: list) -> set:
         """SQLite refused a row of the group: commit each outcome alone, so
         that only one whose own row is refused fails. The outcomes that fail."""
         log.warning("a journal row was refused; committing the group's commands one by one",
@@ -252,48 +396,47 @@ class JournalWriter:
             events = outcome.events
             if not events:
                 continue
-            if self.failed:  # the journal itself failed on an earlier one
+            if self._failed:  # the journal itself failed on an earlier one
                 failing.add(outcome)
                 continue
             started = time.perf_counter()
             try:
-                await self.call(self.store.append, [event.row() for event in events])
+                self.store.append([event.row() for event in events])
             except ROW_ERRORS as exc:
                 failing.add(outcome)
-                await self._hold_seqs(events, exc)
+                self._hold_seqs(events, exc, notices)
             except Exception as exc:
                 failing.add(outcome)
-                self._fail(events, exc)
+                self._fail(events, exc, notices)
             else:
-                self._committed(events, started)
+                self._committed(events, started, notices)
         return failing
 
-    async def _hold_seqs(self, events: list, error: BaseException) -> None:
+    def _hold_seqs(self, events: list, error: BaseException, notices: list) -> None:
         """The command's rows were refused: journal_row_refused rows keep its
         seqs, and the Router rebuilds the state that applied its events."""
         try:
-            await self.call(self.store.append, [refused_row(event, error) for event in events])
+            self.store.append([refused_row(event, error) for event in events])
         except Exception as exc:
-            self._fail(events, exc)
+            self._fail(events, exc, notices)
             return
-        self.committed_seq = events[-1].seq
-        self.metrics.rows_refused += len(events)
-        log.error("journal rows refused; their command failed alone", kind=events[0].kind,
-                  first_seq=events[0].seq, events=len(events), principal=events[0].principal,
-                  error=repr(error))
-        self._on_failure(RowsRefused(events[0].principal, [event.seq for event in events]))
+        notices.append(("refused", events[-1].seq, events[0].kind, events[0].principal,
+                        [event.seq for event in events], error))
 
-    def _fail(self, events: list, exc: BaseException) -> None:
-        self.failed = True
-        self.metrics.journal_failures += 1
-        log.error("journal commit failed; mutations refused until state is rebuilt",
-                  events=len(events), first_seq=events[0].seq, error=repr(exc))
-        self._on_failure(JournalFailed(exc, self._recovered))
-        self._recovered = False
+    def _fail(self, events: list, exc: BaseException, notices: list) -> None:
+        self._failed = True
+        notices.append(("failed", exc, len(events), events[0].seq))
 
-    def _committed(self, events: list, started: float) -> None:
-        self.committed_seq = events[-1].seq
+    def _committed(self, events: list, started: float, notices: list) -> None:
         if self._fault is not None:
             self._fault.reached("after", events)
-        self.metrics.observe_commit(len(events), time.perf_counter() - started)
-        self._recovered = True
+        notices.append(("committed", events[-1].seq, len(events), time.perf_counter() - started))
+
+
+def _resolve(future: asyncio.Future, ok: bool, value) -> None:
+    if future.cancelled():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)

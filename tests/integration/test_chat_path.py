@@ -17,8 +17,9 @@ HUBD = Path(__import__("hubd").__file__).resolve().parent
 WAY = ("doors", "actors", "handlers", "core")
 LIBRARIES = ("wire", "state", "journal")
 # the outermost hub function of each task or callback that carries a chat
+# (the JournalWriter's release runs in _reported, its thread's report to the loop)
 CARRIERS = {("websocket.py", "run"), ("router.py", "run"), ("journal_writer.py", "run"),
-            ("websocket.py", "_flush")}
+            ("journal_writer.py", "_reported"), ("websocket.py", "_flush")}
 # commands of the Router that are not this chat (the once-a-second tick)
 NOT_THE_CHAT = {("router.py", "_tick")}
 

@@ -72,6 +72,7 @@ LIBRARIES = ("federation/state.py", "federation/clock.py", "federation/metrics.p
 # the outermost hub function of each task or callback that carries a forwarded chat
 CARRIERS = {("hubd/doors/websocket.py", "run"), ("hubd/doors/websocket.py", "_flush"),
             ("hubd/actors/router.py", "run"), ("hubd/actors/journal_writer.py", "run"),
+            ("hubd/actors/journal_writer.py", "_reported"),
             ("federation/actors/outbox.py", "run"), ("federation/actors/link.py", "run")}
 # work inside a carrier that is not this chat: the Router's timers fire in its
 # _tick; the outbox's sweep runs on its Tick
