@@ -195,7 +195,8 @@ class JournalWriter:
         self._fault = faults.from_env()  # None unless a crash test armed HUBD_FAULT
         self._loop: asyncio.AbstractEventLoop | None = None
         # batches and markers handed to the thread and not yet reported back:
-        # at most QUEUE_BATCHES, so a slow disk holds the Router up at the inbox
+        # below 2 x QUEUE_BATCHES (a hand-off takes what the inbox holds), so
+        # a slow disk holds the Router up at the inbox
         self._in_flight = 0
         self._space: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -235,17 +236,14 @@ class JournalWriter:
         inbox, jobs = self.inbox, self._jobs
         try:
             while True:
-                item = await inbox.get()
-                while True:
-                    if self._in_flight >= QUEUE_BATCHES:
-                        self._space.clear()
-                        await self._space.wait()
-                    self._in_flight += 1
-                    jobs.put(item)
-                    try:
-                        item = inbox.get_nowait()
-                    except asyncio.QueueEmpty:
-                        break
+                items = [await inbox.get()]
+                while not inbox.empty():
+                    items.append(inbox.get_nowait())
+                while self._in_flight >= QUEUE_BATCHES:
+                    self._space.clear()
+                    await self._space.wait()
+                self._in_flight += len(items)
+                jobs.put(tuple(items))  # one hand-off for all that was waiting
         except asyncio.CancelledError:
             if self._death is not None:
                 raise RuntimeError("the journal writer stopped") from self._death
@@ -317,11 +315,14 @@ class JournalWriter:
     def _serve(self) -> None:
         jobs = self._jobs
         while True:
-            items = [jobs.get()]
-            while True:
-                try:
-                    items.append(jobs.get_nowait())
-                except queue.Empty:
+            items: list = []
+            while True:  # a hand-off from `run` is a tuple of inbox items
+                job = jobs.get()
+                if type(job) is tuple:
+                    items += job
+                else:
+                    items.append(job)
+                if jobs.empty():
                     break
             group: list[Outcome] = []
             events = handed = 0

@@ -197,7 +197,7 @@ def start_profiles(py_spy: str, hubs: dict[str, HubProcess], seconds: float, out
         out = outdir / f"{name}.txt"
         procs.append((name, out, subprocess.Popen(
             [py_spy, "record", "-p", str(hub.pid), "-f", "raw", "-o", str(out), "-d", str(int(seconds)),
-             "-r", "200", "--gil", "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+             "-r", os.environ.get("SPY_RATE", "200"), "--gil", "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
     return procs
 
 
