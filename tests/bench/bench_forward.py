@@ -189,7 +189,8 @@ def py_spy_path(arg: str | None) -> str | None:
     return None
 
 
-def start_profiles(py_spy: str, hubs: dict[str, HubProcess], seconds: float, outdir: Path) -> list:
+def start_profiles(py_spy: str, hubs: dict[str, HubProcess], seconds: float, outdir: Path,
+                   rate: int = 200) -> list:
     """py-spy record (raw, --gil: only samples where a thread holds the GIL) on each hub."""
     outdir.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -197,7 +198,7 @@ def start_profiles(py_spy: str, hubs: dict[str, HubProcess], seconds: float, out
         out = outdir / f"{name}.txt"
         procs.append((name, out, subprocess.Popen(
             [py_spy, "record", "-p", str(hub.pid), "-f", "raw", "-o", str(out), "-d", str(int(seconds)),
-             "-r", os.environ.get("SPY_RATE", "200"), "--gil", "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+             "-r", str(rate), "--gil", "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
     return procs
 
 
@@ -277,7 +278,7 @@ def run_load(variant: str, scen: str, args, site: Site, base: Path, tag: str, pr
         if profile:
             time.sleep(args.profile_delay)  # past the probe and the warm-up
             spies = start_profiles(args.py_spy, {"east": east, "west": west}, args.profile_seconds,
-                                   workdir.parent / f"{tag}-profile")
+                                   workdir.parent / f"{tag}-profile", args.profile_rate)
         try:
             out, err = lg_proc.communicate(timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -833,6 +834,8 @@ def main(argv: list[str] | None = None) -> int:
                          "recording both hubs; prints the top functions")
     ap.add_argument("--py-spy", default=None, help="py-spy binary (default: on PATH, or /tmp/refvenv/bin/py-spy)")
     ap.add_argument("--profile-seconds", type=float, default=5.0, help="py-spy duration per hub")
+    ap.add_argument("--profile-rate", type=int, default=200,
+                    help="py-spy samples per second (1000 for a long run compared function by function)")
     ap.add_argument("--profile-delay", type=float, default=1.5,
                     help="seconds after loadgen starts before py-spy attaches (probe and warm-up)")
     ap.add_argument("--json", dest="json_out", default=None, help="write all runs and the summary here")
