@@ -39,6 +39,7 @@ from hubd.core.endpoints import Endpoints
 from hubd.core.message import CloseEndpoint, Message
 from hubd.core.refusals import CommitFailed
 from hubd.journal.store import JournalStore
+from hubd.journal.thread import resolve
 from hubd.state.events import refused_row
 
 
@@ -360,9 +361,9 @@ class JournalWriter:
         try:
             result = call.fn(*call.args)
         except BaseException as exc:  # handed to the awaiting coroutine
-            self._report(_resolve, call.future, False, exc)
+            self._report(resolve, call.future, False, exc)
         else:
-            self._report(_resolve, call.future, True, result)
+            self._report(resolve, call.future, True, result)
 
     def _commit(self, group: list[Outcome], handed: int, flushes: list) -> None:
         events = [event for outcome in group for event in outcome.events]
@@ -433,11 +434,3 @@ class JournalWriter:
             self._fault.reached("after", events)
         notices.append(("committed", events[-1].seq, len(events), time.perf_counter() - started))
 
-
-def _resolve(future: asyncio.Future, ok: bool, value) -> None:
-    if future.cancelled():
-        return
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)

@@ -14,7 +14,8 @@ import threading
 _STOP = object()
 
 
-def _resolve(future: asyncio.Future, ok: bool, value) -> None:
+def resolve(future: asyncio.Future, ok: bool, value) -> None:
+    """Settle an awaiting coroutine's future from a result a thread handed back."""
     if future.cancelled():
         return
     if ok:
@@ -39,9 +40,9 @@ class DbThread:
             try:
                 result = fn(*args)
             except BaseException as exc:  # handed to the awaiting coroutine
-                loop.call_soon_threadsafe(_resolve, future, False, exc)
+                loop.call_soon_threadsafe(resolve, future, False, exc)
             else:
-                loop.call_soon_threadsafe(_resolve, future, True, result)
+                loop.call_soon_threadsafe(resolve, future, True, result)
 
     def call(self, fn, *args) -> asyncio.Future:
         loop = asyncio.get_running_loop()

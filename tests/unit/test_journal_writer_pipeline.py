@@ -4,6 +4,7 @@ the event loop to release the last group; release stays in commit order; a
 failure on the loop's side of the writer stops it loudly."""
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 import time
@@ -44,34 +45,42 @@ def rows(db) -> list[int]:
         conn.close()
 
 
-async def started_writer(db, endpoints):
-    writer = JournalWriter(db, HubMetrics(), endpoints, on_failure=lambda failure: None)
+@contextlib.asynccontextmanager
+async def running_writer(db, *endpoints):
+    known = Endpoints()
+    for endpoint in endpoints:
+        known.add(endpoint)
+    writer = JournalWriter(db, HubMetrics(), known, on_failure=lambda failure: None)
     await writer.open()
     task = asyncio.create_task(writer.run())
-    return writer, task
+    try:
+        yield writer, task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await writer.close()
+
+
+async def handed_over(writer) -> None:
+    """Until the writer's loop half has handed its inbox to the thread."""
+    for _ in range(100):
+        if writer.inbox.empty():
+            return
+        await asyncio.sleep(0)
 
 
 async def test_the_next_commit_does_not_wait_for_the_loop_to_release_the_last(tmp_path):
     db = tmp_path / "j.db"
-    endpoints = Endpoints()
     bob = Recorder(7)
-    endpoints.add(bob)
-    writer, task = await started_writer(db, endpoints)
     first, second = threading.Event(), threading.Event()
-    try:
+    async with running_writer(db, bob) as (writer, _):
         # the thread's queue: hold, batch 1, hold, batch 2: two groups
         held = writer.call(first.wait)
         await writer.inbox.put([outcome(1, 7, "one")])
-        for _ in range(100):
-            if writer.inbox.empty():
-                break
-            await asyncio.sleep(0)
+        await handed_over(writer)
         held_again = writer.call(second.wait)
         await writer.inbox.put([outcome(2, 7, "two")])
-        for _ in range(100):
-            if writer.inbox.empty():
-                break
-            await asyncio.sleep(0)
+        await handed_over(writer)
         # the loop is held from here on (no await): nothing can be released
         first.set()
         second.set()
@@ -86,19 +95,12 @@ async def test_the_next_commit_does_not_wait_for_the_loop_to_release_the_last(tm
         await writer.inbox.put(Flush(done))
         assert await asyncio.wait_for(done, 10) == 2
         assert bob.got == ["one", "two"]
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await writer.close()
 
 
 async def test_release_follows_commit_order_across_many_groups(tmp_path):
     db = tmp_path / "j.db"
-    endpoints = Endpoints()
     bob = Recorder(7)
-    endpoints.add(bob)
-    writer, task = await started_writer(db, endpoints)
-    try:
+    async with running_writer(db, bob) as (writer, _):
         for seq in range(1, 301):
             await writer.inbox.put([outcome(seq, 7, str(seq))])
             if seq % 7 == 0:
@@ -108,10 +110,6 @@ async def test_release_follows_commit_order_across_many_groups(tmp_path):
         assert await asyncio.wait_for(done, 20) == 300
         assert bob.got == [str(seq) for seq in range(1, 301)]
         assert rows(db) == list(range(1, 301))
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await writer.close()
 
 
 async def test_a_failing_release_stops_the_writer_with_its_error(tmp_path):
@@ -119,13 +117,8 @@ async def test_a_failing_release_stops_the_writer_with_its_error(tmp_path):
         def deliver(self, message):
             raise KeyError("a bug in a door")
 
-    endpoints = Endpoints()
-    endpoints.add(Broken(7))
-    writer, task = await started_writer(tmp_path / "j.db", endpoints)
-    try:
+    async with running_writer(tmp_path / "j.db", Broken(7)) as (writer, task):
         await writer.inbox.put([outcome(1, 7, "one")])
         with pytest.raises(RuntimeError, match="journal writer stopped") as caught:
             await asyncio.wait_for(task, 10)
         assert isinstance(caught.value.__cause__, KeyError)
-    finally:
-        await writer.close()
