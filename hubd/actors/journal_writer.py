@@ -173,6 +173,11 @@ class _Call:
 _STOP = object()
 
 
+class WriterThreadStopped(RuntimeError):
+    """The writer's thread has ended (a bug, or the hub is closing): nothing
+    more runs on the write connection."""
+
+
 class JournalWriter:
     """Two halves. The loop half (`run`) hands each batch from the Router to the
     thread half at once, and releases what the thread reports committed. The
@@ -205,6 +210,11 @@ class JournalWriter:
         # the thread's own: a commit failed and no Resync came since
         self._failed = False
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        # what ended the thread, if it ended otherwise than by close(); set
+        # and read under the lock with the queue, so no call is put behind it
+        self._jobs_lock = threading.Lock()
+        self._thread_error: BaseException | None = None
+        self._taken: list = []  # what the thread took from the queue last
         self._thread = threading.Thread(target=self._work, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -212,10 +222,14 @@ class JournalWriter:
 
     def call(self, fn, *args) -> asyncio.Future:
         """Run fn on the writer thread (the write connection lives there), after
-        what was handed to it before."""
+        what was handed to it before. WriterThreadStopped once it has ended."""
         loop = self._loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._jobs.put(_Call(fn, args, future))
+        with self._jobs_lock:
+            if self._thread_error is not None:
+                raise WriterThreadStopped("the journal writer's thread has ended") \
+                    from self._thread_error
+            self._jobs.put(_Call(fn, args, future))
         return future
 
     async def open(self) -> JournalStore:
@@ -224,10 +238,17 @@ class JournalWriter:
         return self.store
 
     async def close(self) -> None:
-        if self.store is not None:
-            await self.call(self.store.close)
-            self.store = None
-        self._jobs.put(_STOP)
+        """Close the write connection and end the thread. A thread that died
+        took the connection with it: then there is nothing left to close."""
+        store, self.store = self.store, None
+        if store is not None:
+            try:
+                await self.call(store.close)
+            except WriterThreadStopped:
+                pass
+        with self._jobs_lock:
+            if self._thread_error is None:
+                self._jobs.put(_STOP)
         self._thread.join()
 
     async def run(self) -> None:
@@ -308,9 +329,19 @@ class JournalWriter:
         try:
             self._serve()
         except BaseException as exc:
+            # no call may wait for this thread from now on: the queued ones
+            # fail, later ones are refused (call)
+            with self._jobs_lock:
+                self._thread_error = exc
+                left = list(self._taken)
+                while not self._jobs.empty():
+                    left.append(self._jobs.get_nowait())
             if self._loop is not None and not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(self._stopped, exc,
-                                                "the journal writer's thread stopped")
+                for job in left:
+                    if type(job) is _Call and job.future is not None:
+                        self._report(resolve, job.future, False,
+                                     WriterThreadStopped("the journal writer's thread has ended"))
+                self._report(self._stopped, exc, "the journal writer's thread stopped")
             raise
 
     def _serve(self) -> None:
@@ -325,6 +356,7 @@ class JournalWriter:
                     items.append(job)
                 if jobs.empty():
                     break
+            self._taken = items
             group: list[Outcome] = []
             events = handed = 0
             flushes: list[Flush] = []
@@ -358,12 +390,13 @@ class JournalWriter:
                 self._commit(group, handed, flushes)
 
     def _run_call(self, call: _Call) -> None:
+        future, call.future = call.future, None  # answered (see _work)
         try:
             result = call.fn(*call.args)
         except BaseException as exc:  # handed to the awaiting coroutine
-            self._report(resolve, call.future, False, exc)
+            self._report(resolve, future, False, exc)
         else:
-            self._report(resolve, call.future, True, result)
+            self._report(resolve, future, True, result)
 
     def _commit(self, group: list[Outcome], handed: int, flushes: list) -> None:
         events = [event for outcome in group for event in outcome.events]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hubd.actors.journal_writer import Flush, JournalWriter, Outcome
+from hubd.actors.journal_writer import Flush, JournalWriter, Outcome, WriterThreadStopped
 from hubd.core.endpoints import Endpoints
 from hubd.core.message import Message
 from hubd.metrics import HubMetrics
@@ -122,3 +122,38 @@ async def test_a_failing_release_stops_the_writer_with_its_error(tmp_path):
         with pytest.raises(RuntimeError, match="journal writer stopped") as caught:
             await asyncio.wait_for(task, 10)
         assert isinstance(caught.value.__cause__, KeyError)
+
+
+# the thread's SystemExit is re-raised there on purpose (threading reports it)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+async def test_a_dead_writer_thread_stops_the_writer_and_nothing_waits_for_it(tmp_path):
+    """What a bug on the writer's thread leaves: run ends with its cause, calls
+    already queued and calls made later fail at once, and close() returns
+    (a hub closing after such a failure used to wait for it for ever)."""
+
+    class Broken:
+        def append(self, rows):
+            raise SystemExit("a bug past the writer's handlers")
+
+        def close(self):
+            raise AssertionError("not called: the connection went with its thread")
+
+    async with running_writer(tmp_path / "j.db") as (writer, task):
+        real = writer.store
+        writer.store = Broken()
+        hold = threading.Event()
+        held = writer.call(hold.wait)
+        await writer.inbox.put([outcome(1, 7, "one")])
+        await handed_over(writer)
+        queued = writer.call(int, "5")  # behind the batch that kills the thread
+        hold.set()
+        await held
+        with pytest.raises(RuntimeError, match="journal writer stopped") as caught:
+            await asyncio.wait_for(task, 10)
+        assert isinstance(caught.value.__cause__, SystemExit)
+        with pytest.raises(WriterThreadStopped):
+            await asyncio.wait_for(queued, 10)
+        with pytest.raises(WriterThreadStopped):
+            writer.call(int, "6")
+        await asyncio.wait_for(writer.close(), 10)
+        real.close()  # the test's own: the writer no longer can
