@@ -32,8 +32,12 @@ def ping_then_reset(port: int, pings: int = 20) -> None:
 def test_pings_on_a_reset_connection_end_only_that_socket(tmp_path):
     hub = hubd_process(tmp_path).start()
     try:
-        for _ in range(30):
+        # the race is the kernel's and the loop's: how many resets it takes
+        # to hit it varies with the box's load (30 once provoked none on CI)
+        for attempt in range(1, 301):
             ping_then_reset(hub.port)
+            if attempt % 10 == 0 and "socket reset" in hub.log():
+                break
 
         async def serves_on():
             probe = await WsProbe.open(hub.url)
