@@ -183,8 +183,8 @@ class JournalWriter:
     thread half at once, and releases what the thread reports committed. The
     thread half commits whatever has queued up while its last commit ran, and
     starts the next commit as soon as one returns: it never waits for the event
-    loop to release the last group first. One hand-off in per batch, one
-    report out per group; release stays in seq order because the reports are
+    loop to release the last group first. One hand-off in per drain of the
+    inbox, one report out per group; release stays in seq order because the reports are
     made, and run, in the order of the commits."""
 
     def __init__(self, path: str | Path, metrics, endpoints: Endpoints,
@@ -204,7 +204,7 @@ class JournalWriter:
         # below 2 x QUEUE_BATCHES (a hand-off takes what the inbox holds), so
         # a slow disk holds the Router up at the inbox
         self._in_flight = 0
-        self._space: asyncio.Event | None = None
+        self._space = asyncio.Event()  # set when _in_flight drops below the bound
         self._task: asyncio.Task | None = None
         self._death: BaseException | None = None
         # the thread's own: a commit failed and no Resync came since
@@ -254,7 +254,6 @@ class JournalWriter:
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
-        self._space = asyncio.Event()
         inbox, jobs = self.inbox, self._jobs
         try:
             while True:
@@ -277,8 +276,8 @@ class JournalWriter:
         markers right behind it), in commit order. A failure here is the
         writer's: it stops the hub, as it would inside `run`."""
         try:
-            for notice in notices:
-                self._notice(*notice)
+            for notice, *args in notices:
+                notice(*args)
             if group:
                 release(group, failed, self.endpoints, self.metrics.frames_out, failing)
             for flush in flushes:
@@ -289,28 +288,30 @@ class JournalWriter:
             raise
         finally:
             self._in_flight -= jobs
-            if self._space is not None and self._in_flight < QUEUE_BATCHES:
+            if self._in_flight < QUEUE_BATCHES:
                 self._space.set()
 
-    def _notice(self, what: str, *args) -> None:
-        if what == "committed":
-            self.committed_seq, events, seconds = args
-            self.metrics.observe_commit(events, seconds)
-            self._recovered = True
-        elif what == "failed":
-            exc, events, first_seq = args
-            self.metrics.journal_failures += 1
-            log.error("journal commit failed; mutations refused until state is rebuilt",
-                      events=events, first_seq=first_seq, error=repr(exc))
-            self._on_failure(JournalFailed(exc, self._recovered))
-            self._recovered = False
-        else:  # "refused"
-            self.committed_seq, kind, principal, seqs, error = args
-            self.metrics.rows_refused += len(seqs)
-            log.error("journal rows refused; their command failed alone", kind=kind,
-                      first_seq=seqs[0], events=len(seqs), principal=principal,
-                      error=repr(error))
-            self._on_failure(RowsRefused(principal, seqs))
+    # what the thread noted of a group, told on the loop (_reported)
+
+    def _was_committed(self, seq: int, events: int, seconds: float) -> None:
+        self.committed_seq = seq
+        self.metrics.observe_commit(events, seconds)
+        self._recovered = True
+
+    def _commit_failed(self, exc: BaseException, events: int, first_seq: int) -> None:
+        self.metrics.journal_failures += 1
+        log.error("journal commit failed; mutations refused until state is rebuilt",
+                  events=events, first_seq=first_seq, error=repr(exc))
+        self._on_failure(JournalFailed(exc, self._recovered))
+        self._recovered = False
+
+    def _rows_were_refused(self, seq: int, kind: str, principal: str | None, seqs: list,
+                           error: BaseException) -> None:
+        self.committed_seq = seq
+        self.metrics.rows_refused += len(seqs)
+        log.error("journal rows refused; their command failed alone", kind=kind,
+                  first_seq=seqs[0], events=len(seqs), principal=principal, error=repr(error))
+        self._on_failure(RowsRefused(principal, seqs))
 
     def _stopped(self, exc: BaseException, what: str) -> None:
         """The writer cannot go on: `run` ends with this error (the hub stops)."""
@@ -455,15 +456,16 @@ class JournalWriter:
         except Exception as exc:
             self._fail(events, exc, notices)
             return
-        notices.append(("refused", events[-1].seq, events[0].kind, events[0].principal,
+        notices.append((self._rows_were_refused, events[-1].seq, events[0].kind, events[0].principal,
                         [event.seq for event in events], error))
 
     def _fail(self, events: list, exc: BaseException, notices: list) -> None:
         self._failed = True
-        notices.append(("failed", exc, len(events), events[0].seq))
+        notices.append((self._commit_failed, exc, len(events), events[0].seq))
 
     def _committed(self, events: list, started: float, notices: list) -> None:
         if self._fault is not None:
             self._fault.reached("after", events)
-        notices.append(("committed", events[-1].seq, len(events), time.perf_counter() - started))
+        notices.append((self._was_committed, events[-1].seq, len(events),
+                        time.perf_counter() - started))
 
