@@ -22,8 +22,9 @@ wait at once; each gives up after 15 s.
 from __future__ import annotations
 
 import asyncio
-import base64
 from typing import NamedTuple
+
+import pybase64
 
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
@@ -85,7 +86,7 @@ def _serve(store: AttachmentStore, recipients, peer: str, request: PeerRequest |
             data = store.read(stored.filename, request.offset,
                               min(CHUNK_BYTES, meta.length - request.offset))
             answer = {"ok": True, "scope": meta.scope, "digest": meta.digest,
-                      "offset": request.offset, "body": base64.b64encode(data).decode("ascii"),
+                      "offset": request.offset, "body": pybase64.b64encode_as_string(data),
                       "eof": request.offset + len(data) >= meta.length}
     scope, digest, action = ((request.scope, request.digest, request.action) if request
                              else tuple(str(frame.get(k, ""))[:256]

@@ -13,7 +13,6 @@ answers in the order of its requests.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import html
 import secrets
@@ -21,6 +20,7 @@ import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
+import pybase64
 import structlog
 
 from hubd.actors.router import Router
@@ -247,7 +247,7 @@ def _chunk_done(live: AttachmentsLive, effect: tuple, error: str | None) -> str 
 
 
 def _read_answer(fields: dict, data: bytes) -> dict:
-    answer = dict(fields, body=base64.b64encode(data).decode("ascii"),
+    answer = dict(fields, body=pybase64.b64encode_as_string(data),
                   eof=fields["offset"] + len(data) >= fields.pop("_length"))
     if answer.pop("_preview", False):
         answer["preview_html"] = html.escape(data[:PREVIEW_BYTES].decode("utf-8", "replace"))

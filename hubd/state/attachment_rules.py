@@ -13,6 +13,8 @@ import binascii
 import re
 from dataclasses import dataclass
 
+import pybase64
+
 from hubd.state.acl import ATTACHMENT_VERBS, Rule, allowed, holds_role, project_of
 
 # the reference's limits (§13.4)
@@ -122,6 +124,23 @@ def read_begin(frame: dict, now: float) -> Metadata | str:
     return Metadata(frame["scope"], digest, length, media, provenance, float(expires))
 
 
+def strict_b64decode(text: str) -> bytes | None:
+    """`base64.b64decode(text, validate=True)`, or None where it raises.
+
+    pybase64 (SIMD) decodes a chunk's 44 KB in ~2 us against ~120 us; it
+    refuses a few texts the standard library accepts (padding after a full
+    quantum, "0000="), so a refusal is asked of the standard library again
+    and only its verdict counts."""
+    try:
+        return pybase64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        pass
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
 def read_chunk(frame: dict, received: int, length: int) -> bytes | str:
     """A chunk's bytes, or its refusal: the offset must be what the upload
     holds, the body standard base64 of 1..32768 bytes not running past the
@@ -131,9 +150,8 @@ def read_chunk(frame: dict, received: int, length: int) -> bytes | str:
         return BAD_OFFSET
     if not isinstance(body, str) or len(body) > MAX_CHUNK_ENCODED:
         return BAD_CHUNK
-    try:
-        data = base64.b64decode(body, validate=True)
-    except (binascii.Error, ValueError):
+    data = strict_b64decode(body)
+    if data is None:
         return BAD_CHUNK
     if not 0 < len(data) <= CHUNK_BYTES or received + len(data) > length:
         return BAD_CHUNK_LENGTH

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from hubd.state.acl import PolicyError
+from hubd.wire.digests import signed_json
 
 MAX_KEYS = 4096
 MAX_TEXT = 1024
@@ -87,8 +87,7 @@ def signed_bytes(frame: dict, value_key: str, container: str) -> bytes:
     """The bytes a signature covers: the frame with `frame[container][value_key]`
     left out, as sorted compact JSON (shared with per-message authentication)."""
     inner = {k: v for k, v in frame[container].items() if k != value_key}
-    return json.dumps({**frame, container: inner}, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False).encode("utf-8")
+    return signed_json({**frame, container: inner})
 
 
 def verify_registration(keys: dict[str, TrustedKey], frame: dict, now: float,

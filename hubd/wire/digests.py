@@ -1,6 +1,7 @@
 """Canonical JSON and its SHA-256, one home: sorted keys, compact separators,
 ASCII with escapes, i.e. `json.dumps(value, sort_keys=True, separators=(",", ":"))`
-byte for byte.
+byte for byte; and the same text unescaped in UTF-8, the form signatures and
+per-message MACs cover (`signed_json`).
 
 The digests the journal keeps are made of this text (an idempotent verdict's
 response_sha256, a delivery request's and report's digests, a refused claim's
@@ -39,6 +40,27 @@ def canonical_json(value) -> bytes:
     if text is None or not text.isascii() or b"\\" in text or b"\x7f" in text \
             or not _floats_as_repr(value):
         text = json.dumps(value, sort_keys=True, separators=(",", ":")).encode("ascii")
+    return text
+
+
+def signed_json(value) -> bytes:
+    """`json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`
+    in UTF-8, byte for byte: what a registration's signature and a frame's
+    MAC cover, computed the same way by the reference client.
+
+    orjson's text is taken when it holds no backslash (no escape, whose
+    spelling could differ; both leave DEL and every non-ASCII character
+    as they are) and every float prints as its repr does; anything else
+    takes json.dumps itself (an unpaired surrogate then raises
+    UnicodeEncodeError, as it always did). An attachment chunk's ~44 KB
+    frame: ~105 us with json.dumps, ~5 us this way."""
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # an unpaired surrogate, an integer past 64 bits
+        text = None
+    if text is None or b"\\" in text or not _floats_as_repr(value):
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False).encode("utf-8")
     return text
 
 

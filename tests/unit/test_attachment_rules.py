@@ -4,9 +4,12 @@ and the store's crash cleanup on real files (hubd/journal/attachment_store.py)."
 from __future__ import annotations
 
 import base64
+import binascii
 import os
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from hubd.journal.attachment_store import AttachmentStore, StoreError
 from hubd.state import attachment_rules as r
@@ -105,3 +108,22 @@ def test_the_store_refuses_a_shared_root_and_cleans_what_no_commit_finished(tmp_
     assert os.listdir(root / "objects") == [kept]
     assert (root / "objects" / kept).read_bytes() == b"hello"
     assert oct((root / "attachments.sqlite3").stat().st_mode & 0o777) == "0o600"
+
+
+# -- a chunk's base64: the standard library's verdict, whichever decoder runs
+
+def _stdlib(text):
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text(alphabet="ABCXYZabcxyz0189+/=\n -_\u00e9\x00", max_size=40)
+       | st.binary(max_size=40).map(lambda b: base64.b64encode(b).decode()))
+@example("0000=")  # pybase64 refuses padding after a full quantum; the standard library does not
+@example("AA==AA==")
+@example("=AAA")
+def test_strict_b64decode_agrees_with_the_standard_library(text):
+    assert r.strict_b64decode(text) == _stdlib(text)

@@ -64,6 +64,21 @@ def test_depth_bound():
     assert decode_frame(very_deep) == DecodeError(MALFORMED_JSON, codec.CODE_MALFORMED_JSON)
 
 
+@pytest.mark.parametrize("wide", [0, codec.WALK_BUDGET + 1])
+def test_depth_bound_in_a_long_text_walked_or_counted(wide):
+    # long enough to be walked first; `wide` values past the walk's budget
+    # send it back to counting brackets
+    pad = "x" * codec.WALK_FIRST_BYTES
+    for depth, refused in ((63, False), (64, True)):
+        text = json.dumps({"body": pad, "wide": [[0]] * wide,
+                           "z": json.loads("[" * depth + "]" * depth)})
+        got = decode_frame(text)
+        if refused:
+            assert got == DecodeError(MALFORMED_JSON, codec.CODE_MALFORMED_JSON)
+        else:
+            assert isinstance(got, dict) and got["body"] == pad
+
+
 def test_huge_integers_are_never_integers():
     frame = decode_frame('{"seq": 123456789012345678901234567890}')
     assert isinstance(frame, dict) and strict_int(frame["seq"]) is None

@@ -331,6 +331,23 @@ def test_canonical_json_is_json_dumps_sorted_compact_ascii(value):
     assert digests.canonical_json(value) == want
 
 
+@settings(max_examples=400, deadline=None)
+@given(_values)
+@example({"body": "caf\u00e9 \u2028", "timestamp": 1764752000.123456, "n": 1e16})
+@example({"auth": {"nonce": "a\\b"}, "x": "tab\there", "y": "\x7f\x1f"})
+@example({"body": "p/s\ud800"})
+@example({"big": 2 ** 64, "small": -0.0, "inf": float("inf")})
+def test_signed_json_is_json_dumps_sorted_compact_utf8(value):
+    try:
+        want = json.dumps(value, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # an unpaired surrogate: refused the same way
+        with pytest.raises(UnicodeEncodeError):
+            digests.signed_json(value)
+        return
+    assert digests.signed_json(value) == want
+
+
 def test_operation_key_and_digest_are_sha256_of_that_text():
     assert r.operation_key("h", "p/s", "r\u00e91") == hashlib.sha256(
         json.dumps(["h", "p/s", "r\u00e91"], separators=(",", ":")).encode()).hexdigest()
