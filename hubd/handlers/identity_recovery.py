@@ -295,6 +295,20 @@ def revoke(router: Router, session: Session, frame: dict, size: int) -> None:
            f"identity key {key_id!r} for {name!r} revoked")
 
 
+def health_identity_pins(hub) -> dict | None:
+    """/health `identity_pins`: how many names are pinned and keys enrolled
+    (counts against their bounds, never a key)."""
+    router = hub.router
+    if router is None:
+        return None
+    recovery = ir.recovery_of(router.state)
+    security = hub.config.security
+    return {"pins": len(recovery.pins), "pins_max": ir.MAX_PINS,
+            "tofu": not security.require_identity_binding,
+            "enrolment": security.identity_enrollments is not None,
+            "enrolled_keys": len(recovery.enrolled), "enrolled_keys_max": ir.MAX_ENROLLED}
+
+
 def identity_recovery_plugin(security) -> Plugin:
     """The verbs always (an older or unconfigured hub answers each with its
     refusal); the pin gate only where binding is not required (under
@@ -303,4 +317,5 @@ def identity_recovery_plugin(security) -> Plugin:
     hooks = () if security.require_identity_binding else (pin_registered,)
     return Plugin("identity_recovery", verbs=verbs, appliers=ir.appliers,
                   projections=ir.PROJECTIONS, registration_gates=gates, on_register=hooks,
-                  live=(PendingPins, EnrolmentLive))
+                  live=(PendingPins, EnrolmentLive),
+                  health_sections={"identity_pins": health_identity_pins})

@@ -139,9 +139,13 @@ def test_a_first_signed_registration_pins_the_name_across_a_restart(tmp_path):
         hub.stop()
         hub.start()
         asyncio.run(after())
+        health = hub.get_json("/health")
     finally:
         hub.stop()
     pinned = events(tmp_path / "hubd.db", "identity_pinned")
+    assert health["identity_pins"] == {"pins": 1, "pins_max": 16384, "tofu": True,
+                                       "enrolment": False, "enrolled_keys": 0,
+                                       "enrolled_keys_max": 4096}
     assert [(p["name"], p["key_id"]) for p in pinned] == [("p/tofu", "tofu-a")]
 
 
