@@ -304,3 +304,14 @@ def test_enrolled_keys_prove_their_name_and_a_revoked_one_is_refused():
     revoked = recovery_with(ir.EnrolledKey("k1", "p/n", public, revoked=True))
     assert verify_registration(ir.effective_keys(STATIC, revoked), signed("p/n", private, "k1"),
                                time.time()) == "revoked_key"
+
+
+def test_the_generic_acl_gate_checks_the_governed_verbs_too():
+    from hubd.state.acl import acl_denial, required_accesses
+
+    assert required_accesses("identity_pin_reclaim", {"pin_name": "p/t"}, "p/op") == [
+        ("identity-pin-reclaim", "agent", "p/t")]
+    assert required_accesses("identity_revoke", {"name": "p/n"}, "p/op") == [
+        ("identity-enroll", "agent", "p/n")]
+    denial = acl_denial((), "p/op", "identity_enroll", {"name": "p/n"})
+    assert denial.text == "access denied: identity-enroll on agent:p/n"
