@@ -9,6 +9,7 @@ where it has one.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from hubd.actors.signed_identity import mac_keyring
@@ -175,8 +176,22 @@ def _enrollment_problems(args: argparse.Namespace, problems: list[str]) -> None:
         problems.append("--identity-enrollment-namespace, -rate and -window require "
                         "--identity-enrollments")
     store = Path(args.identity_enrollments) if args.identity_enrollments else None
-    if store is not None and store.exists() and store.stat().st_size > 0:
+    if store is not None and _holds_keys(store):
         problems.append(
             f"--identity-enrollments {store} holds a reference hub's enrolled keys; hubd keeps "
             "enrolled keys in its journal and does not read that file: move its live keys "
             "into --identity-trust (or remove the file) before starting")
+
+
+def _holds_keys(store: Path) -> bool:
+    """Does the reference's enrolment store hold keys (or is it unreadable,
+    so that it may)? An absent, empty or `{"keys": []}` file holds none."""
+    try:
+        if not store.exists() or store.stat().st_size == 0:
+            return False
+        if store.stat().st_size > 4 * 1024 * 1024:
+            return True
+        doc = json.loads(store.read_bytes())
+    except (OSError, ValueError):
+        return True
+    return not (isinstance(doc, dict) and doc.get("keys") == [])

@@ -340,3 +340,26 @@ def test_enrolment_and_revocation_take_effect_and_survive_a_restart(tmp_path):
         "approved", "applied", "denied"]
     assert all("public_key" not in a for a in audits)
     assert all(a["operator"] == "p/op" for a in audits)  # the clerk's refusal is not audited
+
+
+def test_the_enrolment_flags_refuse_a_start_they_cannot_serve(tmp_path):
+    trust = owner_only(tmp_path / "trust.json", {"keys": []})
+
+    def check(*args: str) -> tuple[int, str]:
+        done = subprocess.run([sys.executable, "-m", "hubd", "--db", str(tmp_path / "h.db"),
+                               *args, "--check"], capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path)
+        return done.returncode, done.stderr
+
+    code, err = check("--identity-enrollments", str(tmp_path / "e.json"))
+    assert code == 2 and "online identity enrolment needs an identity trust bundle" in err
+    bound = ("--identity-trust", str(trust), "--require-identity-binding")
+    assert check(*bound, "--identity-enrollments", str(tmp_path / "e.json"))[0] == 0
+    owner_only(tmp_path / "empty.json", {"keys": []})
+    assert check(*bound, "--identity-enrollments", str(tmp_path / "empty.json"))[0] == 0
+    owner_only(tmp_path / "old.json", {"keys": [{"key_id": "k", "public_key": "x",
+                                                 "senders": ["p/a"], "revoked": False}]})
+    code, err = check(*bound, "--identity-enrollments", str(tmp_path / "old.json"))
+    assert code == 2 and "holds a reference hub's enrolled keys" in err
+    code, err = check("--identity-enrollment-namespace", "p")
+    assert code == 2 and "require --identity-enrollments" in err
