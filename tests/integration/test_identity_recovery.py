@@ -363,3 +363,64 @@ def test_the_enrolment_flags_refuse_a_start_they_cannot_serve(tmp_path):
     assert code == 2 and "holds a reference hub's enrolled keys" in err
     code, err = check("--identity-enrollment-namespace", "p")
     assert code == 2 and "require --identity-enrollments" in err
+
+
+def test_a_reclaim_whose_commit_fails_is_refused_and_changes_nothing(tmp_path):
+    """The journal on a full disk: the approved reclaim cannot be committed,
+    so the operator hears `could not persist the reclaimed pin table` with
+    applied false, no notice is broadcast, the pin stays (also after the
+    state is rebuilt), and the same request applies once the disk has room."""
+    from hubd.timing import Timing
+    from tests.integration.test_attachment_store import _fill_to_the_last_page
+    from tests.integration.test_faults import _mount_tmpfs
+    from tests.support.procs import timing_file
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    tofu, operator = Key("tofu-a", keys), Key("op-key", keys)
+    policy = owner_only(tmp_path / "acl.json", {"rules": [
+        {"permission": "identity-pin-reclaim", "target_kind": "agent",
+         "target_pattern": "p/*"}]})
+    small = tmp_path / "small"
+    _mount_tmpfs(small)
+    answers: dict = {}
+    try:
+        timing = timing_file(tmp_path / "timing.json", Timing(journal_retry_first=0.2))
+        hub = hubd_process(tmp_path / "hub", "--acl-policy", str(policy), "--timing",
+                           str(timing), db=small / "hubd.db").start()
+        try:
+            async def run():
+                probe, _ = await connect(hub.url, "p/tofu", tofu)
+                await probe.close()
+                op, refused = await connect(hub.url, "p/op", operator)
+                assert refused is None
+                watcher, _ = await connect(hub.url, "p/watch")
+                request = dict(pin_name="p/tofu", expected_key_id="tofu-a", reason="lost")
+                filler = _fill_to_the_last_page(small)
+                answers["failed"] = await ask(op, "p/op", "identity_pin_reclaim", **request)
+                filler.unlink()
+                deadline = time.monotonic() + 15
+                while True:  # mutations are refused a moment after a failed commit
+                    retry = await ask(op, "p/op", "identity_pin_reclaim", **request)
+                    if retry["type"] == "identity_pin_reclaim_result":
+                        break
+                    assert "cannot write its journal" in retry["payload"], retry
+                    assert time.monotonic() < deadline, retry
+                    await asyncio.sleep(0.1)
+                answers["retry"] = retry
+                await watcher.drain(0.5)
+                answers["notices"] = [f for f in watcher.frames
+                                      if f.get("event_kind") == "identity_pin_reclaim"]
+                await op.close()
+                await watcher.close()
+
+            asyncio.run(run())
+        finally:
+            hub.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+    failed = answers["failed"]
+    assert (failed["type"], failed["applied"], failed["audit_seq"], failed["payload"]) == (
+        "identity_pin_reclaim_result", False, None, "could not persist the reclaimed pin table")
+    assert answers["retry"]["applied"] is True  # the pin had stayed: the retry removed it
+    assert [n["audit_seq"] for n in answers["notices"]] == [answers["retry"]["audit_seq"]]
