@@ -424,3 +424,21 @@ def test_a_reclaim_whose_commit_fails_is_refused_and_changes_nothing(tmp_path):
         "identity_pin_reclaim_result", False, None, "could not persist the reclaimed pin table")
     assert answers["retry"]["applied"] is True  # the pin had stayed: the retry removed it
     assert [n["audit_seq"] for n in answers["notices"]] == [answers["retry"]["audit_seq"]]
+
+
+def test_keygen_makes_an_owner_only_key_and_prints_its_trust_entry(tmp_path):
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    pem = tmp_path / "op.pem"
+    code, out = hubd_identity("keygen", "--sender", "p/op", "--key-id", "op-1",
+                              "--private-out", str(pem))
+    assert code == 0
+    entry = json.loads(out)["keys"][0]
+    assert (entry["key_id"], entry["senders"]) == ("op-1", ["p/op"])
+    assert pem.stat().st_mode & 0o777 == 0o600
+    private = load_pem_private_key(pem.read_bytes(), password=None)
+    raw = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    assert base64.b64decode(entry["public_key"]) == raw
+    code, out = hubd_identity("keygen", "--sender", "p/op", "--key-id", "op-2",
+                              "--private-out", str(pem))
+    assert code == 2 and "cannot create" in out  # never overwritten
