@@ -140,6 +140,14 @@ def test_a_first_signed_registration_pins_the_name_across_a_restart(tmp_path):
         hub.start()
         asyncio.run(after())
         health = hub.get_json("/health")
+        # an operator whose registration is refused gets no verdict: exit 2
+        code, out = hubd_identity(
+            "reclaim", "p/x", "--operator", "p/tofu", "--identity-key", str(other.pem),
+            "--identity-key-id", other.key_id, "--expected-key-id", "k", "--reason", "r",
+            "--uri", hub.url, "--json")
+        assert code == 2 and out.startswith(
+            "pin reclaim failed: identity pin: name 'p/tofu' is pinned to key tofu-a") \
+            and out.strip().endswith("(closed 4013)"), out
     finally:
         hub.stop()
     pinned = events(tmp_path / "hubd.db", "identity_pinned")
