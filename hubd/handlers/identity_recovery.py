@@ -21,6 +21,7 @@ import structlog
 
 from hubd.actors.router import Router
 from hubd.core.plugin import Plugin, Verbs
+from hubd.core.refusals import REFUSALS
 from hubd.handlers.signed import RegistrationNonces
 from hubd.state import identity_recovery as ir
 from hubd.state.presence import Session
@@ -101,8 +102,15 @@ def pin_registered(router: Router, session: Session, frame: dict) -> None:
                     name=session.name, capacity=ir.MAX_PINS)
         return
     key_id, public_key = proved
-    router.event(ir.PINNED, {"name": session.name, "key_id": key_id,
-                             "public_key": public_key, "pinned_at": router.now})
+    try:
+        router.event(ir.PINNED, {"name": session.name, "key_id": key_id,
+                                 "public_key": public_key, "pinned_at": router.now})
+    except REFUSALS as refused:  # raised before anything was applied
+        # the journal cannot take the pin now: the registration proved its
+        # key and stands; the name is pinned by its next signed registration
+        log.warning("identity not pinned: the journal refused the pin", name=session.name,
+                    key_id=key_id, reason=str(refused))
+        return
     log.info("identity pinned", name=session.name, key_id=key_id)
 
 
