@@ -43,6 +43,8 @@ SUBCOMMANDS = {
                   "principals: who may speak for which seats, their tokens and grants"),
     "redsyn": ("hubd.doors.redsyn.nodes", "REDSYN nodes: make or revoke an HTTP agent's bearer token"),
     "journal": ("hubd.journal_cli", "check a journal and its snapshots (verify)"),
+    "identity": ("hubd.identity_cli", "governed identity recovery: reclaim a pin, enrol or "
+                 "revoke an identity key on a running hub; make an identity key"),
     "multihub": ("federation.multihub_cli",
                  "observe a peer hub's journal, show multi-hub authority state, recover a "
                  "quarantined peer"),

@@ -12,6 +12,7 @@ from hubd.doors.redsyn.install import redsyn_door
 from hubd.handlers import core_plugin
 from hubd.handlers.attachments import attachments_plugin
 from hubd.handlers.broker import broker_plugin
+from hubd.handlers.identity_recovery import identity_recovery_plugin
 from hubd.handlers.redsyn import redsyn_plugin
 from hubd.handlers.signed import signed_plugin
 from hubd.hub import Hub
@@ -23,7 +24,8 @@ def plugins_for(config: HubConfig) -> list[Plugin]:
     verbs with their refusals; one with --no-redsyn or --no-broker replays
     those doors' events); the REDSYN and broker doors when they serve."""
     federation = config.federation if config.federation is not None else FederationConfig()
-    plugins = [core_plugin(), signed_plugin(config.security), attachments_plugin(config),
+    plugins = [core_plugin(), signed_plugin(config.security),
+               identity_recovery_plugin(config.security), attachments_plugin(config),
                Federation(federation).plugin(),
                redsyn_plugin(config.redsyn), broker_plugin(config.broker)]
     if config.redsyn:

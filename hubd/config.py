@@ -90,6 +90,12 @@ class SecurityConfig:
     # hubd's bound on the bytes under the root (committed and reserved)
     attachment_max_bytes: int = 4 * 1024 ** 3
     attachment_recipient_policy: Path | None = None
+    # --identity-enrollments FILE turns the enrolment verbs on (hubd keeps the
+    # enrolled keys in its journal and does not open the file: docs/identity.md)
+    identity_enrollments: Path | None = None
+    identity_enrollment_namespaces: tuple[str, ...] = ()
+    identity_enrollment_rate: int = 10
+    identity_enrollment_window: float = 3600.0
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ where it has one.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from hubd.actors.signed_identity import mac_keyring
@@ -65,6 +66,17 @@ def add_security_flags(parser: argparse.ArgumentParser) -> None:
                        default="off", help="strict: refuse a signed frame whose sequence is "
                        "at or below the highest its key and sender had accepted (kept in the "
                        "journal, across restarts); off and compat accept it")
+    ident.add_argument("--identity-enrollments", metavar="FILE",
+                       help="turn on online enrolment (identity_enroll, identity_revoke); "
+                            "hubd keeps the enrolled keys in its journal and does not open "
+                            "FILE (docs/identity.md); requires --identity-trust")
+    ident.add_argument("--identity-enrollment-namespace", action="append", default=[],
+                       metavar="PROJECT", help="project namespace online enrolment may add "
+                       "names to (repeatable; none by default)")
+    ident.add_argument("--identity-enrollment-rate", type=int, default=10, metavar="N",
+                       help="enrolment changes one operator may make per window (10)")
+    ident.add_argument("--identity-enrollment-window", type=float, default=3600.0,
+                       metavar="SECONDS", help="the window of --identity-enrollment-rate (3600)")
     ident.add_argument("--attachment-root", metavar="DIR",
                        help="owner-only directory of scoped attachments (wire v4)")
     ident.add_argument("--attachment-max-bytes", type=int, default=4 * 1024 ** 3,
@@ -113,6 +125,7 @@ def security_config(args: argparse.Namespace, token: str | None,
     if args.message_auth_sequence_floor_mode != "off" and not args.require_message_auth:
         problems.append("--message-auth-sequence-floor-mode requires --require-message-auth")
     keys = _keys(args, problems)
+    _enrollment_problems(args, problems)
     if args.attachment_root and not (token and args.require_identity_binding
                                      and args.require_message_auth and args.require_acl
                                      and args.role_grants):
@@ -137,4 +150,48 @@ def security_config(args: argparse.Namespace, token: str | None,
         message_auth_replay_capacity=args.message_auth_replay_capacity,
         attachment_root=path(args.attachment_root),
         attachment_max_bytes=args.attachment_max_bytes,
-        attachment_recipient_policy=path(args.attachment_recipient_policy))
+        attachment_recipient_policy=path(args.attachment_recipient_policy),
+        identity_enrollments=path(args.identity_enrollments),
+        identity_enrollment_namespaces=tuple(args.identity_enrollment_namespace),
+        identity_enrollment_rate=args.identity_enrollment_rate,
+        identity_enrollment_window=args.identity_enrollment_window)
+
+
+ENROLLMENTS_NEED = ("online identity enrolment needs an identity trust bundle and a durable "
+                    "journal: pass --identity-trust and --db with --identity-enrollments")
+
+
+def _enrollment_problems(args: argparse.Namespace, problems: list[str]) -> None:
+    """--identity-enrollments and its companions (docs/identity.md, "Governed
+    identity recovery"). hubd always has its journal; a reference store with
+    keys in it is refused rather than silently left behind."""
+    if args.identity_enrollments and not args.identity_trust:
+        problems.append(ENROLLMENTS_NEED)
+    if args.identity_enrollment_rate < 0:
+        problems.append("--identity-enrollment-rate must not be negative")
+    if not args.identity_enrollment_window > 0:
+        problems.append("--identity-enrollment-window must be positive")
+    if (args.identity_enrollment_namespace or args.identity_enrollment_rate != 10
+            or args.identity_enrollment_window != 3600.0) and not args.identity_enrollments:
+        problems.append("--identity-enrollment-namespace, -rate and -window require "
+                        "--identity-enrollments")
+    store = Path(args.identity_enrollments) if args.identity_enrollments else None
+    if store is not None and _holds_keys(store):
+        problems.append(
+            f"--identity-enrollments {store} holds a reference hub's enrolled keys; hubd keeps "
+            "enrolled keys in its journal and does not read that file: move its live keys "
+            "into --identity-trust (or remove the file) before starting")
+
+
+def _holds_keys(store: Path) -> bool:
+    """Does the reference's enrolment store hold keys (or is it unreadable,
+    so that it may)? An absent, empty or `{"keys": []}` file holds none."""
+    try:
+        if not store.exists() or store.stat().st_size == 0:
+            return False
+        if store.stat().st_size > 4 * 1024 * 1024:
+            return True
+        doc = json.loads(store.read_bytes())
+    except (OSError, ValueError):
+        return True
+    return not (isinstance(doc, dict) and doc.get("keys") == [])

@@ -18,6 +18,7 @@ from hubd.core.plugin import Plugin
 from hubd.state import message_auth
 from hubd.state.acl import acl_denial
 from hubd.state.identity_binding import OK, verify_registration
+from hubd.state.identity_recovery import effective_keys
 from hubd.state.presence import Session
 
 log = structlog.get_logger("hubd.signed")
@@ -38,7 +39,8 @@ def bind_identity(router: Router, session: Session, frame: dict) -> bool:
     if not signed.binding_required:
         return False
     nonces = router.live_of(RegistrationNonces)
-    result = verify_registration(signed.trusted_keys, frame, router.now, nonces)
+    keys = effective_keys(signed.trusted_keys, router.state.extensions.get("identity_recovery"))
+    result = verify_registration(keys, frame, router.now, nonces)
     if result == OK:
         signature = frame["signature"]
         nonces.add(signature["key_id"], signature["nonce"], float(signature["signed_at"]))

@@ -169,6 +169,12 @@ def required_accesses(type_: str, frame: dict, sender: str) -> list[tuple[str, s
         return [("board", "capability", "*")]
     if type_ in ("resource", "resource_offer", "offer_resource"):
         return [("board", "resource", "*")]
+    if type_ == "identity_pin_reclaim":
+        name = frame.get("pin_name")
+        return [("identity-pin-reclaim", "agent", name if isinstance(name, str) else "")]
+    if type_ in ("identity_enroll", "identity_revoke"):
+        name = frame.get("name")
+        return [("identity-enroll", "agent", name if isinstance(name, str) else "")]
     if type_ == "history_request":
         if frame.get("inbox_query") is not None:
             return [("mailbox", "agent", "")]

@@ -29,6 +29,7 @@ UNKNOWN_KEY = "unknown_key"
 EXPIRED = "expired"
 BAD_SIGNATURE = "bad_signature"
 SENDER_MISMATCH = "sender_mismatch"
+REVOKED_KEY = "revoked_key"
 SEQUENCE_MISMATCH = "sequence_mismatch"
 REPLAYED = "replayed"
 # hubd's, as for per-message auth: the memory of fresh nonces is full
@@ -47,6 +48,8 @@ class TrustedKey:
     public_key: bytes  # the 32 raw Ed25519 bytes
     senders: tuple[str, ...]
     expires_at: float | None = None
+    # an enrolled key an operator revoked (hubd/state/identity_recovery.py)
+    revoked: bool = False
 
 
 def parse_trust_bundle(doc) -> dict[str, TrustedKey]:
@@ -103,6 +106,8 @@ def verify_registration(keys: dict[str, TrustedKey], frame: dict, now: float,
     key = keys.get(signature.get("key_id")) if isinstance(signature.get("key_id"), str) else None
     if key is None:
         return UNKNOWN_KEY
+    if key.revoked:
+        return REVOKED_KEY
     if sender not in key.senders:
         return SENDER_MISMATCH
     if key.expires_at is not None and key.expires_at <= now:

@@ -63,6 +63,10 @@ ENVELOPE: dict[str, Rule] = {
     "auth": obj(),
 }
 
+# the governed identity verbs' bounds: a key id or base64 key; a reason (the
+# verdict refuses one over 500 characters with the reference's text)
+_KEY_TEXT = 1024
+_REASON_BYTES = 8192
 _TASK_ID = scalar_text()
 _FREE_TEXT = scalar_text()
 _EVIDENCE = text_or_list_of_text(MAX_LIST_ITEMS)
@@ -204,6 +208,27 @@ VERB_FIELDS: dict[str, dict[str, Rule]] = {
            "attachment_ref": ("scope", "digest", "ref", "remove"),
            "attachment_gc": ("scope", "dry_run"),
        }.items()},
+    # governed identity recovery (hubd/state/identity_recovery.py answers the
+    # rest with the verb's own verdict, as the reference)
+    "identity_pin_reclaim": {
+        "pin_name": text(MAX_NAME_BYTES),
+        "expected_key_id": text(_KEY_TEXT),
+        "reason": text(_REASON_BYTES),
+        "break_glass": boolean(),
+    },
+    "identity_enroll": {
+        "name": text(MAX_NAME_BYTES),
+        "key_id": text(_KEY_TEXT),
+        "public_key": text(_KEY_TEXT),
+        "reason": text(_REASON_BYTES),
+        "expected_key_id": text(_KEY_TEXT),
+        "expires_at": number(),
+    },
+    "identity_revoke": {
+        "name": text(MAX_NAME_BYTES),
+        "key_id": text(_KEY_TEXT),
+        "reason": text(_REASON_BYTES),
+    },
     "attachment_peer_request": {name: passed_on(
         "federation/handlers/attachment_reads.py: attachment unavailable, like every refusal")
         for name in ("action", "scope", "digest", "offset", "source_hub")},

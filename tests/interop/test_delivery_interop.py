@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from pathlib import Path
 
 from tests.support import ref_forks
@@ -104,8 +105,19 @@ def test_reference_client_delivery_api_against_hubd(reference_venv_status, tmp_p
         hub.stop()
         hub.start()
 
+        # the reference client pinned iop/alice to its machine key (trust on
+        # first use, as on the reference hub): this raw client proves that key
+        db = hub.argv[hub.argv.index("--db") + 1]
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        pinned = [json.loads(row[0]) for row in con.execute(
+            "SELECT payload FROM events WHERE kind = 'identity_pinned'")]
+        con.close()
+        pinned = [p for p in pinned if p["name"] == "iop/alice"]
+        machine = tmp_path / "home" / "xdg_data_home" / "synapse" / "identity" / "machine.pem"
+
         async def replayed():
-            alice = await Agent.join(hub.url, "iop/alice")
+            alice = await Agent.join(hub.url, "iop/alice",
+                                     signed_by=(machine, pinned[0]["key_id"]))
             statuses = [await alice.status(key), await alice.status(key2)]
             await alice.close()
             return statuses

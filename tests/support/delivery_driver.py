@@ -38,7 +38,8 @@ class Agent:
     @classmethod
     async def join(cls, url: str, name: str, *, version: int | None = 3,
                    token: str | None = None, caps: dict | None = None,
-                   recipient: bool = False, auth: str | None = None) -> "Agent":
+                   recipient: bool = False, auth: str | None = None,
+                   signed_by: tuple | None = None) -> "Agent":
         """`token` is the delivery session token; `auth` the hub token the
         registering frame carries (a principal's, or the shared one)."""
         probe = await WsProbe.open(url)
@@ -53,7 +54,14 @@ class Agent:
             token = token or secrets.token_hex(32)
             extra["delivery_session_token"] = token
             extra["delivery_capabilities"] = CAPS if caps is None else caps
-        await probe.register(name, **extra)
+        if signed_by is None:
+            await probe.register(name, **extra)
+        else:  # (PEM path, key id): a name pinned to that key (docs/identity.md)
+            from tests.support.signed_site import sign_registration
+
+            await probe.send_json(sign_registration(
+                {"sender": name, "target": "System", "type": "heartbeat", "payload": "online",
+                 "timestamp": time.time(), **extra}, *signed_by))
         inc = None
         if token is not None:
             inc = (await probe.recv_type("delivery_session"))["incarnation"]

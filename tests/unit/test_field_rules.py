@@ -39,6 +39,8 @@ def _utf8(v) -> int:
 PROMISES = {
     "a string": lambda v: type(v) is str,
     "a string of at most 256 bytes": lambda v: type(v) is str and _utf8(v) <= 256,
+    "a string of at most 1024 bytes": lambda v: type(v) is str and _utf8(v) <= 1024,
+    "a string of at most 8192 bytes": lambda v: type(v) is str and _utf8(v) <= 8192,
     "an integer": _int64,
     "a number": _number,
     "a boolean": lambda v: type(v) is bool,

@@ -32,7 +32,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("hub", ("hubd.hub",)),
     ("composition", ("hubd.composition", "hubd.server")),
     ("command line", ("hubd.cli", "hubd.cli_flags", "hubd.__main__", "hubd.principal_cli", "hubd.preflight",
-                      "hubd.snapshot_worker", "hubd.journal_cli", "hubd.security_cli")),
+                      "hubd.snapshot_worker", "hubd.journal_cli", "hubd.security_cli",
+                      "hubd.identity_cli")),
 ]
 # the package itself holds only __version__
 BASE_MODULES = {"hubd"}
