@@ -51,7 +51,8 @@ def after_dead_letter(router: Router, target: str) -> int | None:
     window = config.dead_letter_escalation_window
     last = ledger.escalated.get(target)
     if not rules.escalation_due(count, threshold, last, now, window):
-        if last is not None and count - last[0] >= threshold:
+        if last is not None and count > last[0] and (count - last[0]) % threshold == 0:
+            # a threshold crossing the window holds back (counted once per crossing)
             router.metrics.dead_letter_escalations_suppressed += 1
         return None
     sender = entry["last_sender"]
