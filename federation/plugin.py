@@ -267,4 +267,10 @@ class Federation:
         return self.forwarding.health() if self.forwarding is not None else {}
 
     def _health_authority(self, hub) -> dict | None:
-        return self.authority.health() if self.authority is not None else None
+        if self.authority is None:
+            return None
+        health = self.authority.health()
+        if self.config.relay_peers:  # the dead-letter pointers' routes
+            health["relay_routes"] = {peer: self.peer_links.link(peer).health()
+                                      for peer in self.config.relay_peers}
+        return health
