@@ -80,12 +80,12 @@ class Federation:
                          **remote_leases.PROJECTIONS, **delivery_forward_rules.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
             live=(receiver.ForwardVerdicts, attachment_reads.PeerAsks,
-                  dead_letter_pointer.PointerLog),
+                  dead_letter_pointer.PointerLog, dead_letter_pointer.UnsentPointers),
             claim_gate=claims.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
             replaces_state_sections={"active_claims": claims.active_claims_with_remote},
             remote_hubs=self,
-            commands={**COMMANDS, **attachment_reads.COMMANDS},
+            commands={**COMMANDS, **attachment_reads.COMMANDS, **dead_letter_pointer.COMMANDS},
             health_sections={"message_forward": self._health_forwarding,
                              "multihub": self._health_authority},
             health_problems=(federation_problems,),
@@ -127,6 +127,10 @@ class Federation:
 
             self.authority = Authority(hub, config, self.peer_links)
 
+    def _relay_link_up(self, peer: str) -> None:
+        """A relay route's link is up (in the link's task): on to the Router."""
+        self.hub.router.post_control(dead_letter_pointer.RelayLinkUp(peer))
+
     def listener_ssl(self):
         """The listener's TLS context, with --tls-certfile (TlsConfigError)."""
         config = self.config
@@ -154,6 +158,8 @@ class Federation:
         if self.authority is not None:
             self.authority.start(router, group)
         if self.peer_links is not None:
+            for peer in self.config.relay_peers:
+                self.peer_links.subscribe(peer, on_up=self._relay_link_up)
             self.peer_links.start(group)
 
     def reload(self, hub, proposed) -> dict:

@@ -27,6 +27,9 @@ or the peer, whose link logs it), with a bounded log line and a metric.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass
+
 import structlog
 
 from federation.handlers.receiver import authorise_peer, seat_problem
@@ -43,6 +46,7 @@ verbs = Verbs()
 
 VERB = "dead_letter_forwarding"
 ERROR_CODE = "dead_letter_forwarding_refused"
+UNSENT_PER_PEER = 256  # pointers kept for a relay link that is down, the newest per target
 
 
 class PointerLog:
@@ -51,6 +55,65 @@ class PointerLog:
 
     def __init__(self, router: Router):
         self.line = LimitedLog(log, "warning")
+
+
+@dataclass(frozen=True, slots=True)
+class PointerUnsent:
+    """A committed pointer the relay link could not take (posted after release)."""
+
+    peer: str
+    frame: dict
+
+
+@dataclass(frozen=True, slots=True)
+class RelayLinkUp:
+    """A relay route's link came up: what it could not take is sent now."""
+
+    peer: str
+
+
+class UnsentPointers:
+    """Per relay peer, the pointers its link could not take, the newest per
+    target (a later count supersedes an earlier one), at most UNSENT_PER_PEER
+    (the oldest dropped, counted `outcome="dropped"`). Live only: a restart
+    forgets them (their journaled rows stay; the target's next escalation
+    sends a fresh pointer)."""
+
+    def __init__(self, router: Router):
+        self.by_peer: dict[str, OrderedDict] = {}
+
+    def keep(self, router: Router, peer: str, frame: dict) -> None:
+        held = self.by_peer.setdefault(peer, OrderedDict())
+        target = frame[rules.FORWARDING_FIELD]["target"]
+        held.pop(target, None)
+        held[target] = frame
+        while len(held) > UNSENT_PER_PEER:
+            held.popitem(last=False)
+            _count(router, "dropped")
+
+
+def pointer_unsent(router: Router, unsent: PointerUnsent) -> None:
+    router.live_of(UnsentPointers).keep(router, unsent.peer, unsent.frame)
+    if router.hub.federation.peer_links.link(unsent.peer).up:
+        relay_link_up(router, RelayLinkUp(unsent.peer))  # it came up in between
+
+
+def relay_link_up(router: Router, up: RelayLinkUp) -> None:
+    """Send what waited for this link, oldest first, while it takes them."""
+    held = router.live_of(UnsentPointers).by_peer.get(up.peer)
+    if not held:
+        return
+    link = router.hub.federation.peer_links.link(up.peer)
+    while held:
+        target, frame = next(iter(held.items()))
+        if not link.send(frame):
+            return  # down again or full: the rest waits for the next up
+        del held[target]
+        _count(router, "resent")
+    log.info("dead-letter pointers held for a relay link were sent", peer=up.peer)
+
+
+COMMANDS = {PointerUnsent: pointer_unsent, RelayLinkUp: relay_link_up}
 
 
 def _count(router: Router, outcome: str) -> None:
@@ -84,6 +147,7 @@ def escalated(router: Router, target: str, count: int) -> None:
              "timestamp": router.now, rules.FORWARDING_FIELD: notice}
     link = federation.peer_links.link(owner)
     metrics = router.metrics
+    post = router.post_control
 
     def send() -> None:
         # after the commit: the journaled row is the origin's record of it
@@ -91,8 +155,10 @@ def escalated(router: Router, target: str, count: int) -> None:
         pointers = metrics.dead_letter_pointers
         pointers[outcome] = pointers.get(outcome, 0) + 1
         if outcome == "unsent":
-            log.warning("dead-letter pointer recorded, not delivered: the relay link cannot "
-                        "take it now", peer=owner, target=target, count=count)
+            log.warning("dead-letter pointer recorded, not yet delivered: the relay link cannot "
+                        "take it now; it is sent when the link is up", peer=owner,
+                        target=target, count=count)
+            post(PointerUnsent(owner, frame))
     router.after_release(send)
 
 

@@ -216,3 +216,43 @@ async def test_the_same_peers_pointer_is_told_once_per_window(sites):
     assert [r["count"] for r in rows(west_db, POINTER) if r["target"] == "PROJ/once"] == [7]
     await link.close()
     await watcher.close()
+
+
+async def test_a_pointer_the_relay_link_could_not_take_is_sent_when_it_comes_up(tmp_path):
+    pki = make_pki(tmp_path / "pki", ["east", "west"])
+    ports = {"west": free_port(), "east": free_port()}
+    url = {hub: f"wss://127.0.0.1:{port}/" for hub, port in ports.items()}
+    west_policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    east_site = site_flags(pki, "east", None)
+    east = hubd_process(tmp_path / "east", *east_site.serve, *east_site.connect, *OWNERS,
+                        "--relay-peer", f"west={url['west']}",
+                        "--relay-peer-pin", f"west={pki.server_pin('west')}",
+                        "--dead-letter-escalation-threshold", "1",
+                        hub_id="east", port=ports["east"], scheme="wss").start()
+    west = None
+    try:
+        sender = await joined(url["east"], "PROJ/s")
+        await sender.chat("PROJ/s", "PROJ/ghost", "nobody home")
+        await sender.recv_type("dead_letter_escalation", timeout=10)
+        deadline = time.monotonic() + 15
+        while east.metric('hubd_dead_letter_pointers_total{outcome="unsent"}') < 1:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert rows(tmp_path / "east" / "hubd.db", POINTER)[0]["direction"] == "out"
+        # west (the owner) starts: east's link comes up and the pointer follows
+        west_site = site_flags(pki, "west", west_policy)
+        west = hubd_process(tmp_path / "west", *west_site.serve, *OWNERS, hub_id="west",
+                            port=ports["west"], scheme="wss").start()
+        deadline = time.monotonic() + 60  # the link's reconnect backoff
+        while not rows(tmp_path / "west" / "hubd.db", POINTER):
+            assert time.monotonic() < deadline, east.get_json("/health")
+            await asyncio.sleep(0.1)
+        assert rows(tmp_path / "west" / "hubd.db", POINTER) == [
+            {"target": "PROJ/ghost", "count": 1, "origin_hub_id": "east",
+             "owner_hub_id": "west", "direction": "in", "peer": "east"}]
+        assert east.metric('hubd_dead_letter_pointers_total{outcome="resent"}') == 1
+        await sender.close()
+    finally:
+        if west is not None:
+            west.stop()
+        east.stop()
