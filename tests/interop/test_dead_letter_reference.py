@@ -1,4 +1,4 @@
-"""The owning side of the dead-letter pointer, the reference hub against hubd.
+"""The dead-letter pointer between the reference hub and hubd.
 
 The same frames, sent by a connection holding east's pinned client
 certificate (what east's relay connector sends: one `dead_letter_forwarding`
@@ -8,10 +8,14 @@ the same `dead_letter_forwarding` frame from both, and both journal the
 inbound row. Where they differ (docs/dead-letters.md): hubd answers a bad
 pointer with a typed error, the reference drops it with a log line only;
 hubd tells the same peer's pointer for the same target once per window.
+Then hubd as the origin: its relay link's pointer is accepted by a reference
+owner, which tells and journals it as it does its own connector's.
 """
 
+import asyncio
 import json
 import sqlite3
+import time
 
 import pytest
 
@@ -114,3 +118,38 @@ async def test_the_owner_tells_its_agents_what_the_reference_tells(tmp_path, pki
     assert [f["reason_code"] for f in ours["bad_answer"]] == ["malformed"]
     assert ours["good_answer"] == []
     assert ours["bad_told"] == theirs["bad_told"] == []
+
+
+async def test_hubd_as_the_origin_points_a_reference_owner_at_the_gap(tmp_path, pki):
+    """hubd's relay link (registered once, then the pointer as a later frame)
+    is accepted by the reference owner like its own connector's frame."""
+    owners = ("--namespace-owner", "PROJ=west")
+    policy = write_serving_policy(tmp_path / "policy", pki, {"east": ["PROJ"]})
+    west = reference_hub_process(tmp_path / "ref", *site_flags(pki, "west", policy).serve,
+                                 *owners, hub_id="west", scheme="wss").start()
+    east_site = site_flags(pki, "east", None)
+    east = hubd_process(tmp_path / "east", *east_site.serve, *east_site.connect, *owners,
+                        "--relay-peer", f"west=wss://127.0.0.1:{west.port}/",
+                        "--relay-peer-pin", f"west={pki.server_pin('west')}",
+                        "--dead-letter-escalation-threshold", "1", hub_id="east",
+                        scheme="wss").start()
+    try:
+        deadline = time.monotonic() + 30
+        while east.get_json("/health")["multihub"]["relay_routes"]["west"]["link"] != "up":
+            assert time.monotonic() < deadline, east.get_json("/health")["multihub"]
+            await asyncio.sleep(0.1)
+        watcher = await joined(west.url, "PROJ/watcher")
+        sender = await joined(east.url, "PROJ/s")
+        await sender.chat("PROJ/s", "PROJ/ghost", "nobody home")
+        told = await watcher.recv_type(POINTER, timeout=15)
+        assert (told["forwarding_target"], told["forwarding_count"], told["origin_hub_id"]) == (
+            "PROJ/ghost", 1, "east")
+        assert [{k: v for k, v in row.items() if k != "peer"}
+                for row in journaled(tmp_path / "ref" / "ref.db", POINTER)] == [
+            {"target": "PROJ/ghost", "count": 1, "origin_hub_id": "east",
+             "owner_hub_id": "west", "direction": "in"}]
+        await watcher.close()
+        await sender.close()
+    finally:
+        east.stop()
+        west.stop()
