@@ -55,6 +55,9 @@ class FederationConfig:
     namespace_owners: dict[str, str] = field(default_factory=dict)  # namespace -> hub id
     watches: dict[str, PeerRoute] = field(default_factory=dict)
     claim_peers: dict[str, PeerRoute] = field(default_factory=dict)
+    # --relay-peer: where dead-letter pointers for a namespace a peer owns go
+    # (federation/handlers/dead_letter_pointer.py)
+    relay_peers: dict[str, PeerRoute] = field(default_factory=dict)
     # the flag values this was built from: SIGHUP builds it again from them,
     # re-reading every file they name
     flags: dict = field(default_factory=dict, compare=False, repr=False)
@@ -136,7 +139,9 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
                             watches: list[str] = (), watch_pins: list[str] = (),
                             watch_token: str | None = None,
                             claim_peers: list[str] = (), claim_peer_pins: list[str] = (),
-                            claim_peer_token: str | None = None) -> FederationConfig:
+                            claim_peer_token: str | None = None,
+                            relay_peers: list[str] = (), relay_peer_pins: list[str] = (),
+                            relay_peer_token: str | None = None) -> FederationConfig:
     """Check the flags together, as the reference does, and build the config."""
     if (tls_certfile is None) != (tls_keyfile is None):
         raise FederationConfigError("native WSS requires both --tls-certfile and --tls-keyfile")
@@ -165,8 +170,16 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
                            "--claim-peer", "--claim-peer-pin", client_certfile)
     if claim_routes and not owners:
         raise FederationConfigError("--claim-peer requires --namespace-owner")
+    if relay_peer_pins and not relay_peers:
+        raise FederationConfigError("--relay-peer-pin requires --relay-peer; a pin without a "
+                                    "route cannot secure any owner connection.")
+    relay_routes = _routes(list(relay_peers), list(relay_peer_pins), relay_peer_token,
+                           "--relay-peer", "--relay-peer-pin", client_certfile)
+    if relay_routes and not owners:
+        raise FederationConfigError("--relay-peer requires --namespace-owner; relay routes are "
+                                    "keyed by the authoritative owning hub id.")
     _merge_routes({"--message-peer": peers, "--multihub-watch": watch_routes,
-                   "--claim-peer": claim_routes})
+                   "--claim-peer": claim_routes, "--relay-peer": relay_routes})
     return FederationConfig(
         message_peers=peers,
         client_certfile=Path(client_certfile) if client_certfile else None,
@@ -176,7 +189,7 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
         tls_keyfile=Path(tls_keyfile) if tls_keyfile else None,
         serving_policy_path=Path(serving_policy) if serving_policy else None,
         namespace_owners=owners, watches=watch_routes,
-        claim_peers=claim_routes,
+        claim_peers=claim_routes, relay_peers=relay_routes,
         flags=dict(message_peers=list(message_peers), message_peer_pins=list(message_peer_pins),
                    message_peer_token=message_peer_token, client_certfile=client_certfile,
                    client_keyfile=client_keyfile, forward_ttl=forward_ttl,
@@ -185,14 +198,17 @@ def build_federation_config(*, message_peers: list[str], message_peer_pins: list
                    namespace_owners=list(namespace_owners), watches=list(watches),
                    watch_pins=list(watch_pins), watch_token=watch_token,
                    claim_peers=list(claim_peers),
-                   claim_peer_pins=list(claim_peer_pins), claim_peer_token=claim_peer_token))
+                   claim_peer_pins=list(claim_peer_pins), claim_peer_token=claim_peer_token,
+                   relay_peers=list(relay_peers), relay_peer_pins=list(relay_peer_pins),
+                   relay_peer_token=relay_peer_token))
 
 
 def merged_routes(config: FederationConfig) -> dict[str, PeerRoute]:
     """One route per peer hub, whatever roles it has: each peer gets one link."""
     return _merge_routes({"--message-peer": config.message_peers,
                           "--multihub-watch": config.watches,
-                          "--claim-peer": config.claim_peers})
+                          "--claim-peer": config.claim_peers,
+                          "--relay-peer": config.relay_peers})
 
 
 def _merge_routes(by_flag: dict[str, dict[str, PeerRoute]]) -> dict[str, PeerRoute]:

@@ -31,8 +31,8 @@ from federation.actors.watch import Equivocated, Observed
 from federation.state import outbox_of
 from federation.config import FederationConfig
 from federation.handlers import authority as authority_state
-from federation.handlers import (attachment_reads, claims, delivery_forward, forwarding,
-                                 logpull, receiver)
+from federation.handlers import (attachment_reads, claims, dead_letter_pointer,
+                                 delivery_forward, forwarding, logpull, receiver)
 from federation.health_problems import federation_problems
 
 log = structlog.get_logger("hubd.federation")
@@ -66,7 +66,7 @@ class Federation:
 
     def plugin(self) -> Plugin:
         verbs: dict = {}
-        for module in (receiver, logpull, claims, attachment_reads):
+        for module in (receiver, logpull, claims, attachment_reads, dead_letter_pointer):
             verbs.update(module.verbs)
         appliers: dict[str, list] = {}
         for module in (forward_state, authority_state, remote_leases, delivery_forward_rules):
@@ -79,12 +79,13 @@ class Federation:
             projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS,
                          **remote_leases.PROJECTIONS, **delivery_forward_rules.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
-            live=(receiver.ForwardVerdicts, attachment_reads.PeerAsks),
+            live=(receiver.ForwardVerdicts, attachment_reads.PeerAsks,
+                  dead_letter_pointer.PointerLog, dead_letter_pointer.UnsentPointers),
             claim_gate=claims.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
             replaces_state_sections={"active_claims": claims.active_claims_with_remote},
             remote_hubs=self,
-            commands={**COMMANDS, **attachment_reads.COMMANDS},
+            commands={**COMMANDS, **attachment_reads.COMMANDS, **dead_letter_pointer.COMMANDS},
             health_sections={"message_forward": self._health_forwarding,
                              "multihub": self._health_authority},
             health_problems=(federation_problems,),
@@ -109,10 +110,12 @@ class Federation:
             from federation.policy_loading import load_serving_policy
 
             self.serving_policy = load_serving_policy(config.serving_policy_path)
-        if config.message_peers or config.watches or config.claim_peers:
+        if config.message_peers or config.watches or config.claim_peers or config.relay_peers:
             from federation.actors.peers import PeerLinks
 
             self.peer_links = PeerLinks(hub.hub_id, config, hub.config.timing)
+            for peer in config.relay_peers:
+                self.peer_links.link(peer)  # dead-letter pointers ride it (started with the rest)
         if config.message_peers:
             from federation.handlers.forwarding import Forwarding
 
@@ -123,6 +126,10 @@ class Federation:
             from federation.handlers.authority import Authority
 
             self.authority = Authority(hub, config, self.peer_links)
+
+    def _relay_link_up(self, peer: str) -> None:
+        """A relay route's link is up (in the link's task): on to the Router."""
+        self.hub.router.post_control(dead_letter_pointer.RelayLinkUp(peer))
 
     def listener_ssl(self):
         """The listener's TLS context, with --tls-certfile (TlsConfigError)."""
@@ -151,6 +158,8 @@ class Federation:
         if self.authority is not None:
             self.authority.start(router, group)
         if self.peer_links is not None:
+            for peer in self.config.relay_peers:
+                self.peer_links.subscribe(peer, on_up=self._relay_link_up)
             self.peer_links.start(group)
 
     def reload(self, hub, proposed) -> dict:
@@ -219,6 +228,11 @@ class Federation:
             return f"{address}@{owner}"
         return None
 
+    def dead_letter_escalated(self, router, target: str, count: int) -> None:
+        """A target escalated here (hubd/handlers/dead_letters.py): its
+        pointer goes to the namespace's owner over a relay route, if any."""
+        dead_letter_pointer.escalated(router, target, count)
+
     def forward_delivery(self, router, session, frame: dict) -> None:
         """A delivery_request to PROJECT/seat@HUB (hubd/handlers/delivery.py)."""
         if self.delivery is None:
@@ -259,4 +273,10 @@ class Federation:
         return self.forwarding.health() if self.forwarding is not None else {}
 
     def _health_authority(self, hub) -> dict | None:
-        return self.authority.health() if self.authority is not None else None
+        if self.authority is None:
+            return None
+        health = self.authority.health()
+        if self.config.relay_peers:  # the dead-letter pointers' routes
+            health["relay_routes"] = {peer: self.peer_links.link(peer).health()
+                                      for peer in self.config.relay_peers}
+        return health

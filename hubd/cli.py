@@ -26,6 +26,7 @@ from federation.config import FederationConfigError, build_federation_config
 from hubd.http.host_trust import AuthorityError, parse_advertised
 from hubd.security_cli import security_config
 from hubd.state.claims import LeaseLimits
+from hubd.state.dead_letter_escalation import flag_problems as dead_letter_flag_problems
 from hubd.state.principals import (SHARED_TOKEN_PRINCIPAL, PrincipalError, check_name,
                                    check_namespace_pattern)
 from hubd.state.quota import QuotaLimits
@@ -114,6 +115,8 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
         problems.append("--snapshot-every must be 0 or positive")
     if args.checkpoint_every < 0:
         problems.append("--checkpoint-every must be 0 or positive")
+    problems.extend(dead_letter_flag_problems(args.dead_letter_escalation_threshold,
+                                              args.dead_letter_escalation_window))
     timing = timing_from_args(args, problems)
     advertised = frozenset()
     try:
@@ -134,7 +137,9 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
             namespace_owners=args.namespace_owner, watches=args.multihub_watch,
             watch_pins=args.multihub_watch_pin, watch_token=args.multihub_watch_token,
             claim_peers=args.claim_peer,
-            claim_peer_pins=args.claim_peer_pin, claim_peer_token=args.claim_peer_token)
+            claim_peer_pins=args.claim_peer_pin, claim_peer_token=args.claim_peer_token,
+            relay_peers=args.relay_peer, relay_peer_pins=args.relay_peer_pin,
+            relay_peer_token=args.relay_peer_token)
     except FederationConfigError as exc:
         problems.append(str(exc))
     positive("max_claims_per_agent", "max_paths_per_claim")
@@ -173,6 +178,8 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
         redsyn_limits=redsyn_limits, broker=broker,
         warn_stale_recipients=args.warn_stale_recipients,
         pending_receipts=args.pending_receipts, timing=timing, security=security,
+        dead_letter_escalation_threshold=args.dead_letter_escalation_threshold,
+        dead_letter_escalation_window=args.dead_letter_escalation_window,
         snapshot_events=args.snapshot_every, snapshot_keep=args.snapshot_keep,
         checkpoint_events=args.checkpoint_every)
 

@@ -168,6 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
                           metavar="N", help="negative receipts awaiting a mailbox ack; the "
                           "oldest past N is settled expired and told to its sender "
                           "(default: 4096)")
+    receipts.add_argument("--dead-letter-escalation-threshold", type=int, default=0,
+                          metavar="N",
+                          help="escalate a target every N directed chats that reached nobody: "
+                               "journal it and tell every connected agent a "
+                               "dead_letter_escalation (0, the default: off)")
+    receipts.add_argument("--dead-letter-escalation-window", type=float, default=60.0,
+                          metavar="SECONDS",
+                          help="at most one escalation per target this often (default 60; "
+                               "0: every threshold crossing, as the reference)")
     receipts.add_argument("--dark-seat-after", type=float, metavar="SECONDS",
                           help="how long a seat owning live work may lack a fresh -rx waiter "
                                f"before its dark_seat_alert (default: {TIMING.dark_seat_after:g})")
@@ -233,6 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
     auth_.add_argument("--claim-peer-pin", action="append", default=[],
                        metavar="HUB_ID=sha256:HEX", help="pin of a claim peer (or HUB_ID=@FILE)")
     auth_.add_argument("--claim-peer-token", help="connect token sent to claim peers")
+    auth_.add_argument("--relay-peer", action="append", default=[], metavar="HUB_ID=URI",
+                       help="send dead-letter pointers for namespaces HUB_ID owns to it "
+                            "(repeatable; needs --namespace-owner)")
+    auth_.add_argument("--relay-peer-pin", action="append", default=[],
+                       metavar="HUB_ID=sha256:HEX", help="pin of a relay peer (or HUB_ID=@FILE)")
+    auth_.add_argument("--relay-peer-token", help="connect token sent to relay peers")
     redsyn = parser.add_argument_group(
         "REDSYN", "The HTTP door for agents without a WebSocket (seed 003), under /redsyn/v1 on "
         "this listener; see docs/redsyn.md. Nodes: hubd redsyn login --help.")

@@ -134,6 +134,11 @@ class HubConfig:
     # windows are timing's) and the pending-receipt window
     warn_stale_recipients: bool = True
     pending_receipts: int = PENDING_RECEIPTS
+    # dead-letter escalation (docs/dead-letters.md): every N dead letters to
+    # one target (0: off, the reference's default), at most once per target
+    # per window seconds
+    dead_letter_escalation_threshold: int = 0
+    dead_letter_escalation_window: float = 60.0
     # snapshots of the projection (docs/journal.md, "Snapshots"): one is taken
     # once snapshot_events events were committed since the newest (0: never),
     # at most one per timing.snapshot_interval; the newest snapshot_keep are

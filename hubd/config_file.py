@@ -34,10 +34,11 @@ PATH_KEYS = frozenset({
     "acl-policy", "role-grants", "message-auth-key-file", "attachment-root",
     "attachment-recipient-policy", "message-auth-replay-db"})
 # HUB=PIN or HUB=@FILE: the FILE resolves beside the config file
-PIN_KEYS = frozenset({"message-peer-pin", "multihub-watch-pin", "claim-peer-pin"})
+PIN_KEYS = frozenset({"message-peer-pin", "multihub-watch-pin", "claim-peer-pin",
+                      "relay-peer-pin"})
 # values never printed, and a file holding one must be owner-only
 SECRET_KEYS = frozenset({"token", "metrics-token", "message-peer-token", "multihub-watch-token",
-                         "claim-peer-token", "message-auth-key"})
+                         "claim-peer-token", "relay-peer-token", "message-auth-key"})
 # What a SIGHUP applies to a running hub: federation's peers, pins, tokens,
 # certificates and serving policy (re-read files included). Everything else
 # is read once at start; a reload that changes it is refused whole, naming it.
@@ -45,7 +46,7 @@ LIVE_KEYS = frozenset({
     "message-peer", "message-peer-pin", "message-peer-token", "message-peer-token-file",
     "multihub-client-certfile", "multihub-client-keyfile", "tls-certfile", "tls-keyfile",
     "multihub-serving-policy", "claim-peer-pin", "claim-peer-token", "multihub-watch-pin",
-    "multihub-watch-token"})
+    "multihub-watch-token", "relay-peer-pin", "relay-peer-token"})
 
 DEFAULT, FILE, FLAG = "default", "file", "flag"
 MAX_FILE_BYTES = 1024 * 1024  # a hub's flags fit in far less

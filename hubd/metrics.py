@@ -28,6 +28,12 @@ class HubMetrics:
         self.frames_in_bytes = 0
         self.chats_routed = 0
         self.dead_letters = 0
+        # dead-letter escalation (hubd/handlers/dead_letters.py): escalations
+        # told, crossings held back by the per-target window; pointers over
+        # relay routes by outcome (sent, unsent, no_route, received, refused_<code>)
+        self.dead_letter_escalations = 0
+        self.dead_letter_escalations_suppressed = 0
+        self.dead_letter_pointers: dict[str, int] = {}
         # chats to a seat on a hub this hub has no route to (refused)
         self.chats_no_route = 0
         # consume-live receipts (hubd/handlers/receipts.py): verdicts by kind,
@@ -189,6 +195,15 @@ class _Collector:
                                   value=m.chats_routed)
         yield CounterMetricFamily("hubd_dead_letters", "Directed chats that reached no live recipient.",
                                   value=m.dead_letters)
+        yield CounterMetricFamily("hubd_dead_letter_escalations",
+                                  "dead_letter_escalation frames told (journaled first).",
+                                  value=m.dead_letter_escalations)
+        yield CounterMetricFamily("hubd_dead_letter_escalations_suppressed",
+                                  "Threshold crossings not escalated: the target escalated "
+                                  "within --dead-letter-escalation-window.",
+                                  value=m.dead_letter_escalations_suppressed)
+        yield _by_label("hubd_dead_letter_pointers", "Dead-letter pointers over relay routes, "
+                        "by outcome.", "outcome", m.dead_letter_pointers)
         yield _by_label("hubd_delivery_receipts", "Journaled receipt verdicts of directed "
                         "chats, by verdict.", "verdict", m.receipts)
         yield CounterMetricFamily("hubd_recipient_liveness_warnings",

@@ -117,6 +117,10 @@ class RemoteHubs(Protocol):
     def seat_on_owner(self, address: str) -> str | None:
         """`address@HUB` when a peer owns the address's namespace, else None."""
 
+    def dead_letter_escalated(self, router: "Router", target: str, count: int) -> None:
+        """A target escalated on this hub (hubd/handlers/dead_letters.py): tell
+        the peer that owns its namespace, when a relay route leads there."""
+
     def forward_delivery(self, router: "Router", session: "Session", frame: dict) -> None:
         """A delivery_request to `PROJECT/seat@HUB`: forwarded, or refused typed."""
 

@@ -8,6 +8,7 @@ from hubd.core.plugin import Plugin
 from hubd.state import board as board_state
 from hubd.state import capabilities as capability_state
 from hubd.state import claims as claim_state
+from hubd.state import dead_letter_escalation as dead_letter_state
 from hubd.state import delivery_intents as delivery_state
 from hubd.state import hub as hub_state
 from hubd.state import idem as idem_state
@@ -20,7 +21,7 @@ def core_plugin() -> Plugin:
     """Everything a single hub does: chat, mailbox, receipts, presence
     queries, claims and leases, the board, capability cards."""
     state_modules = (hub_state, board_state, capability_state, claim_state, idem_state,
-                     delivery_state)
+                     delivery_state, dead_letter_state)
     appliers: dict[str, list] = {}
     projections: dict = {}
     for module in state_modules:

@@ -31,6 +31,7 @@ import structlog
 from hubd.actors.router import Router
 from hubd.core.message import Message
 from hubd.logs import LimitedLog
+from hubd.handlers.dead_letters import after_dead_letter
 from hubd.state import events as ev
 from hubd.state.chat import is_directed
 from hubd.state.presence import RX_SUFFIX, Presence, Session
@@ -92,6 +93,11 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
         router.send(presence.endpoints, message, "chat")
     if directed and not recipients:
         metrics.dead_letters += 1
+        escalated = after_dead_letter(router, target.raw)
+        remote_hubs = router.installed.remote_hubs
+        if escalated is not None and remote_hubs is not None:
+            # a peer hub may own the target's namespace: its pointer goes there
+            remote_hubs.dead_letter_escalated(router, target.raw, escalated)
     return event, recipients, directed
 
 

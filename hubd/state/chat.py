@@ -77,21 +77,32 @@ class RetryMemory:
 
 @dataclass
 class DeadLetters:
-    """Directed chats that reached no live connection, per target."""
+    """Directed chats that reached no live connection, per target; and, per
+    target still in the ledger, its last escalation in this episode (count,
+    ts: hubd/state/dead_letter_escalation.py), dropped with its entry."""
 
     by_target: OrderedDict = field(default_factory=OrderedDict)
+    escalated: dict = field(default_factory=dict)
 
-    def record(self, target: str, sender: str, ts: float) -> None:
+    def record(self, target: str, sender: str, ts: float) -> int:
+        """Count one; returns the target's count after it."""
         entry = self.by_target.pop(target, None) or {"target": target, "count": 0}
         entry["count"] += 1
         entry["last_ts"] = ts
         entry["last_sender"] = sender
         self.by_target[target] = entry
         while len(self.by_target) > DEAD_LETTER_TARGETS:
-            self.by_target.popitem(last=False)
+            evicted, _ = self.by_target.popitem(last=False)
+            self.escalated.pop(evicted, None)
+        return entry["count"]
 
     def clear(self, target: str) -> None:
         self.by_target.pop(target, None)
+        self.escalated.pop(target, None)
+
+    def escalated_at(self, target: str, count: int, ts: float) -> None:
+        if target in self.by_target:
+            self.escalated[target] = (count, ts)
 
     def listing(self) -> list[dict]:
         return [dict(entry) for entry in self.by_target.values()]

@@ -240,6 +240,9 @@ VERB_FIELDS: dict[str, dict[str, Rule]] = {
         "body": passed_on(_PEER),
     },
     "multihub_message_forward_batch": {"forwards": passed_on(_PEER)},
+    "dead_letter_forwarding": {"forwarding": passed_on(
+        "federation/handlers/dead_letter_pointer.py: a typed error, "
+        "error_code dead_letter_forwarding_refused")},
     "multihub_log_request": {
         "after_seq": passed_on("federation/handlers/logpull.py: an empty snapshot"),
         "limit": passed_on("federation/handlers/logpull.py: an empty snapshot"),
