@@ -102,3 +102,36 @@ class ForwardMetrics:
         for (peer, outcome), n in sorted(self.outcomes.items()):
             total.add_metric([peer, outcome], n)
         yield total
+
+
+class PeerVersionFigures:
+    """Wire-version negotiation per peer link (federation/versions.py): every
+    link, whichever role (message peer, claim route, watched peer) made it."""
+
+    def __init__(self, registry, peer_links):
+        self.peer_links = peer_links
+        registry.register(self)
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        negotiated = GaugeMetricFamily(
+            "hubd_peer_negotiated_version", "The lowest common wire version with the peer, "
+            "from its last welcome (0 = never came up).", labels=["peer"])
+        advertised = GaugeMetricFamily(
+            "hubd_peer_advertised_version", "The wire version the peer's last welcome "
+            "advertised (0 = none usable, or never came up).", labels=["peer"])
+        warnings = CounterMetricFamily(
+            "hubd_peer_version_warnings", "Operator warnings that a peer's wire version is "
+            "older, newer or missing (once per peer and advertised version).",
+            labels=["peer", "relation"])
+        for peer, link in sorted(self.peer_links.links.items()):
+            n = link.negotiation
+            negotiated.add_metric([peer], n.effective if n is not None else 0)
+            advertised.add_metric([peer], (n.advertised or 0) if n is not None else 0)
+            for relation, count in sorted(link.version_warnings.items()):
+                warnings.add_metric([peer, relation], count)
+        yield negotiated
+        yield advertised
+        yield warnings

@@ -86,7 +86,8 @@ class Federation:
             remote_hubs=self,
             commands={**COMMANDS, **attachment_reads.COMMANDS},
             health_sections={"message_forward": self._health_forwarding,
-                             "multihub": self._health_authority},
+                             "multihub": self._health_authority,
+                             "peer_versions": self._health_versions},
             health_problems=(federation_problems,),
             bind=self.bind,
             restored=self.restored,
@@ -112,7 +113,10 @@ class Federation:
         if config.message_peers or config.watches or config.claim_peers:
             from federation.actors.peers import PeerLinks
 
+            from federation.metrics import PeerVersionFigures
+
             self.peer_links = PeerLinks(hub.hub_id, config, hub.config.timing)
+            PeerVersionFigures(hub.metrics.registry, self.peer_links)
         if config.message_peers:
             from federation.handlers.forwarding import Forwarding
 
@@ -257,6 +261,12 @@ class Federation:
 
     def _health_forwarding(self, hub) -> dict:
         return self.forwarding.health() if self.forwarding is not None else {}
+
+    def _health_versions(self, hub) -> dict | None:
+        """Each peer link's negotiated wire version (federation/versions.py)."""
+        if self.peer_links is None:
+            return None
+        return {peer: link.version_health() for peer, link in self.peer_links.links.items()}
 
     def _health_authority(self, hub) -> dict | None:
         return self.authority.health() if self.authority is not None else None

@@ -38,7 +38,7 @@ from typing import Callable, NamedTuple
 
 import structlog
 
-from federation import liveness
+from federation import liveness, versions
 from federation.actors.link_socket import (AUTH, BINARY, BUSY, CLOSED, PIN_MISMATCH, PING, PONG,
                                            REFUSED, SILENT, STALLED, TEXT, TIMEOUT, Connection,
                                            LinkError, SocketDialer)
@@ -213,6 +213,10 @@ class PeerLink:
         self.up_since: float | None = None  # clock (monotonic) time the link came up
         self.last_error: dict | None = None
         self.peer_protocol_version: int | None = None
+        # the lowest common wire version, from the last welcome (federation/versions.py)
+        self.negotiation: versions.Negotiation | None = None
+        self._versions_told = versions.WarnOnce(16)
+        self.version_warnings: dict[str, int] = {}  # relation -> operator warnings given
         self.batching = False  # the peer is a hubd that takes batched forwards
         # the hubd extensions the peer's welcome listed; None: the peer is not
         # a hubd (it listed none), so only its protocol_version speaks for it
@@ -392,6 +396,7 @@ class PeerLink:
 
     def _came_up(self, conn: Connection, welcome: dict) -> None:
         self.peer_protocol_version = strict_int(welcome.get("protocol_version"))
+        self._negotiate(welcome.get("protocol_version"))
         features = welcome.get("hubd_features")
         self.features = frozenset(f for f in features if isinstance(f, str)) \
             if isinstance(features, list) else None
@@ -408,6 +413,27 @@ class PeerLink:
         log.info("peer link up", peer=self.peer, uri=self.route.uri,
                  peer_protocol_version=self.peer_protocol_version)
         self._on_up(self.peer)
+
+    def _negotiate(self, advertised) -> None:
+        """The lowest common wire version with the peer; the operator is
+        warned once per (relation, advertised version) when it differs."""
+        n = self.negotiation = versions.negotiate(PROTOCOL_VERSION, advertised)
+        if self._versions_told.first_time(self.peer, n):
+            self.version_warnings[n.relation] = self.version_warnings.get(n.relation, 0) + 1
+            log.warning("peer wire version differs", peer=self.peer, relation=n.relation,
+                        peer_protocol_version=n.advertised, ours=n.ours,
+                        negotiated=n.effective, detail=versions.warning_text(self.peer, n))
+
+    def version_health(self) -> dict:
+        out = self.negotiation.to_json() if self.negotiation is not None else {
+            "ours": PROTOCOL_VERSION, "advertised": None, "negotiated": None, "relation": None}
+        out["warnings"] = dict(self.version_warnings)
+        return out
+
+    def refusal(self, feature: str) -> versions.Refusal | None:
+        """The typed refusal when the negotiated version is below what
+        `feature` needs (federation/versions.py FEATURES)."""
+        return versions.feature_refusal(feature, self.peer, self.negotiation)
 
     async def _serve(self, conn: Connection) -> None:
         """Read until the connection ends, the writer and the watchdog beside.
@@ -578,6 +604,8 @@ class PeerLink:
                 "batching": self.batching,
                 "peer_features": sorted(self.features) if self.features is not None else None,
                 "last_error": self.last_error, "peer_protocol_version": self.peer_protocol_version,
+                "negotiated_protocol_version": self.negotiation.effective
+                if self.negotiation is not None else None,
                 "clock_skew_seconds": round(self.clock_skew, 3) if self.clock_skew is not None
                 else None}
 
