@@ -51,6 +51,12 @@ from hubd.wire.envelope import PROTOCOL_VERSION, strict_int
 
 log = structlog.get_logger("hubd.federation.link")
 
+# what the peer sends of its own accord (federation/delivery_notice_rules.py)
+PUSHED = frozenset({"multihub_delivery_notices"})
+# what this hub takes from a peer beyond the wire version, listed in its
+# registering heartbeat (a reference hub ignores the field)
+LINK_FEATURES = ["delivery_notices"]
+
 INBOX = 4096  # messages waiting to be written (the outbox keeps at most 1,024 in flight)
 LOG_REPEAT = 60.0  # a link failing the same way is logged once a minute
 
@@ -88,9 +94,10 @@ class Answers:
     next. Forward results nobody waits for (the outbox's) go to on_result."""
 
     def __init__(self, peer: str, on_result: Callable[[str, dict], None],
-                 on_rejected: Callable[[str, str], None]):
+                 on_rejected: Callable[[str, str], None],
+                 on_push: Callable[[str, dict], None] = lambda peer, frame: None):
         self.peer = peer
-        self.on_result, self.on_rejected = on_result, on_rejected
+        self.on_result, self.on_rejected, self.on_push = on_result, on_rejected, on_push
         self._by_key: dict[str, asyncio.Future] = {}  # answers that echo an id
         self._in_order: dict[str, deque] = {}  # reply type -> waiters, for answers without one
         # reply type -> keyed waiters that also take an answer echoing no id
@@ -146,6 +153,8 @@ class Answers:
                 waiter = _first_live(self._in_order.get(kind))
             if waiter is not None:
                 _answer(waiter, frame)
+        elif kind in PUSHED:
+            self.on_push(self.peer, frame)  # asked by nobody: the peer's own news
         elif kind == "error":
             text = str(frame.get("payload", ""))
             if "'multihub_message_forward'" in text:
@@ -190,6 +199,7 @@ class PeerLink:
                  on_down: Callable[[str, str], None] = lambda peer, cause: None,
                  on_result: Callable[[str, dict], None] = lambda peer, frame: None,
                  on_rejected: Callable[[str, str], None] = lambda peer, text: None,
+                 on_push: Callable[[str, dict], None] = lambda peer, frame: None,
                  clock=SYSTEM, dialer=None, inbox: int = INBOX):
         self.route = route
         self.peer = route.hub_id
@@ -199,7 +209,7 @@ class PeerLink:
         self.clock = clock
         self._dialer = dialer
         self._on_up, self._on_down = on_up, on_down
-        self.answers = Answers(self.peer, on_result, on_rejected)
+        self.answers = Answers(self.peer, on_result, on_rejected, on_push)
         # the inbox: (Send | Ask | one of the link's own writes, data)
         self._inbox: deque = deque()
         self.inbox_bound = inbox
@@ -369,7 +379,8 @@ class PeerLink:
                 raise LinkError(PIN_MISMATCH, pin_mismatch_detail(self.peer, route, der,
                                                                   "its pins"))
         register = {"sender": self.hub_id, "target": "System", "type": "heartbeat",
-                    "payload": "online", "protocol_version": PROTOCOL_VERSION}
+                    "payload": "online", "protocol_version": PROTOCOL_VERSION,
+                    "hubd_features": LINK_FEATURES}
         if route.token:
             register["token"] = route.token
         try:

@@ -215,6 +215,8 @@ VERB_FIELDS: dict[str, dict[str, Rule]] = {
         "body": passed_on(_PEER),
     },
     "multihub_message_forward_batch": {"forwards": passed_on(_PEER)},
+    "multihub_delivery_notices_ack": {"acks": passed_on(
+        "federation/handlers/delivery_notices.py: 'Malformed multihub_delivery_notices_ack'")},
     "multihub_log_request": {
         "after_seq": passed_on("federation/handlers/logpull.py: an empty snapshot"),
         "limit": passed_on("federation/handlers/logpull.py: an empty snapshot"),
