@@ -127,10 +127,10 @@ class PeerVersionFigures:
             "older, newer or missing (once per peer and advertised version).",
             labels=["peer", "relation"])
         for peer, link in sorted(self.peer_links.links.items()):
-            n = link.negotiation
+            n = link.versions.negotiation
             negotiated.add_metric([peer], n.effective if n is not None else 0)
             advertised.add_metric([peer], (n.advertised or 0) if n is not None else 0)
-            for relation, count in sorted(link.version_warnings.items()):
+            for relation, count in sorted(link.versions.warnings.items()):
                 warnings.add_metric([peer, relation], count)
         yield negotiated
         yield advertised

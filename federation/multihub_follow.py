@@ -102,7 +102,7 @@ def run(args) -> int:
         document["refused"] = refused
         document["cursor"] = merged.cursor(peer)
         document["clock_skew_seconds"] = link.clock_skew
-        document["peer_version"] = link.version_health()
+        document["peer_version"] = link.versions.health()
         print(json.dumps(document, indent=2, sort_keys=True))
     else:
         if refused:

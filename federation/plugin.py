@@ -282,7 +282,7 @@ class Federation:
         """Each peer link's negotiated wire version (federation/versions.py)."""
         if self.peer_links is None:
             return None
-        return {peer: link.version_health() for peer, link in self.peer_links.links.items()}
+        return {peer: link.versions.health() for peer, link in self.peer_links.links.items()}
 
     def _health_authority(self, hub) -> dict | None:
         return self.authority.health() if self.authority is not None else None

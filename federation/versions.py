@@ -2,7 +2,7 @@
 and the welcome's protocol_version; seed 002 "Network fetchers ... record the
 negotiated lowest-common wire version").
 
-Pure decisions, no IO (unit tests: tests/unit/test_peer_versions.py):
+Pure decisions, no IO (unit tests: tests/unit/test_version_negotiation.py):
 
 - `negotiate(ours, advertised)`: what the peer's welcome said, read as the
   seed reads it (an integer >= 1; anything else, or nothing, is "silent" and
@@ -24,6 +24,10 @@ Decisions: docs/federation.md, "Wire versions between hubs".
 from __future__ import annotations
 
 from typing import NamedTuple
+
+import structlog
+
+log = structlog.get_logger("hubd.federation.link")
 
 LEGACY = 1  # a peer that advertises no usable version (seed 002)
 
@@ -124,3 +128,37 @@ class WarnOnce:
         while len(self._told) > self.bound:
             del self._told[next(iter(self._told))]
         return True
+
+
+class LinkVersions:
+    """One link's negotiation: the last welcome's, the operator warned once
+    per (relation, advertised version), the warnings counted by relation."""
+
+    def __init__(self, peer: str, ours: int):
+        self.peer, self.ours = peer, ours
+        self.negotiation: Negotiation | None = None
+        self.warnings: dict[str, int] = {}  # relation -> operator warnings given
+        self._told = WarnOnce(16)
+
+    def welcomed(self, advertised) -> Negotiation:
+        n = self.negotiation = negotiate(self.ours, advertised)
+        if self._told.first_time(self.peer, n):
+            self.warnings[n.relation] = self.warnings.get(n.relation, 0) + 1
+            log.warning("peer wire version differs", peer=self.peer, relation=n.relation,
+                        peer_protocol_version=n.advertised, ours=n.ours,
+                        negotiated=n.effective, detail=warning_text(self.peer, n))
+        return n
+
+    @property
+    def effective(self) -> int | None:
+        return self.negotiation.effective if self.negotiation is not None else None
+
+    def refusal(self, feature: str) -> Refusal | None:
+        """The typed refusal when the negotiated version is below what `feature` needs."""
+        return feature_refusal(feature, self.peer, self.negotiation)
+
+    def health(self) -> dict:
+        out = self.negotiation.to_json() if self.negotiation is not None else {
+            "ours": self.ours, "advertised": None, "negotiated": None, "relation": None}
+        out["warnings"] = dict(self.warnings)
+        return out

@@ -44,18 +44,16 @@ from federation.actors.link_socket import (AUTH, BINARY, BUSY, CLOSED, PIN_MISMA
                                            LinkError, SocketDialer)
 from federation.clock import SYSTEM, wait_for
 from federation.config import PeerRoute
-from federation.pins import describe_certificate
+from federation.pins import describe_certificate, pin_mismatch_detail
 from hubd.timing import Timing
 from hubd.wire import codec
 from hubd.wire.envelope import PROTOCOL_VERSION, strict_int
 
 log = structlog.get_logger("hubd.federation.link")
 
-# what the peer sends of its own accord (federation/delivery_notice_rules.py)
-PUSHED = frozenset({"multihub_delivery_notices"})
-# what this hub takes from a peer beyond the wire version, listed in its
-# registering heartbeat (a reference hub ignores the field)
-LINK_FEATURES = ["delivery_notices"]
+# what a peer sends unasked, and what this hub lists in its registering
+# heartbeat (a reference hub ignores it): federation/delivery_notice_rules.py
+PUSHED, LINK_FEATURES = frozenset({"multihub_delivery_notices"}), ["delivery_notices"]
 
 INBOX = 4096  # messages waiting to be written (the outbox keeps at most 1,024 in flight)
 LOG_REPEAT = 60.0  # a link failing the same way is logged once a minute
@@ -224,9 +222,7 @@ class PeerLink:
         self.last_error: dict | None = None
         self.peer_protocol_version: int | None = None
         # the lowest common wire version, from the last welcome (federation/versions.py)
-        self.negotiation: versions.Negotiation | None = None
-        self._versions_told = versions.WarnOnce(16)
-        self.version_warnings: dict[str, int] = {}  # relation -> operator warnings given
+        self.versions = versions.LinkVersions(self.peer, PROTOCOL_VERSION)
         self.batching = False  # the peer is a hubd that takes batched forwards
         # the hubd extensions the peer's welcome listed; None: the peer is not
         # a hubd (it listed none), so only its protocol_version speaks for it
@@ -407,7 +403,7 @@ class PeerLink:
 
     def _came_up(self, conn: Connection, welcome: dict) -> None:
         self.peer_protocol_version = strict_int(welcome.get("protocol_version"))
-        self._negotiate(welcome.get("protocol_version"))
+        self.versions.welcomed(welcome.get("protocol_version"))
         features = welcome.get("hubd_features")
         self.features = frozenset(f for f in features if isinstance(f, str)) \
             if isinstance(features, list) else None
@@ -424,27 +420,6 @@ class PeerLink:
         log.info("peer link up", peer=self.peer, uri=self.route.uri,
                  peer_protocol_version=self.peer_protocol_version)
         self._on_up(self.peer)
-
-    def _negotiate(self, advertised) -> None:
-        """The lowest common wire version with the peer; the operator is
-        warned once per (relation, advertised version) when it differs."""
-        n = self.negotiation = versions.negotiate(PROTOCOL_VERSION, advertised)
-        if self._versions_told.first_time(self.peer, n):
-            self.version_warnings[n.relation] = self.version_warnings.get(n.relation, 0) + 1
-            log.warning("peer wire version differs", peer=self.peer, relation=n.relation,
-                        peer_protocol_version=n.advertised, ours=n.ours,
-                        negotiated=n.effective, detail=versions.warning_text(self.peer, n))
-
-    def version_health(self) -> dict:
-        out = self.negotiation.to_json() if self.negotiation is not None else {
-            "ours": PROTOCOL_VERSION, "advertised": None, "negotiated": None, "relation": None}
-        out["warnings"] = dict(self.version_warnings)
-        return out
-
-    def refusal(self, feature: str) -> versions.Refusal | None:
-        """The typed refusal when the negotiated version is below what
-        `feature` needs (federation/versions.py FEATURES)."""
-        return versions.feature_refusal(feature, self.peer, self.negotiation)
 
     async def _serve(self, conn: Connection) -> None:
         """Read until the connection ends, the writer and the watchdog beside.
@@ -615,16 +590,6 @@ class PeerLink:
                 "batching": self.batching,
                 "peer_features": sorted(self.features) if self.features is not None else None,
                 "last_error": self.last_error, "peer_protocol_version": self.peer_protocol_version,
-                "negotiated_protocol_version": self.negotiation.effective
-                if self.negotiation is not None else None,
+                "negotiated_protocol_version": self.versions.effective,
                 "clock_skew_seconds": round(self.clock_skew, 3) if self.clock_skew is not None
                 else None}
-
-
-def pin_mismatch_detail(peer: str, route: PeerRoute, der: bytes | None, pins: str) -> str:
-    """Why a pinned link is refused, with what the peer presented (so the
-    operator can tell a rotated certificate from a wrong host) and how to
-    read a hub's pins without trusting them first."""
-    return (f"{peer} presented {describe_certificate(der)}, which matches none of {pins}; "
-            f"if that is {peer}'s certificate, pin it (`hubd certs fetch {route.uri}` "
-            "prints a hub's pins)")

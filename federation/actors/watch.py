@@ -79,8 +79,7 @@ class WatchStatus:
                 # why the link is down (pin_mismatch, tls, ...): a poll only says "link down"
                 "link_error": link.last_error,
                 # the follower's negotiated wire version (federation/versions.py)
-                "negotiated_protocol_version": link.negotiation.effective
-                if link.negotiation is not None else None}
+                "negotiated_protocol_version": link.versions.effective}
 
 
 @dataclass(frozen=True, slots=True)

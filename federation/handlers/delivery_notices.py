@@ -4,9 +4,10 @@ docs/delivery.md, "Stage changes across hubs").
 
 Recipient hub side (inside Router commands):
 - `peer_registered`: a peer's link registers (receiver.claim_peer_link); if its
-  heartbeat lists FEATURE it takes notices: journaled once when that changes
-  (`multihub_notice_peer`), and everything still queued for its requesters is
-  pushed at once.
+  heartbeat lists FEATURE it takes notices: journaled the first time
+  (`multihub_notice_peer`; never taken back: a connection of the peer without
+  the feature is another door of it, not a downgrade), and everything still
+  queued for its requesters is pushed at once.
 - `notice_peer` / `push_notices` (the core's RemoteHubs hooks, from
   hubd/handlers/delivery.py `_transition`): whether a notification is relayed,
   and the push over the peer's link, released after the transition's commit.
@@ -59,20 +60,16 @@ def peer_registered(router: Router, session: Session, frame: dict) -> None:
     peer = session.peer_hub
     features = frame.get("hubd_features")
     takes = isinstance(features, list) and nr.FEATURE in features
-    live = router.live_of(NoticeLinks)
-    if takes:
-        live.by_peer[peer] = session.endpoint
-    elif live.by_peer.get(peer) is not None:
-        del live.by_peer[peer]
-    known = peer in nr.notices_of(router.state).takers
-    if takes != known and not router.mutations_refused():
-        router.event(nr.TAKERS, {"peer": peer, "takes": takes})
-    if takes:
-        pending = nr.pending_for_peer(di.delivery_of(router.state).outbox, peer)
-        if pending:
-            log.info("pushing delivery notices an origin has not acknowledged", peer=peer,
-                     notices=len(pending))
-            push_notices(router, peer, pending)
+    if not takes:
+        return  # another connection of the peer (a hand-written one, a reference hub's)
+    router.live_of(NoticeLinks).by_peer[peer] = session.endpoint
+    if peer not in nr.notices_of(router.state).takers and not router.mutations_refused():
+        router.event(nr.TAKERS, {"peer": peer, "takes": True})
+    pending = nr.pending_for_peer(di.delivery_of(router.state).outbox, peer)
+    if pending:
+        log.info("pushing delivery notices an origin has not acknowledged", peer=peer,
+                 notices=len(pending))
+        push_notices(router, peer, pending)
 
 
 def notice_peer(router: Router, audience: str, origin_hub: str) -> str | None:

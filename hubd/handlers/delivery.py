@@ -195,14 +195,13 @@ def _transition(router: Router, op: di.Operation, kind: str, stage: str, source:
     # a forwarded requester (seat@ORIGIN): its origin may take the notice back
     # over the link (federation/delivery_notice_rules.py); the event says so,
     # so a replay queues it the same
-    remote = router.installed.remote_hubs if "@" in audience else None
-    relay = remote.notice_peer(router, audience, op.origin_hub) if remote is not None else None
+    relay = routing.notice_peer(router, audience, op.origin_hub)
     if relay is not None:
         payload = {**payload, "relay_to": relay}
     router.event(kind, {"operation_key": op.key, "stage": stage, "source": source,
                         "notification": note, "notification_number": number, **payload})
     if relay is not None:
-        remote.push_notices(router, relay, [note])
+        routing.push_notices(router, relay, [note])
         return
     online = _v3_session(router, audience)
     if online is not None:
