@@ -5,7 +5,8 @@ The recipient's hub (west) journals every transition of an operation a peer
 forwarded with the notification it owes the requester `seat@ORIGIN`, as it
 does for a local requester. When the origin (east) has said, in its link's
 registering heartbeat, that it takes these back (`hubd_features` lists
-FEATURE), west queues that notification in its durable, bounded delivery
+FEATURE; or a replayed transition was relayed to it before a restart), west
+queues that notification in its durable, bounded delivery
 outbox under the audience `seat@ORIGIN` (the event carries `relay_to`, so a
 replay queues the same) and pushes it over east's inbound link as
 `multihub_delivery_notices`. East checks each notice against its journaled
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 
 from federation.delivery_forward_rules import STAGES, routes_of
 from hubd.state import delivery_rules as rules
-from hubd.state.delivery_intents import delivery_of
+from hubd.state.delivery_intents import CANCEL_REQUESTED, STAGE, delivery_of
 from hubd.state.events import Event
 from hubd.state.hub import Appliers, HubState
 from hubd.wire.envelope import HUB_SENDER
@@ -39,7 +40,6 @@ FEATURE = "delivery_notices"  # what an origin's registering heartbeat lists
 PUSH = "multihub_delivery_notices"  # recipient hub -> origin, over the origin's link
 ACK = "multihub_delivery_notices_ack"  # origin -> recipient hub
 
-TAKERS = "multihub_notice_peer"  # {peer, takes}: a peer started or stopped taking notices
 RELAYED = "multihub_delivery_notice"  # {peer, audience, notification}: at the origin
 
 EXTENSION = "delivery_notices"
@@ -57,7 +57,9 @@ SOURCES = frozenset({rules.SOURCE_HUB, "sender", "recipient"})
 
 @dataclass
 class NoticeState:
-    takers: set = field(default_factory=set)  # peers whose links take notices
+    # origins a journaled transition was relayed to (`relay_to`): they take
+    # notices across a restart, before their link registers again
+    takers: set = field(default_factory=set)
     received: OrderedDict = field(default_factory=OrderedDict)  # notification id -> None
     evicted: int = 0
 
@@ -76,14 +78,11 @@ def notices_of(state: HubState) -> NoticeState:
     return state.extensions[EXTENSION]
 
 
-@appliers.applies(TAKERS)
-def _apply_takers(state: HubState, event: Event) -> None:
-    p = event.payload
-    takers = notices_of(state).takers
-    if p["takes"]:
-        takers.add(p["peer"])
-    else:
-        takers.discard(p["peer"])
+@appliers.applies(STAGE, CANCEL_REQUESTED)
+def _apply_relayed_transition(state: HubState, event: Event) -> None:
+    relay = event.payload.get("relay_to")
+    if relay:
+        notices_of(state).takers.add(relay)
 
 
 @appliers.applies(RELAYED)

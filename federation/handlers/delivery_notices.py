@@ -4,10 +4,10 @@ docs/delivery.md, "Stage changes across hubs").
 
 Recipient hub side (inside Router commands):
 - `peer_registered`: a peer's link registers (receiver.claim_peer_link); if its
-  heartbeat lists FEATURE it takes notices: journaled the first time
-  (`multihub_notice_peer`; never taken back: a connection of the peer without
-  the feature is another door of it, not a downgrade), and everything still
-  queued for its requesters is pushed at once.
+  heartbeat lists FEATURE it takes notices (live, nothing journaled: a
+  registration must not write the served hub's journal; never taken back: a
+  connection of the peer without the feature is another door of it, not a
+  downgrade), and everything still queued for its requesters is pushed at once.
 - `notice_peer` / `push_notices` (the core's RemoteHubs hooks, from
   hubd/handlers/delivery.py `_transition`): whether a notification is relayed,
   and the push over the peer's link, released after the transition's commit.
@@ -45,7 +45,7 @@ class NoticeLinks:
     """Live: which endpoint carries each notice-taking peer's link, and counts."""
 
     def __init__(self, router: Router):
-        self.by_peer: dict[str, int] = {}
+        self.by_peer: dict[str, int] = {}  # also: the peers that said they take notices
         self.pushed = 0  # notices pushed to origins (recipient side)
         self.settled = 0  # notices an origin acknowledged (recipient side)
         self.relayed = 0  # notices journaled for a local sender (origin side)
@@ -62,9 +62,7 @@ def peer_registered(router: Router, session: Session, frame: dict) -> None:
     takes = isinstance(features, list) and nr.FEATURE in features
     if not takes:
         return  # another connection of the peer (a hand-written one, a reference hub's)
-    router.live_of(NoticeLinks).by_peer[peer] = session.endpoint
-    if peer not in nr.notices_of(router.state).takers and not router.mutations_refused():
-        router.event(nr.TAKERS, {"peer": peer, "takes": True})
+    router.live_of(NoticeLinks).by_peer[peer] = session.endpoint  # nothing journaled
     pending = nr.pending_for_peer(di.delivery_of(router.state).outbox, peer)
     if pending:
         log.info("pushing delivery notices an origin has not acknowledged", peer=peer,
@@ -73,7 +71,8 @@ def peer_registered(router: Router, session: Session, frame: dict) -> None:
 
 
 def notice_peer(router: Router, audience: str, origin_hub: str) -> str | None:
-    return nr.relay_to(audience, origin_hub, nr.notices_of(router.state).takers)
+    origin = nr.relay_to(audience, origin_hub, router.live_of(NoticeLinks).by_peer.keys())
+    return origin or nr.relay_to(audience, origin_hub, nr.notices_of(router.state).takers)
 
 
 def push_notices(router: Router, peer: str, notes: list) -> None:
@@ -170,10 +169,10 @@ COMMANDS = {NoticesArrived: on_notices}
 def figures(router: Router) -> dict:
     live = router.live_of(NoticeLinks)
     outbox = di.delivery_of(router.state).outbox
-    takers = nr.notices_of(router.state).takers
+    takers = nr.notices_of(router.state).takers | live.by_peer.keys()
     waiting = {peer: len(nr.pending_for_peer(outbox, peer)) for peer in sorted(takers)}
     return {"waiting": waiting, "pushed": live.pushed, "settled": live.settled, "relayed": live.relayed,
             "duplicates": live.duplicates, "refused": live.refused,
-            "takers": sorted(nr.notices_of(router.state).takers),
+            "takers": sorted(takers),
             "remembered": len(nr.notices_of(router.state).received),
             "evicted": nr.notices_of(router.state).evicted}
