@@ -128,6 +128,10 @@ def test_stage_changes_reach_the_origin_sender_online_and_after_reconnecting(tmp
         health = west.get_json("/health")["delivery_notices"]
         assert health["takers"] == ["east"] and health["settled"] == 3, health
         assert east.get_json("/health")["delivery_notices"]["relayed"] == 3
+        # a restart of east replays the same dedup memory from its journal
+        east.stop()
+        east.start()
+        assert east.get_json("/health")["delivery_notices"]["remembered"] == 3
     finally:
         east.stop()
         west.stop()
@@ -179,3 +183,81 @@ def test_stages_while_the_origin_is_down_are_kept_and_delivered_after(tmp_path, 
     finally:
         east.stop()
         west.stop()
+
+
+def test_the_origin_takes_only_routed_notices_once_and_acknowledges_all(tmp_path, pki):
+    """A hand-written west (mutual TLS) answers alice's request, then pushes
+    notices: one for her routed operation (twice: the second is a duplicate),
+    one for another seat, one for an operation never routed, one malformed.
+    East journals and delivers the one, once; acknowledges every notice that
+    names itself; the refused ones change nothing."""
+    from tests.integration.test_delivery_forward import fake_status
+    from tests.support.federation import fake_peer_hub
+
+    key = "b" * 64
+    acks: list[dict] = []
+    sockets = []
+
+    def note(**over) -> dict:
+        base = {"audience": "PROJ/alice@east", "cancel_requested": False, "event_seq": 9,
+                "notification_id": f"delivery:{key}:2", "operation_key": key,
+                "protocol_version": 3, "request_id": "r1", "sender": "SynapseHub",
+                "source": "recipient", "stage": "boundary_delivered", "target": "PROJ/bob",
+                "target_incarnation": "a" * 64, "task_id": "task-r1", "type": "delivery_status"}
+        return {**base, **over}
+
+    async def on_frame(ws, frame):
+        if frame.get("type") == "heartbeat":
+            sockets.append(ws)
+        elif frame.get("type") == "multihub_message_forward":
+            await ws.send_json({"sender": "SynapseHub", "target": "east",
+                                "type": "multihub_message_result",
+                                "forward_id": frame["forward_id"], "disposition": "accepted",
+                                "answering_hub": "west", "reason_code": "", "detail": "",
+                                "result": {"status": fake_status(key, "r1")}})
+        elif frame.get("type") == "multihub_delivery_notices_ack":
+            acks.extend(frame["acks"])
+
+    async def push(notices):
+        await sockets[-1].send_json({"sender": "SynapseHub", "target": "east", "payload": "",
+                                     "type": "multihub_delivery_notices", "notices": notices})
+
+    async def scenario():
+        async with fake_peer_hub(pki, "west", 6, on_frame, features=["delivery_forward"],
+                                 mtls=True) as port:
+            site = site_flags(pki, "east", None)
+            east = hubd_process(tmp_path / "east", "--message-peer",
+                                f"west=wss://127.0.0.1:{port}/", "--message-peer-pin",
+                                f"west={pki.server_pin('west')}", *site.connect, hub_id="east")
+            await asyncio.to_thread(east.start)
+            try:
+                await asyncio.to_thread(wait_for, lambda: link_up(east), 20.0, "east's link")
+                alice = await Agent.join(east.url, "PROJ/alice")
+                queued = await alice.request("PROJ/bob@west", "a" * 64, "r1")
+                assert queued["operation_key"] == key, queued
+                await push([note(), note(audience="PROJ/carol@east",
+                                         notification_id="n-carol"),
+                            note(operation_key="c" * 64, notification_id="n-unrouted"),
+                            note(stage="exploded", notification_id="n-bad"), "not a notice"])
+                first = await told(alice, "boundary_delivered")
+                await push([note()])  # pushed again: the ack was "lost"
+                deadline = time.monotonic() + 10
+                while len(acks) < 5 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                await alice.probe.drain(0.5)
+                health = east.get_json("/health")["delivery_notices"]
+                await alice.close()
+                return first, seen_notes(alice, "boundary_delivered"), health
+            finally:
+                east.stop()
+
+    first, all_seen, health = asyncio.run(scenario())
+    assert (first["audience"], first["remote_hub"], first["operation_key"]) == \
+        ("PROJ/alice", "west", key)
+    assert len(all_seen) == 1  # the duplicate was not delivered again
+    rows = relayed_rows(tmp_path / "east" / "hubd.db")
+    assert [r["notification"]["notification_id"] for r in rows] == [f"delivery:{key}:2"]
+    # every notice that named itself was acknowledged (the duplicate too), once per push
+    assert [a["notification_id"] for a in acks] == [
+        f"delivery:{key}:2", "n-carol", "n-unrouted", "n-bad", f"delivery:{key}:2"]
+    assert (health["relayed"], health["duplicates"], health["refused"]) == (1, 1, 4)
