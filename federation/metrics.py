@@ -108,8 +108,8 @@ class PeerVersionFigures:
     """Wire-version negotiation per peer link (federation/versions.py): every
     link, whichever role (message peer, claim route, watched peer) made it."""
 
-    def __init__(self, registry, peer_links):
-        self.peer_links = peer_links
+    def __init__(self, registry, federation):
+        self.federation = federation  # its peer links; its hub's inbound registrations
         registry.register(self)
 
     def describe(self):
@@ -126,12 +126,30 @@ class PeerVersionFigures:
             "hubd_peer_version_warnings", "Operator warnings that a peer's wire version is "
             "older, newer or missing (once per peer and advertised version).",
             labels=["peer", "relation"])
-        for peer, link in sorted(self.peer_links.links.items()):
+        inbound = GaugeMetricFamily(
+            "hubd_peer_inbound_negotiated_version", "The lowest common wire version with a "
+            "peer hub that registered its link with this hub.", labels=["peer"])
+        inbound_warnings = CounterMetricFamily(
+            "hubd_peer_inbound_version_warnings", "Operator warnings that a peer registering "
+            "with this hub speaks an older, newer or no wire version.",
+            labels=["peer", "relation"])
+        links = self.federation.peer_links.links if self.federation.peer_links else {}
+        for peer, link in sorted(links.items()):
             n = link.versions.negotiation
             negotiated.add_metric([peer], n.effective if n is not None else 0)
             advertised.add_metric([peer], (n.advertised or 0) if n is not None else 0)
             for relation, count in sorted(link.versions.warnings.items()):
                 warnings.add_metric([peer, relation], count)
+        router = self.federation.hub.router if self.federation.hub is not None else None
+        if router is not None:
+            from federation.handlers.peer_versions import InboundVersions
+
+            for peer, entry in sorted(router.live_of(InboundVersions).by_peer.items()):
+                inbound.add_metric([peer], entry.effective or 0)
+                for relation, count in sorted(entry.warnings.items()):
+                    inbound_warnings.add_metric([peer, relation], count)
         yield negotiated
         yield advertised
         yield warnings
+        yield inbound
+        yield inbound_warnings

@@ -32,7 +32,8 @@ from federation.state import outbox_of
 from federation.config import FederationConfig
 from federation.handlers import authority as authority_state
 from federation.handlers import (attachment_reads, claims, delivery_forward,
-                                 delivery_notices, forwarding, logpull, receiver)
+                                 delivery_notices, forwarding, logpull, peer_versions,
+                                 receiver)
 from federation.health_problems import federation_problems
 
 log = structlog.get_logger("hubd.federation")
@@ -82,7 +83,7 @@ class Federation:
                          **delivery_notice_rules.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
             live=(receiver.ForwardVerdicts, attachment_reads.PeerAsks,
-                  delivery_notices.NoticeLinks),
+                  delivery_notices.NoticeLinks, peer_versions.InboundVersions),
             claim_gate=claims.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
             replaces_state_sections={"active_claims": claims.active_claims_with_remote},
@@ -91,6 +92,8 @@ class Federation:
             health_sections={"message_forward": self._health_forwarding,
                              "multihub": self._health_authority,
                              "peer_versions": self._health_versions,
+                             "peer_versions_inbound": lambda hub: peer_versions.health(hub.router)
+                             if hub.router is not None else None,
                              "delivery_notices": self._health_notices},
             health_problems=(federation_problems,),
             bind=self.bind,
@@ -117,10 +120,11 @@ class Federation:
         if config.message_peers or config.watches or config.claim_peers:
             from federation.actors.peers import PeerLinks
 
+            self.peer_links = PeerLinks(hub.hub_id, config, hub.config.timing)
+        if self.peer_links is not None or self.serving_policy is not None:
             from federation.metrics import PeerVersionFigures
 
-            self.peer_links = PeerLinks(hub.hub_id, config, hub.config.timing)
-            PeerVersionFigures(hub.metrics.registry, self.peer_links)
+            PeerVersionFigures(hub.metrics.registry, self)
         if config.message_peers:
             from federation.handlers.forwarding import Forwarding
 

@@ -134,8 +134,8 @@ class LinkVersions:
     """One link's negotiation: the last welcome's, the operator warned once
     per (relation, advertised version), the warnings counted by relation."""
 
-    def __init__(self, peer: str, ours: int):
-        self.peer, self.ours = peer, ours
+    def __init__(self, peer: str, ours: int, inbound: bool = False):
+        self.peer, self.ours, self.inbound = peer, ours, inbound
         self.negotiation: Negotiation | None = None
         self.warnings: dict[str, int] = {}  # relation -> operator warnings given
         self._told = WarnOnce(16)
@@ -145,6 +145,7 @@ class LinkVersions:
         if self._told.first_time(self.peer, n):
             self.warnings[n.relation] = self.warnings.get(n.relation, 0) + 1
             log.warning("peer wire version differs", peer=self.peer, relation=n.relation,
+                        side="registered with this hub" if self.inbound else "this hub's link",
                         peer_protocol_version=n.advertised, ours=n.ours,
                         negotiated=n.effective, detail=warning_text(self.peer, n))
         return n

@@ -55,6 +55,14 @@ def test_two_hubd_hubs_negotiate_the_same_version_without_a_warning(tmp_path, pk
             assert east.get_json("/health")["message_forward"]["west"][
                 "negotiated_protocol_version"] == PROTOCOL_VERSION
             assert warnings_in(east) == []
+            # west negotiated east's registration the same way
+            wait_for(lambda: "east" in (west.get_json("/health").get("peer_versions_inbound")
+                                        or {}), what="east registered on west")
+            assert west.get_json("/health")["peer_versions_inbound"]["east"]["relation"] == \
+                "same"
+            assert west.metric('hubd_peer_inbound_negotiated_version{peer="east"}') == \
+                PROTOCOL_VERSION
+            assert warnings_in(west) == []
         finally:
             east.stop()
     finally:
@@ -170,3 +178,46 @@ def test_an_attachment_read_is_refused_below_wire_v6(tmp_path, pki):
     assert "below 6" in got["detail"]
     assert [f for f in seen if f.get("type") == "attachment_peer_request"] == []
 
+
+
+def test_a_peer_registering_with_an_older_version_is_warned_once(tmp_path, pki):
+    """A hand-written east registers its link with a real west over mutual TLS
+    (its client certificate, west's serving policy) saying wire version 4,
+    twice: west warns once and shows it."""
+    import aiohttp
+
+    from federation.tls import peer_client_context
+
+    policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
+    west = hubd_process(tmp_path / "west", *site_flags(pki, "west", policy).serve,
+                        hub_id="west", scheme="wss").start()
+
+    async def register_twice():
+        context = peer_client_context(pki.file("east", "client", "cert"),
+                                      pki.file("east", "client", "key"))
+        async with aiohttp.ClientSession() as http:
+            for _ in range(2):
+                async with http.ws_connect(west.url, ssl=context) as ws:
+                    await ws.receive_json(timeout=5)  # the welcome
+                    await ws.send_json({"sender": "east", "target": "System",
+                                        "type": "heartbeat", "payload": "online",
+                                        "protocol_version": 4})
+                    await ws.send_json({"sender": "east", "target": "all",
+                                        "type": "multihub_log_request", "payload": "",
+                                        "after_seq": 0, "limit": 1})
+                    while (await ws.receive_json(timeout=5)).get("type") != \
+                            "multihub_log_snapshot":
+                        pass
+
+    try:
+        asyncio.run(register_twice())
+        inbound = west.get_json("/health")["peer_versions_inbound"]["east"]
+        assert inbound == {"ours": PROTOCOL_VERSION, "advertised": 4, "negotiated": 4,
+                           "relation": "older", "warnings": {"older": 1}}
+        assert west.metric('hubd_peer_inbound_negotiated_version{peer="east"}') == 4
+        assert west.metric('hubd_peer_inbound_version_warnings_total{peer="east",'
+                           'relation="older"}') == 1
+        told = warnings_in(west)
+        assert len(told) == 1 and "peer=east" in told[0] and "relation=older" in told[0], told
+    finally:
+        west.stop()
