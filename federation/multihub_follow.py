@@ -83,6 +83,15 @@ async def _pull(args) -> tuple[MergedLog, PeerLink, bool]:
 
 
 def run(args) -> int:
+    # the link's log lines (a version warning, the link coming up) go to
+    # stderr: stdout is the observed view, JSON with --json (an embedding
+    # process that configured logging keeps its own)
+    import structlog
+
+    from hubd.logs import configure
+
+    if not structlog.is_configured():
+        configure()
     if args.pin:
         try:
             parse_pin(args.pin)

@@ -8,6 +8,7 @@ refuses a feature the negotiated version does not have before sending it."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 
 import pytest
@@ -221,3 +222,35 @@ def test_a_peer_registering_with_an_older_version_is_warned_once(tmp_path, pki):
         assert len(told) == 1 and "peer=east" in told[0] and "relation=older" in told[0], told
     finally:
         west.stop()
+
+
+def test_the_one_shot_follower_reports_the_negotiation(tmp_path, pki):
+    """`hubd multihub follow --json` against a hand-written peer over mutual TLS
+    that advertises wire version 4: the pull succeeds, stdout is the JSON view
+    with `peer_version`, the warning goes to stderr."""
+    import subprocess
+    import sys
+
+    async def on_frame(ws, frame):
+        if frame.get("type") == "multihub_log_request":
+            await ws.send_json({"type": "multihub_log_snapshot", "sender": "SynapseHub",
+                                "target": frame.get("sender"), "payload": "", "events": [],
+                                "next_cursor": 0, "log_end_seq": 0})
+
+    async def scenario():
+        async with fake_peer_hub(pki, "west", 4, on_frame, mtls=True) as port:
+            return await asyncio.to_thread(subprocess.run, [
+                sys.executable, "-m", "hubd", "multihub", "follow", "--peer-uri",
+                f"wss://127.0.0.1:{port}/", "--peer-id", "west", "--local-id", "east",
+                "--pin", pki.server_pin("west"), "--client-certfile",
+                pki.file("east", "client", "cert"), "--client-keyfile",
+                pki.file("east", "client", "key"), "--json", "--timeout", "10"],
+                capture_output=True, text=True, timeout=60)
+
+    done = asyncio.run(scenario())
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["peer_version"] == {"ours": PROTOCOL_VERSION, "advertised": 4,
+                                        "negotiated": 4, "relation": "older",
+                                        "warnings": {"older": 1}}
+    assert WARNING in done.stderr and "relation=older" in done.stderr
