@@ -83,15 +83,27 @@ async def _pull(args) -> tuple[MergedLog, PeerLink, bool]:
 
 
 def run(args) -> int:
-    # the link's log lines (a version warning, the link coming up) go to
-    # stderr: stdout is the observed view, JSON with --json (an embedding
-    # process that configured logging keeps its own)
+    """The link's log lines (a version warning, the link coming up) go to
+    stderr: stdout is the observed view, JSON with --json. Only for this run,
+    uncached, and only when nothing configured logging (an embedding process,
+    a test calling the CLI in-process, keeps its own)."""
     import structlog
 
-    from hubd.logs import configure
+    if structlog.is_configured():
+        return _run(args)
+    structlog.configure(
+        processors=[structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.dev.ConsoleRenderer(colors=False)],
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False)
+    try:
+        return _run(args)
+    finally:
+        structlog.reset_defaults()
 
-    if not structlog.is_configured():
-        configure()
+
+def _run(args) -> int:
     if args.pin:
         try:
             parse_pin(args.pin)
