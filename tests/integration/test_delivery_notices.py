@@ -261,3 +261,68 @@ def test_the_origin_takes_only_routed_notices_once_and_acknowledges_all(tmp_path
     assert [a["notification_id"] for a in acks] == [
         f"delivery:{key}:2", "n-carol", "n-unrouted", "n-bad", f"delivery:{key}:2"]
     assert (health["relayed"], health["duplicates"], health["refused"]) == (1, 1, 4)
+
+
+def test_a_bad_acknowledgement_changes_nothing(tmp_path, pki):
+    """On west: a hand-written east (its client certificate, mutual TLS)
+    sends a malformed ack and an ack naming another origin's requester; a
+    local agent sends the hub-to-hub verb. Each is refused or ignored and the
+    journal does not change."""
+    import aiohttp
+
+    from federation.tls import peer_client_context
+    from tests.support.wsprobe import WsProbe
+
+    west = start_west(tmp_path, pki)
+    db = tmp_path / "west" / "hubd.db"
+
+    def journal() -> list:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return con.execute("SELECT seq, kind FROM events ORDER BY seq").fetchall()
+        finally:
+            con.close()
+
+    async def scenario():
+        context = peer_client_context(pki.file("east", "client", "cert"),
+                                      pki.file("east", "client", "key"))
+        answers = []
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(west.url, ssl=context) as ws:
+                await ws.receive_json(timeout=5)  # the welcome
+                await ws.send_json({"sender": "east", "target": "System", "type": "heartbeat",
+                                    "payload": "online", "protocol_version": 6,
+                                    "hubd_features": ["delivery_notices"]})
+                for acks in ("x", [{"audience": 1}],
+                             [{"audience": "PROJ/alice@north", "notification_id": "n1"}]):
+                    await ws.send_json({"sender": "east", "target": "System", "payload": "",
+                                        "type": "multihub_delivery_notices_ack", "acks": acks})
+                # a round trip: everything before it was handled
+                await ws.send_json({"sender": "east", "target": "all", "payload": "",
+                                    "type": "multihub_log_request", "after_seq": 0,
+                                    "limit": 1})
+                while True:
+                    frame = await ws.receive_json(timeout=5)
+                    if frame.get("type") == "multihub_log_snapshot":
+                        break
+                    answers.append(frame)
+        local = await WsProbe.open(west.url)
+        await local.recv_type("welcome")
+        await local.register("PROJ/mallory")
+        await local.send_json({"sender": "PROJ/mallory", "target": "System", "payload": "",
+                               "type": "multihub_delivery_notices_ack",
+                               "acks": [{"audience": "PROJ/x@east", "notification_id": "n"}]})
+        refused = await local.recv_type("error", 5)
+        await local.close()
+        return answers, refused
+
+    try:
+        before = journal()
+        answers, refused = asyncio.run(scenario())
+        assert [a["type"] for a in answers] == ["error", "error"], answers
+        assert all("Malformed multihub_delivery_notices_ack" in a["payload"] for a in answers)
+        assert refused["type"] == "error", refused
+        assert "hub-to-hub verb" in refused["payload"]
+        assert journal() == before  # nothing journaled, nothing settled
+    finally:
+        west.stop()
