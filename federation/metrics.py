@@ -102,3 +102,54 @@ class ForwardMetrics:
         for (peer, outcome), n in sorted(self.outcomes.items()):
             total.add_metric([peer, outcome], n)
         yield total
+
+
+class PeerVersionFigures:
+    """Wire-version negotiation per peer link (federation/versions.py): every
+    link, whichever role (message peer, claim route, watched peer) made it."""
+
+    def __init__(self, registry, federation):
+        self.federation = federation  # its peer links; its hub's inbound registrations
+        registry.register(self)
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        negotiated = GaugeMetricFamily(
+            "hubd_peer_negotiated_version", "The lowest common wire version with the peer, "
+            "from its last welcome (0 = never came up).", labels=["peer"])
+        advertised = GaugeMetricFamily(
+            "hubd_peer_advertised_version", "The wire version the peer's last welcome "
+            "advertised (0 = none usable, or never came up).", labels=["peer"])
+        warnings = CounterMetricFamily(
+            "hubd_peer_version_warnings", "Operator warnings that a peer's wire version is "
+            "older, newer or missing (once per peer and advertised version).",
+            labels=["peer", "relation"])
+        inbound = GaugeMetricFamily(
+            "hubd_peer_inbound_negotiated_version", "The lowest common wire version with a "
+            "peer hub that registered its link with this hub.", labels=["peer"])
+        inbound_warnings = CounterMetricFamily(
+            "hubd_peer_inbound_version_warnings", "Operator warnings that a peer registering "
+            "with this hub speaks an older, newer or no wire version.",
+            labels=["peer", "relation"])
+        links = self.federation.peer_links.links if self.federation.peer_links else {}
+        for peer, link in sorted(links.items()):
+            n = link.versions.negotiation
+            negotiated.add_metric([peer], n.effective if n is not None else 0)
+            advertised.add_metric([peer], (n.advertised or 0) if n is not None else 0)
+            for relation, count in sorted(link.versions.warnings.items()):
+                warnings.add_metric([peer, relation], count)
+        router = self.federation.hub.router if self.federation.hub is not None else None
+        if router is not None:
+            from federation.handlers.peer_versions import InboundVersions
+
+            for peer, entry in sorted(router.live_of(InboundVersions).by_peer.items()):
+                inbound.add_metric([peer], entry.effective or 0)
+                for relation, count in sorted(entry.warnings.items()):
+                    inbound_warnings.add_metric([peer, relation], count)
+        yield negotiated
+        yield advertised
+        yield warnings
+        yield inbound
+        yield inbound_warnings

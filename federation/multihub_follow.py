@@ -83,6 +83,27 @@ async def _pull(args) -> tuple[MergedLog, PeerLink, bool]:
 
 
 def run(args) -> int:
+    """The link's log lines (a version warning, the link coming up) go to
+    stderr: stdout is the observed view, JSON with --json. Only for this run,
+    uncached, and only when nothing configured logging (an embedding process,
+    a test calling the CLI in-process, keeps its own)."""
+    import structlog
+
+    if structlog.is_configured():
+        return _run(args)
+    structlog.configure(
+        processors=[structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.dev.ConsoleRenderer(colors=False)],
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False)
+    try:
+        return _run(args)
+    finally:
+        structlog.reset_defaults()
+
+
+def _run(args) -> int:
     if args.pin:
         try:
             parse_pin(args.pin)
@@ -102,6 +123,7 @@ def run(args) -> int:
         document["refused"] = refused
         document["cursor"] = merged.cursor(peer)
         document["clock_skew_seconds"] = link.clock_skew
+        document["peer_version"] = link.versions.health()
         print(json.dumps(document, indent=2, sort_keys=True))
     else:
         if refused:

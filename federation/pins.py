@@ -286,3 +286,12 @@ def check_peer_pin(connection: object, pins: PinSet, peer: str = "peer") -> byte
             raise PinError(f"no pin configured for {peer}; its certificate is {described}")
         raise PinError(f"{peer} certificate matches none of its {len(pins)} pin(s); got {described}")
     return der
+
+
+def pin_mismatch_detail(peer: str, route, der: bytes | None, pins: str) -> str:
+    """Why a pinned link is refused, with what the peer presented (so the
+    operator can tell a rotated certificate from a wrong host) and how to
+    read a hub's pins without trusting them first."""
+    return (f"{peer} presented {describe_certificate(der)}, which matches none of {pins}; "
+            f"if that is {peer}'s certificate, pin it (`hubd certs fetch {route.uri}` "
+            "prints a hub's pins)")

@@ -23,7 +23,7 @@ import structlog
 from hubd.core.plugin import Plugin
 from hubd.handlers import routing
 
-from federation import delivery_forward_rules, remote_leases
+from federation import delivery_forward_rules, delivery_notice_rules, remote_leases
 from federation import state as forward_state
 from federation.actors.claim_forwarder import ClaimVerdict
 from federation.actors.delivery_sender import DeliveryAnswered
@@ -32,7 +32,8 @@ from federation.state import outbox_of
 from federation.config import FederationConfig
 from federation.handlers import authority as authority_state
 from federation.handlers import (attachment_reads, claims, dead_letter_pointer,
-                                 delivery_forward, forwarding, logpull, receiver)
+                                 delivery_forward, delivery_notices, forwarding, logpull,
+                                 peer_versions, receiver)
 from federation.health_problems import federation_problems
 
 log = structlog.get_logger("hubd.federation")
@@ -66,10 +67,12 @@ class Federation:
 
     def plugin(self) -> Plugin:
         verbs: dict = {}
-        for module in (receiver, logpull, claims, attachment_reads, dead_letter_pointer):
+        for module in (receiver, logpull, claims, attachment_reads, dead_letter_pointer,
+                       delivery_notices):
             verbs.update(module.verbs)
         appliers: dict[str, list] = {}
-        for module in (forward_state, authority_state, remote_leases, delivery_forward_rules):
+        for module in (forward_state, authority_state, remote_leases, delivery_forward_rules,
+                       delivery_notice_rules):
             for kind, fns in module.appliers.items():
                 appliers.setdefault(kind, []).extend(fns)
         return Plugin(
@@ -77,17 +80,24 @@ class Federation:
             verbs=verbs,
             appliers=appliers,
             projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS,
-                         **remote_leases.PROJECTIONS, **delivery_forward_rules.PROJECTIONS},
+                         **remote_leases.PROJECTIONS, **delivery_forward_rules.PROJECTIONS,
+                         **delivery_notice_rules.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
             live=(receiver.ForwardVerdicts, attachment_reads.PeerAsks,
-                  dead_letter_pointer.PointerLog, dead_letter_pointer.UnsentPointers),
+                  dead_letter_pointer.PointerLog, dead_letter_pointer.UnsentPointers,
+                  delivery_notices.NoticeLinks, peer_versions.InboundVersions),
             claim_gate=claims.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
             replaces_state_sections={"active_claims": claims.active_claims_with_remote},
             remote_hubs=self,
-            commands={**COMMANDS, **attachment_reads.COMMANDS, **dead_letter_pointer.COMMANDS},
+            commands={**COMMANDS, **attachment_reads.COMMANDS, **dead_letter_pointer.COMMANDS,
+                      **delivery_notices.COMMANDS},
             health_sections={"message_forward": self._health_forwarding,
-                             "multihub": self._health_authority},
+                             "multihub": self._health_authority,
+                             "peer_versions": self._health_versions,
+                             "peer_versions_inbound": lambda hub: peer_versions.health(hub.router)
+                             if hub.router is not None else None,
+                             "delivery_notices": self._health_notices},
             health_problems=(federation_problems,),
             bind=self.bind,
             restored=self.restored,
@@ -116,6 +126,10 @@ class Federation:
             self.peer_links = PeerLinks(hub.hub_id, config, hub.config.timing)
             for peer in config.relay_peers:
                 self.peer_links.link(peer)  # dead-letter pointers ride it (started with the rest)
+        if self.peer_links is not None or self.serving_policy is not None:
+            from federation.metrics import PeerVersionFigures
+
+            PeerVersionFigures(hub.metrics.registry, self)
         if config.message_peers:
             from federation.handlers.forwarding import Forwarding
 
@@ -261,6 +275,12 @@ class Federation:
             return True
         return self.delivery.follow_up(router, session, frame, key)
 
+    def notice_peer(self, router, audience: str, origin_hub: str) -> str | None:
+        return delivery_notices.notice_peer(router, audience, origin_hub)
+
+    def push_notices(self, router, peer: str, notes: list) -> None:
+        delivery_notices.push_notices(router, peer, notes)
+
     def remote_who(self, router, session, frame: dict, hub_id: str) -> None:
         if self.forwarding is None:
             router.error(session, f"Hub '{hub_id}' is not a configured message peer of this hub.")
@@ -271,6 +291,18 @@ class Federation:
 
     def _health_forwarding(self, hub) -> dict:
         return self.forwarding.health() if self.forwarding is not None else {}
+
+    def _health_notices(self, hub) -> dict | None:
+        """Forwarded delivery stage changes pushed and relayed (delivery_notices.py)."""
+        if hub.router is None or (self.serving_policy is None and self.delivery is None):
+            return None
+        return delivery_notices.figures(hub.router)
+
+    def _health_versions(self, hub) -> dict | None:
+        """Each peer link's negotiated wire version (federation/versions.py)."""
+        if self.peer_links is None:
+            return None
+        return {peer: link.versions.health() for peer, link in self.peer_links.links.items()}
 
     def _health_authority(self, hub) -> dict | None:
         if self.authority is None:

@@ -38,18 +38,22 @@ from typing import Callable, NamedTuple
 
 import structlog
 
-from federation import liveness
+from federation import liveness, versions
 from federation.actors.link_socket import (AUTH, BINARY, BUSY, CLOSED, PIN_MISMATCH, PING, PONG,
                                            REFUSED, SILENT, STALLED, TEXT, TIMEOUT, Connection,
                                            LinkError, SocketDialer)
 from federation.clock import SYSTEM, wait_for
 from federation.config import PeerRoute
-from federation.pins import describe_certificate
+from federation.pins import describe_certificate, pin_mismatch_detail
 from hubd.timing import Timing
 from hubd.wire import codec
 from hubd.wire.envelope import PROTOCOL_VERSION, strict_int
 
 log = structlog.get_logger("hubd.federation.link")
+
+# what a peer sends unasked, and what this hub lists in its registering
+# heartbeat (a reference hub ignores it): federation/delivery_notice_rules.py
+PUSHED, LINK_FEATURES = frozenset({"multihub_delivery_notices"}), ["delivery_notices"]
 
 INBOX = 4096  # messages waiting to be written (the outbox keeps at most 1,024 in flight)
 LOG_REPEAT = 60.0  # a link failing the same way is logged once a minute
@@ -88,9 +92,10 @@ class Answers:
     next. Forward results nobody waits for (the outbox's) go to on_result."""
 
     def __init__(self, peer: str, on_result: Callable[[str, dict], None],
-                 on_rejected: Callable[[str, str], None]):
+                 on_rejected: Callable[[str, str], None],
+                 on_push: Callable[[str, dict], None] = lambda peer, frame: None):
         self.peer = peer
-        self.on_result, self.on_rejected = on_result, on_rejected
+        self.on_result, self.on_rejected, self.on_push = on_result, on_rejected, on_push
         self._by_key: dict[str, asyncio.Future] = {}  # answers that echo an id
         self._in_order: dict[str, deque] = {}  # reply type -> waiters, for answers without one
         # reply type -> keyed waiters that also take an answer echoing no id
@@ -146,6 +151,8 @@ class Answers:
                 waiter = _first_live(self._in_order.get(kind))
             if waiter is not None:
                 _answer(waiter, frame)
+        elif kind in PUSHED:
+            self.on_push(self.peer, frame)  # asked by nobody: the peer's own news
         elif kind == "error":
             text = str(frame.get("payload", ""))
             if "'multihub_message_forward'" in text:
@@ -190,6 +197,7 @@ class PeerLink:
                  on_down: Callable[[str, str], None] = lambda peer, cause: None,
                  on_result: Callable[[str, dict], None] = lambda peer, frame: None,
                  on_rejected: Callable[[str, str], None] = lambda peer, text: None,
+                 on_push: Callable[[str, dict], None] = lambda peer, frame: None,
                  clock=SYSTEM, dialer=None, inbox: int = INBOX):
         self.route = route
         self.peer = route.hub_id
@@ -199,7 +207,7 @@ class PeerLink:
         self.clock = clock
         self._dialer = dialer
         self._on_up, self._on_down = on_up, on_down
-        self.answers = Answers(self.peer, on_result, on_rejected)
+        self.answers = Answers(self.peer, on_result, on_rejected, on_push)
         # the inbox: (Send | Ask | one of the link's own writes, data)
         self._inbox: deque = deque()
         self.inbox_bound = inbox
@@ -213,6 +221,8 @@ class PeerLink:
         self.up_since: float | None = None  # clock (monotonic) time the link came up
         self.last_error: dict | None = None
         self.peer_protocol_version: int | None = None
+        # the lowest common wire version, from the last welcome (federation/versions.py)
+        self.versions = versions.LinkVersions(self.peer, PROTOCOL_VERSION)
         self.batching = False  # the peer is a hubd that takes batched forwards
         # the hubd extensions the peer's welcome listed; None: the peer is not
         # a hubd (it listed none), so only its protocol_version speaks for it
@@ -365,7 +375,8 @@ class PeerLink:
                 raise LinkError(PIN_MISMATCH, pin_mismatch_detail(self.peer, route, der,
                                                                   "its pins"))
         register = {"sender": self.hub_id, "target": "System", "type": "heartbeat",
-                    "payload": "online", "protocol_version": PROTOCOL_VERSION}
+                    "payload": "online", "protocol_version": PROTOCOL_VERSION,
+                    "hubd_features": LINK_FEATURES}
         if route.token:
             register["token"] = route.token
         try:
@@ -392,6 +403,7 @@ class PeerLink:
 
     def _came_up(self, conn: Connection, welcome: dict) -> None:
         self.peer_protocol_version = strict_int(welcome.get("protocol_version"))
+        self.versions.welcomed(welcome.get("protocol_version"))
         features = welcome.get("hubd_features")
         self.features = frozenset(f for f in features if isinstance(f, str)) \
             if isinstance(features, list) else None
@@ -578,14 +590,6 @@ class PeerLink:
                 "batching": self.batching,
                 "peer_features": sorted(self.features) if self.features is not None else None,
                 "last_error": self.last_error, "peer_protocol_version": self.peer_protocol_version,
+                "negotiated_protocol_version": self.versions.effective,
                 "clock_skew_seconds": round(self.clock_skew, 3) if self.clock_skew is not None
                 else None}
-
-
-def pin_mismatch_detail(peer: str, route: PeerRoute, der: bytes | None, pins: str) -> str:
-    """Why a pinned link is refused, with what the peer presented (so the
-    operator can tell a rotated certificate from a wrong host) and how to
-    read a hub's pins without trusting them first."""
-    return (f"{peer} presented {describe_certificate(der)}, which matches none of {pins}; "
-            f"if that is {peer}'s certificate, pin it (`hubd certs fetch {route.uri}` "
-            "prints a hub's pins)")

@@ -38,10 +38,12 @@ class Subscribers:
     down: list[Callable[[str, str], None]] = field(default_factory=list)
     result: list[Callable[[str, dict], None]] = field(default_factory=list)
     rejected: list[Callable[[str, str], None]] = field(default_factory=list)
+    push: list[Callable[[str, dict], None]] = field(default_factory=list)
 
-    def add(self, *, on_up=None, on_down=None, on_result=None, on_rejected=None) -> None:
+    def add(self, *, on_up=None, on_down=None, on_result=None, on_rejected=None,
+            on_push=None) -> None:
         for fn, into in ((on_up, self.up), (on_down, self.down), (on_result, self.result),
-                         (on_rejected, self.rejected)):
+                         (on_rejected, self.rejected), (on_push, self.push)):
             if fn is not None:
                 into.append(fn)
 
@@ -60,6 +62,10 @@ class Subscribers:
     def on_rejected(self, peer: str, text: str) -> None:
         for fn in self.rejected:
             fn(peer, text)
+
+    def on_push(self, peer: str, frame: dict) -> None:
+        for fn in self.push:
+            fn(peer, frame)
 
 
 class PeerLinks:
@@ -81,7 +87,7 @@ class PeerLinks:
                 self.routes[peer], self.hub_id, self._context, self.timing,
                 on_up=subscribers.on_up,
                 on_down=subscribers.on_down, on_result=subscribers.on_result,
-                on_rejected=subscribers.on_rejected)
+                on_rejected=subscribers.on_rejected, on_push=subscribers.on_push)
             if self._group is not None:
                 self._run(peer, link)
         return link

@@ -77,7 +77,9 @@ class WatchStatus:
                 "clock_skew_seconds": round(link.clock_skew, 3)
                 if link.clock_skew is not None else None, "link": "up" if link.up else "down",
                 # why the link is down (pin_mismatch, tls, ...): a poll only says "link down"
-                "link_error": link.last_error}
+                "link_error": link.last_error,
+                # the follower's negotiated wire version (federation/versions.py)
+                "negotiated_protocol_version": link.versions.effective}
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,6 +141,9 @@ def ask_source(router: Router, session: Session, frame: dict) -> None:
     asks = router.live_of(PeerAsks)
     if links is None or source not in links.routes or asks.waiting >= MAX_ASKS:
         return answer(REFUSED)
+    too_old = links.link(source).versions.refusal("attachment_peer_read")
+    if too_old is not None:  # below wire v6 on the negotiated link: nothing is sent
+        return answer({**REFUSED, "reason_code": too_old.reason_code, "detail": too_old.text})
     out = {"sender": router.hub_id, "target": "SynapseHub", "type": "attachment_peer_request",
            "payload": "", "timestamp": router.now, "action": request.action,
            "scope": request.scope, "digest": request.digest}

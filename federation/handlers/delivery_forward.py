@@ -24,9 +24,10 @@ never gets interrupt or steer, and its operation key is the origin's
 The verb's private answer is taken out of this command's sends and returned
 in `multihub_message_result`, released after the same commit.
 
-Sender notifications (stage changes) are not pushed back across the link: the
-reference does not either (observed, docs/delivery.md "Across hubs"); the
-origin sender reads the stages with delivery_status_request.
+Sender notifications (stage changes) are pushed back across the link to an
+origin that takes them (federation/handlers/delivery_notices.py; the reference
+does not, docs/delivery.md "Stage changes across hubs"); delivery_status_request
+still reads them.
 
 The model and the pure decisions are federation/delivery_forward_rules.py
 (tests/unit/test_delivery_forward_rules.py).
@@ -40,6 +41,7 @@ import secrets
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from federation.handlers.delivery_notices import NoticesArrived
 from federation.actors.delivery_sender import DeliveryAnswered, DeliveryAsk, DeliverySender
 from federation.delivery_forward_rules import (CANCEL, JOURNAL_RECOVERY_REQUIRED, MAX_IN_FLIGHT,
                                                MAX_ROUTES, PEER_INVALID_ANSWER,
@@ -92,6 +94,10 @@ class DeliveryForwarder:
                                 self.hub.router.post_control,
                                 timeout=self.hub.config.timing.forward_answer)
         self.senders[peer] = sender
+        # the peer's pushed stage changes (federation/handlers/delivery_notices.py)
+        post = self.hub.router.post_control
+        self.peers.subscribe(peer, on_push=lambda peer_, frame: post(
+            NoticesArrived(peer_, frame.get("notices"))))
         self._group.create_task(sender.run(), name=f"delivery-sender-{peer}")
 
     def _count(self, peer: str, kind: str, outcome: str) -> None:

@@ -323,8 +323,11 @@ class Forwarding:
     def remote_who(self, router: Router, session: Session, frame: dict, hub_id: str) -> None:
         """who_request naming a peer: its outbox asks over the link and reports the answer."""
         outbox = self.outboxes.get(hub_id)
+        too_old = outbox.link.versions.refusal("roster") if outbox is not None else None
         if outbox is None:
             router.error(session, f"Hub '{hub_id}' is not a configured message peer of this hub.")
+        elif too_old is not None:  # the negotiated wire version (federation/versions.py)
+            router.error(session, too_old.text, reason_code=too_old.reason_code)
         elif not outbox.mailbox.post(Roster(session.endpoint, session.name)):
             router.error(session, f"Hub '{hub_id}' has too many requests waiting; ask again "
                                   "later.")

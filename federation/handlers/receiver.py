@@ -32,7 +32,7 @@ from typing import Callable
 import structlog
 
 from federation import delivery_forward_rules
-from federation.handlers import delivery_forward
+from federation.handlers import delivery_forward, delivery_notices, peer_versions
 from federation.policy import NAMESPACE_NOT_GRANTED
 from federation.state import (FORWARDED_FIELDS, INBOX_IDS, forward_digest, inbox_of,
                               verdict_result)
@@ -116,8 +116,10 @@ def claim_peer_link(router: Router, session: Session, frame: dict) -> bool:
     router.presence.mark_peer(session, sender)
     # a peer's wire version gates what it may ask (cross-hub reads need 6)
     session.protocol_version = strict_int(frame.get("protocol_version"))
+    peer_versions.registered(router, sender, frame.get("protocol_version"))
     log.info("peer link registered", peer=sender, domain=decision.domain_id)
     peer_alive(router, session)
+    delivery_notices.peer_registered(router, session, frame)
     return True
 
 

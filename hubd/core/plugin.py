@@ -129,6 +129,13 @@ class RemoteHubs(Protocol):
         """A delivery status request or cancel: True if `key` is an operation
         routed to a peer (then it was asked there or refused), else False."""
 
+    def notice_peer(self, router: "Router", audience: str, origin_hub: str) -> str | None:
+        """The peer hub a forwarded requester's delivery notification goes
+        back to (it takes them), or None."""
+
+    def push_notices(self, router: "Router", peer: str, notes: list) -> None:
+        """Send journaled notifications to that peer (released after the commit)."""
+
 
 @dataclass
 class Plugin:

@@ -192,8 +192,17 @@ def _transition(router: Router, op: di.Operation, kind: str, stage: str, source:
     seq = router.next_seq()
     cancel = op.cancel_requested or kind == di.CANCEL_REQUESTED
     note = _notification(op, audience, source, stage, number, seq, cancel)
+    # a forwarded requester (seat@ORIGIN): its origin may take the notice back
+    # over the link (federation/delivery_notice_rules.py); the event says so,
+    # so a replay queues it the same
+    relay = routing.notice_peer(router, audience, op.origin_hub)
+    if relay is not None:
+        payload = {**payload, "relay_to": relay}
     router.event(kind, {"operation_key": op.key, "stage": stage, "source": source,
                         "notification": note, "notification_number": number, **payload})
+    if relay is not None:
+        routing.push_notices(router, relay, [note])
+        return
     online = _v3_session(router, audience)
     if online is not None:
         router.send(online.endpoint, note)

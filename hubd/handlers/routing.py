@@ -262,3 +262,18 @@ def routed_delivery(router: Router, session: Session, frame: dict, key: str) -> 
     if remote_hubs is None or session.peer_hub is not None:
         return False
     return remote_hubs.routed_delivery(router, session, frame, key)
+
+
+def notice_peer(router: Router, audience: str, origin_hub: str) -> str | None:
+    """The peer hub a forwarded requester's (`seat@ORIGIN`) delivery
+    notification goes back to, or None (no federation, or its origin does not
+    take them: then it is journaled only)."""
+    remote_hubs = router.installed.remote_hubs
+    if remote_hubs is None or "@" not in audience:
+        return None
+    return remote_hubs.notice_peer(router, audience, origin_hub)
+
+
+def push_notices(router: Router, peer: str, notes: list) -> None:
+    """Send journaled delivery notifications back to `peer` (after the commit)."""
+    router.installed.remote_hubs.push_notices(router, peer, notes)

@@ -225,7 +225,10 @@ def _apply_queued(state: HubState, event: Event) -> None:
 def _note(d: DeliveryState, op: Operation, event: Event) -> None:
     note = event.payload.get("notification")
     if isinstance(note, dict):
-        if "@" not in note["audience"]:  # a forwarded requester never registers here
+        # a forwarded requester never registers here: its notification is
+        # queued only for an origin that takes it back over the link
+        # (federation/delivery_notice_rules.py)
+        if "@" not in note["audience"] or event.payload.get("relay_to"):
             d.queue_notification(note["audience"], note)
         op.notifications = max(op.notifications, event.payload.get("notification_number", 0))
     op.latest_event_seq = event.seq

@@ -145,8 +145,8 @@ def test_forwarded_intent_end_to_end_across_a_restart(tmp_path, pki):
                     if kind == "delivery_intent_accepted"]
         assert [(p["operation_key"], p["sender"], p["origin_hub"]) for p in accepted] == \
             [(key, "PROJ/alice@east", "east")]
-        # notifications for a forwarded requester are journaled, never queued
-        # for an audience that cannot register on west (bob's are settled)
+        # notifications for the forwarded requester went back to east, which
+        # acknowledged them (bob's are settled): west's outbox drains
         wait_for(lambda: "hubd_delivery_outbox 0.0" in west.get_text("/metrics"),
                  what="west's delivery outbox empty")
 

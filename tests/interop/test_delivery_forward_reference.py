@@ -184,6 +184,12 @@ def test_reference_client_delivery_api_across_two_hubd_hubs(tmp_path, pki,
         done = events["completed"]["frame"]
         assert (done["task_completed"], done["explicitly_acknowledged"], done["remote_hub"]) == \
             (True, True, "west")
+        # the stage changes were pushed to the unchanged client as local
+        # notifications are (docs/delivery.md, "Stage changes across hubs")
+        pushed = [line["frame"] for line in lines if line["event"] == "frame"
+                  and line["who"] == "alice" and "audience" in line["frame"]]
+        assert ("completed", "iop/alice", "west") in [
+            (f["stage"], f["audience"], f["remote_hub"]) for f in pushed], pushed
         offers = [line["frame"] for line in lines if line["event"] == "frame"
                   and line["who"] == "bob" and line["frame"].get("type") == "delivery_offer"]
         assert [(o["sender"], o["origin_hub"]) for o in offers] == [("iop/alice@east", "east")]

@@ -99,12 +99,13 @@ def site_flags(pki: Pki, hub: str, policy: Path | None) -> Site:
 
 
 @contextlib.asynccontextmanager
-async def fake_peer_hub(pki: Pki, hub_id: str, protocol_version: int, on_frame,
-                        features: list[str] | None = None):
+async def fake_peer_hub(pki: Pki, hub_id: str, protocol_version: int | None, on_frame,
+                        features: list[str] | None = None, mtls: bool = False):
     """A hand-written peer hub serving wss:// with `hub_id`'s certificate on a
-    free port (yielded): it sends a welcome at `protocol_version` (listing
-    `features` as hubd_features, if given), then hands every frame it reads
-    to `await on_frame(ws, frame)`."""
+    free port (yielded): it sends a welcome at `protocol_version` (none at all
+    when None; listing `features` as hubd_features, if given), then hands
+    every frame it reads to `await on_frame(ws, frame)`. With `mtls` the TLS
+    handshake requires a client certificate signed by the test CA."""
     from aiohttp import web
 
     from federation.tls import server_context
@@ -113,8 +114,9 @@ async def fake_peer_hub(pki: Pki, hub_id: str, protocol_version: int, on_frame,
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         welcome = {"sender": "SynapseHub", "target": "self", "type": "welcome",
-                   "payload": "Welcome", "hub_id": hub_id,
-                   "protocol_version": protocol_version, "timestamp": time.time()}
+                   "payload": "Welcome", "hub_id": hub_id, "timestamp": time.time()}
+        if protocol_version is not None:
+            welcome["protocol_version"] = protocol_version
         if features is not None:
             welcome["hubd_features"] = features
         await ws.send_json(welcome)
@@ -126,7 +128,12 @@ async def fake_peer_hub(pki: Pki, hub_id: str, protocol_version: int, on_frame,
     app.router.add_get("/", serve)
     runner = web.AppRunner(app)
     await runner.setup()
-    context = server_context(pki.file(hub_id, "server", "cert"), pki.file(hub_id, "server", "key"))
+    context = server_context(pki.file(hub_id, "server", "cert"), pki.file(hub_id, "server", "key"),
+                             client_ca_file=pki.folder / "ca.pem" if mtls else None)
+    if mtls:
+        import ssl
+
+        context.verify_mode = ssl.CERT_REQUIRED
     await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
     try:
         yield runner.addresses[0][1]

@@ -77,8 +77,9 @@ async def across(args, alice, seen, bob_name: str) -> None:
         await alice.request_delivery_status(answer["operation_key"])
         status, until = None, time.monotonic() + 5
         while status is None and time.monotonic() < until:
+            # the answer, not a pushed stage notification (it has an audience)
             status = next((f for f in seen["alice"][count:] if f.get("type") in (
-                "delivery_status", "delivery_refused")), None)
+                "delivery_status", "delivery_refused") and "audience" not in f), None)
             await asyncio.sleep(0.02)
         if status is not None and status.get("stage") == "completed":
             emit({"event": "completed", "frame": status})
