@@ -243,7 +243,6 @@ VERB_FIELDS: dict[str, dict[str, Rule]] = {
     "dead_letter_forwarding": {"forwarding": passed_on(
         "federation/handlers/dead_letter_pointer.py: a typed error, "
         "error_code dead_letter_forwarding_refused")},
-
     "multihub_delivery_notices_ack": {"acks": passed_on(
         "federation/handlers/delivery_notices.py: 'Malformed multihub_delivery_notices_ack'")},
     "multihub_log_request": {
