@@ -3,14 +3,13 @@ journal: grants and denials, scope and path identity, idempotency, lease
 lifetime, denial evidence, release receipts and confirmation, task updates,
 checkpoints, handoffs, waits."""
 
-import asyncio
 import json
 import sqlite3
 import time
 
-from hubd.actors.journal_writer import Flush
 from hubd.core.commands import TICK
 from hubd.state.claims import LeaseLimits
+from tests.support.inproc import flushed as settled
 from tests.support.inproc import running_hub
 from tests.support.wsprobe import joined
 
@@ -33,12 +32,6 @@ async def claim(probe, name, task_id, **fields):
     return await probe.recv(lambda f: f.get("type") in ("claim_granted", "claim_denied", "error")
                             and f.get("task_id", task_id) == task_id
                             and f.get("owner", name) == name)
-
-
-async def settled(server):
-    done = asyncio.get_running_loop().create_future()
-    await server.hub.writer.inbox.put(Flush(done))
-    await done
 
 
 async def same_as_replay(server):

@@ -16,11 +16,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hubd.actors.journal_writer import Flush
-from hubd.core.commands import TICK, Request
+from hubd.core.commands import TICK
 from hubd.state import claims as cl
 from hubd.state import scope as sc
-from tests.support.inproc import running_hub
+from tests.support.inproc import running_hub, settled
 from tests.support.wsprobe import WsProbe
 
 AGENTS = ["p/a", "p/b", "p/c"]
@@ -107,12 +106,7 @@ class Run:
             await probe.recv_type("who_snapshot", timeout=10)
         # commands queued without a socket (the sweep) are handled, and their
         # outcome handed to the writer, before this resolves
-        handled = asyncio.get_running_loop().create_future()
-        await self.server.hub.router.inbox.put(Request(None, "hub.health", {}, handled))
-        await handled
-        done = asyncio.get_running_loop().create_future()
-        await self.server.hub.writer.inbox.put(Flush(done))
-        await done
+        await settled(self.server)
 
     async def check(self):
         await self.settle()

@@ -15,9 +15,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hubd.actors.journal_writer import Flush
-from hubd.core.commands import Request
-from tests.support.inproc import running_hub
+from tests.support.inproc import running_hub, settled
 from tests.support.wsprobe import WsProbe
 
 SENDER = "p/s"
@@ -60,12 +58,7 @@ class Run:
     async def settle(self):
         await self.sender.send_json({"sender": SENDER, "type": "who_request", "target": "System"})
         await self.sender.recv_type("who_snapshot", timeout=10)
-        handled = asyncio.get_running_loop().create_future()
-        await self.server.hub.router.inbox.put(Request(None, "hub.health", {}, handled))
-        await handled
-        done = asyncio.get_running_loop().create_future()
-        await self.server.hub.writer.inbox.put(Flush(done))
-        await done
+        await settled(self.server)
 
     async def collect(self):
         await self.settle()

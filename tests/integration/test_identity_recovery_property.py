@@ -23,10 +23,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hubd.actors.journal_writer import Flush
 from hubd.config import SecurityConfig
 from hubd.state import identity_recovery as ir
-from tests.support.inproc import running_hub
+from tests.support.inproc import flushed, running_hub
 from tests.support.wsprobe import WsProbe
 
 KEYS = [Ed25519PrivateKey.generate() for _ in range(4)]
@@ -150,9 +149,7 @@ class Run:
             "error"), timeout=10)
 
     async def check(self):
-        done = asyncio.get_running_loop().create_future()
-        await self.server.hub.writer.inbox.put(Flush(done))
-        await done
+        await flushed(self.server)
         router = self.server.hub.router
         assert await self.server.hub.load_state() == router.state
 

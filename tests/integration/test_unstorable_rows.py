@@ -21,7 +21,7 @@ import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from hubd.actors.journal_writer import Flush
+from tests.support.inproc import flushed as committed
 from tests.support.inproc import running_hub
 from tests.support.procs import hubd_process
 from tests.support.redsyn_client import Client, login
@@ -52,12 +52,6 @@ async def handled(server, **frames: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"frames {frames} not handled; counted {counts}")
-
-
-async def committed(server) -> None:
-    done = asyncio.get_running_loop().create_future()
-    await server.hub.writer.inbox.put(Flush(done))
-    await done
 
 
 def journal(db) -> list[tuple]:

@@ -3,11 +3,14 @@ event loop, on an ephemeral loopback port with its journal in a temp folder."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import replace
 from pathlib import Path
 
+from hubd.actors.journal_writer import Flush
 from hubd.config import HubConfig
+from hubd.core.commands import Request
 from hubd.server import HubServer
 
 
@@ -30,3 +33,19 @@ async def running_hub(tmp_path: Path, allow_crashes: bool = False, **overrides):
             await server.stop()
     if not allow_crashes:
         assert server.hub.metrics.handler_crashes == 0, "a handler raised (see the log)"
+
+
+async def flushed(server: HubServer) -> None:
+    """Everything handed to the journal writer so far is committed and released."""
+    done = asyncio.get_running_loop().create_future()
+    await server.hub.writer.inbox.put(Flush(done))
+    await done
+
+
+async def settled(server: HubServer) -> None:
+    """The Router has handled what was queued for it (a request queued behind
+    it is answered) and the writer has committed what that produced."""
+    handled = asyncio.get_running_loop().create_future()
+    await server.hub.router.inbox.put(Request(None, "hub.health", {}, handled))
+    await handled
+    await flushed(server)
