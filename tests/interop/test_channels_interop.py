@@ -1,0 +1,116 @@
+"""Private channels driven by the reference client's own channel helpers
+(agent.channel_create / channel_invite / channel_join / channel_leave /
+request_channels / request_channel_history, agent.chat(channel=...)) against
+the reference hub and hubd: the same answers from both (docs/channels.md;
+docs/reference-observed.md §20 and "Private channels: membership, routing,
+observe")."""
+
+from __future__ import annotations
+
+# what both hubs answer, as observed on the reference hub (synapse-channel 0.99.38)
+EXPECTED_RESULTS = [
+    ("alice", "create ops", ("ops", True, ["p/alice"], "created channel 'ops'")),
+    ("alice", "create ops again", ("ops", False, [], "channel 'ops' already exists")),
+    ("alice", "invite bob", ("ops", True, ["p/alice"], "invited 'p/bob' to 'ops'")),
+    ("alice", "invite dan", ("ops", True, ["p/alice"], "invited 'p/dan' to 'ops'")),
+    ("bob", "bob invites carol",
+     ("ops", False, [], "cannot invite to 'ops': no such channel or you are not its owner")),
+    ("carol", "carol joins",
+     ("ops", False, [], "cannot join 'ops': no such channel or you were not invited")),
+    ("bob", "bob joins", ("ops", True, ["p/alice", "p/bob"], "joined 'ops'")),
+]
+
+
+def _result(agent, since: int) -> tuple:
+    f = agent.wait_frame(since=since, type="channel_result")
+    return f["channel"], f["ok"], f["members"], f["payload"]
+
+
+def test_reference_client_channels(hub, ref):
+    agents = {n: ref.agent(f"p/{n}") for n in ("alice", "bob", "carol", "dan")}
+    alice, bob, carol, dan = (agents[n] for n in ("alice", "bob", "carol", "dan"))
+    calls = {
+        "create ops": ("channel_create", ("ops",), {"label": "Ops"}),
+        "create ops again": ("channel_create", ("ops",), {}),
+        "invite bob": ("channel_invite", ("ops", "p/bob"), {}),
+        "invite dan": ("channel_invite", ("ops", "p/dan"), {}),
+        "bob invites carol": ("channel_invite", ("ops", "p/carol"), {}),
+        "carol joins": ("channel_join", ("ops",), {}),
+        "bob joins": ("channel_join", ("ops",), {}),
+    }
+    for who, step, expected in EXPECTED_RESULTS:
+        agent = agents[who]
+        since = agent.mark()
+        method, args, kwargs = calls[step]
+        agent.channel(method, *args, **kwargs)
+        assert _result(agent, since) == expected, (hub.kind, step)
+
+    # a member's chat: the joined member's copy keeps `channel`
+    since_bob = bob.mark()
+    alice.chat("all", "secret", channel="ops")
+    got = bob.wait_frame(since=since_bob, type="chat", payload="secret")
+    assert (got["channel"], got["sender"]) == ("ops", "p/alice"), hub.kind
+
+    # the receipt: recipients are the online members but the sender
+    since = alice.mark()
+    alice.send("chat", target="all", payload="with receipt", channel="ops",
+               receipt_requested=True, client_msg_id="ch-1")
+    receipt = alice.wait_frame(since=since, type="delivery_receipt")
+    assert (receipt["delivered"], receipt["recipients"], receipt["matched_recipients"],
+            receipt["message_target"], receipt["client_msg_id"]) == \
+        (True, ["p/bob"], ["p/bob"], "ops", "ch-1"), (hub.kind, receipt)
+    assert (receipt["reason"], receipt["dead_lettered"], receipt["deferred"],
+            receipt["stale_recipients"]) == ("", False, False, []), (hub.kind, receipt)
+    # Not compared: the payload text ("delivered to p/bob (direct agent)" on the
+    # reference, hubd's directed-receipt text "delivered to p/bob"), message_seq and
+    # receipt_notification_id (None on the reference, whose channel receipts are
+    # not journaled; hubd's are durable outbox rows like every receipt)
+
+    # a non-member's channel chat is an error naming the channel
+    since = carol.mark()
+    carol.chat("all", "let me in", channel="ops")
+    err = carol.wait_frame(since=since, type="error")
+    assert (err["payload"], err["channel"]) == ("not a member of channel 'ops'", "ops"), hub.kind
+
+    # lists and history: members only
+    since = bob.mark()
+    bob.channel("request_channels")
+    assert bob.wait_frame(since=since, type="channel_list")["channels"] == ["ops"], hub.kind
+    since = carol.mark()
+    carol.channel("request_channels")
+    assert carol.wait_frame(since=since, type="channel_list")["channels"] == [], hub.kind
+    since = bob.mark()
+    bob.channel("request_channel_history", "ops", limit=10)
+    hist = bob.wait_frame(since=since, type="channel_history")
+    assert hist["channel"] == "ops", hub.kind
+    assert [m["payload"] for m in hist["messages"]] == ["secret", "with receipt"], hub.kind
+    assert all(m["channel"] == "ops" for m in hist["messages"]), hub.kind
+    since = carol.mark()
+    carol.channel("request_channel_history", "ops")
+    assert _result(carol, since) == ("ops", False, [], "not a member of channel 'ops'")
+
+    # leave: twice
+    since = bob.mark()
+    bob.channel("channel_leave", "ops")
+    assert _result(bob, since) == ("ops", True, [], "left 'ops'"), hub.kind
+    since = bob.mark()
+    bob.channel("channel_leave", "ops")
+    assert _result(bob, since) == ("ops", False, [], "not a member of 'ops'"), hub.kind
+
+    # with bob gone, alice's channel chat reaches nobody
+    since = alice.mark()
+    alice.send("chat", target="all", payload="anyone?", channel="ops",
+               receipt_requested=True, client_msg_id="ch-2")
+    alone = alice.wait_frame(since=since, type="delivery_receipt")
+    assert (alone["delivered"], alone["recipients"], alone["matched_recipients"],
+            alone["message_target"], alone["reason"], alone["dead_lettered"],
+            alone["deferred"], alone["payload"]) == \
+        (False, [], [], "ops", "no_online_recipient", False, False,
+         "delivery failed: no online recipient matched ops"), (hub.kind, alone)
+
+    # sentinels: carol and dan (invited, never joined) saw no channel chat
+    for agent in (carol, dan):
+        since = agent.mark()
+        alice.chat(agent.name, f"sentinel {agent.name}")
+        agent.wait_frame(since=since, type="chat", payload=f"sentinel {agent.name}")
+        assert not [f for f in agent.frames("chat") if f.get("channel")], (hub.kind, agent.name)
