@@ -7,6 +7,14 @@ observe")."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from tests.interop.conftest import KINDS, _need_reference
+from tests.support.procs import hubd_process, reference_hub_process
+from tests.support.wsprobe import WsProbe
+
 # what both hubs answer, as observed on the reference hub (synapse-channel 0.99.38)
 EXPECTED_RESULTS = [
     ("alice", "create ops", ("ops", True, ["p/alice"], "created channel 'ops'")),
@@ -114,3 +122,85 @@ def test_reference_client_channels(hub, ref):
         alice.chat(agent.name, f"sentinel {agent.name}")
         agent.wait_frame(since=since, type="chat", payload=f"sentinel {agent.name}")
         assert not [f for f in agent.frames("chat") if f.get("channel")], (hub.kind, agent.name)
+
+
+# -- private directed messages and the ACL observe grant, raw frames
+
+OBSERVE_RULES = {"rules": [
+    {"permission": "observe", "target_kind": "agent", "target_pattern": "p/*",
+     "namespace": "mon"},
+    {"permission": "message", "target_kind": "agent", "target_pattern": "*"}]}
+
+
+@pytest.fixture(params=KINDS)
+def private_hub(request, tmp_path):
+    """Both hubs with the same flags: --private-directed-messages and an ACL
+    policy granting `observe` on agent:p/* to project mon (no --require-acl;
+    the reference counts private routing as multi-seat, hence
+    --insecure-unbound-identity, which hubd accepts too)."""
+    policy = tmp_path / "acl.json"
+    policy.write_text(json.dumps(OBSERVE_RULES))
+    args = ["--private-directed-messages", "--insecure-unbound-identity",
+            "--acl-policy", str(policy)]
+    if request.param == "reference":
+        _need_reference(request.getfixturevalue("reference_venv_status"))
+        proc = reference_hub_process(tmp_path / "ref", "--no-durable-ingress-quota", *args)
+    else:
+        proc = hubd_process(tmp_path / "hubd", *args)
+    proc.start()
+    proc.kind = request.param
+    yield proc
+    proc.stop()
+
+
+async def _joined(url: str, name: str) -> WsProbe:
+    probe = await WsProbe.open(url)
+    await probe.recv_type("welcome")
+    await probe.register(name)
+    await probe.recv_type("presence_update", agent=name)
+    return probe
+
+
+async def test_observe_grant_and_channel_privacy_under_private_routing(private_hub):
+    url, kind = private_hub.url, private_hub.kind
+    alice, bob = await _joined(url, "p/alice"), await _joined(url, "p/bob")
+    carol, watch = await _joined(url, "p/carol"), await _joined(url, "mon/watch")
+    outsider = await _joined(url, "q/watch")  # same rule, other namespace: no grant
+
+    await alice.chat("p/alice", "p/bob", "for bob", receipt_requested=True)
+    await bob.recv_type("chat", payload="for bob")
+    echo = await alice.recv_type("chat", payload="for bob")  # the sender's echo
+    assert echo["sender"] == "p/alice", kind
+    await watch.recv_type("chat", payload="for bob")  # mon holds observe on agent:p/*
+    receipt = await alice.recv_type("delivery_receipt")
+    assert (receipt["recipients"], receipt["delivered"]) == (["p/bob"], True), (kind, receipt)
+
+    # a channel chat reaches members only: no observer, no echo
+    await alice.send_json({"sender": "p/alice", "target": "System", "type": "channel_create",
+                           "channel": "ops", "payload": ""})
+    await alice.recv_type("channel_result", ok=True)
+    await alice.send_json({"sender": "p/alice", "target": "System", "type": "channel_invite",
+                           "channel": "ops", "invitee": "p/bob", "payload": ""})
+    await alice.recv_type("channel_result", ok=True)
+    await bob.send_json({"sender": "p/bob", "target": "System", "type": "channel_join",
+                         "channel": "ops", "payload": ""})
+    await bob.recv_type("channel_result", ok=True)
+    await alice.chat("p/alice", "all", "members only", channel="ops")
+    await bob.recv_type("chat", payload="members only")
+
+    # sentinels: directed chats, in seq order after everything above
+    for probe, name in ((carol, "p/carol"), (watch, "mon/watch"), (outsider, "q/watch"),
+                        (alice, "p/alice")):
+        await bob.chat("p/bob", name, f"sentinel {name}")
+        await probe.recv_type("chat", payload=f"sentinel {name}")
+    seen = {name: [f["payload"] for f in probe.seen("chat")]
+            for probe, name in ((carol, "p/carol"), (watch, "mon/watch"),
+                                (outsider, "q/watch"), (alice, "p/alice"))}
+    assert seen["p/carol"] == ["sentinel p/carol"], (kind, seen)
+    assert seen["q/watch"] == ["sentinel q/watch"], (kind, seen)
+    # the observer saw the chat to p/bob and bob's chat to p/carol (a p/* target)
+    assert seen["mon/watch"] == ["for bob", "sentinel p/carol", "sentinel mon/watch"], \
+        (kind, seen)
+    assert seen["p/alice"] == ["for bob", "sentinel p/alice"], (kind, seen)
+    for p in (alice, bob, carol, watch, outsider):
+        await p.close()
