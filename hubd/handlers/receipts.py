@@ -253,16 +253,18 @@ def await_writes(router: Router, seq: int, served: list[str], live: list[str],
     release; the door's drain deadline bounds the wait), `written` being the
     names with a completed write plus `served`. With no live name, or too
     many chats already waiting, it is called at once, in this round, with
-    `served` alone (never a false positive). `waiters=False` (a channel
-    chat, sent to members' own sockets only) waits for those sockets alone. Local receipts and forwarded
-    chats' answers (federation/handlers/receiver.py) both decide through this."""
+    `served` alone (never a false positive). Local receipts and forwarded
+    chats' answers (federation/handlers/receiver.py) both decide through this.
+    `waiters=False` (a channel chat, sent to members' own sockets only)
+    waits for those sockets alone."""
     if not live:
         decided(router, list(served))
         return
     endpoints = []
     by_name = router.presence.by_name
     for name in live:
-        for sess in (by_name.get(name), by_name.get(name + RX_SUFFIX) if waiters else None):
+        waiter = by_name.get(name + RX_SUFFIX) if waiters else None
+        for sess in (by_name.get(name), waiter):
             if sess is not None:
                 endpoints.append((name, sess.endpoint))
     the_desk = desk(router)

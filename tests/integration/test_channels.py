@@ -1,16 +1,21 @@
 """Private channels, --private-directed-messages with the ACL observe grant, and
 --team-secure, on real hubd processes over real sockets and SQLite journals
-(docs/channels.md)."""
+(docs/channels.md). The stalled-member test runs the hub in process (it reads
+the endpoint's write state to know the socket is stalled)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 
 import pytest
 
+from hubd.timing import Timing
+from tests.support.inproc import running_hub
 from tests.support.procs import hubd_process
+from tests.support.rawws import RawWs, text
 from tests.support.signed_site import TOKEN, SignedSite, envelope, sign_registration
 from tests.support.wsprobe import WsProbe
 
@@ -254,3 +259,54 @@ async def test_team_secure_needs_its_files_and_forces_binding_and_privacy(tmp_pa
             await p.close()
     finally:
         proc.stop()
+
+
+async def test_a_stalled_member_is_left_out_of_the_receipt(tmp_path):
+    """Fan-out to members is concurrent and the receipt lists only members
+    whose write completed: a member whose socket stalls past the drain
+    deadline (one second here) is not among them; when it is the only one the
+    receipt is negative, not dead-lettered, and a retry is routed again."""
+    async with running_hub(tmp_path, timing=Timing(sweep=0.1, send_stall=1.0)) as server:
+        alice, carol = await joined(server.url, "p/alice"), await joined(server.url, "p/carol")
+        bob = await RawWs.connect(server.port, rcvbuf=4096)  # registers, then never reads
+        await bob.send(text(json.dumps({"sender": "p/bob", "target": "System",
+                                        "type": "heartbeat", "payload": "online"})))
+        await alice.recv_type("presence_update", agent="p/bob")
+        await ask(alice, "p/alice", "channel_create", channel="ops")
+        await ask(alice, "p/alice", "channel_invite", channel="ops", invitee="p/carol")
+        await ask(carol, "p/carol", "channel_join", channel="ops")
+        # bob's join comes over his raw socket (he reads nothing back)
+        await ask(alice, "p/alice", "channel_invite", channel="ops", invitee="p/bob")
+        await bob.send(text(json.dumps({"sender": "p/bob", "target": "System",
+                                        "type": "channel_join", "channel": "ops"})))
+        book = server.hub.router.state.extensions["channels"]
+        while not book.is_member("ops", "p/bob"):
+            await asyncio.sleep(0.01)
+        conn = server.hub.endpoints.get(server.hub.router.presence.session_of("p/bob").endpoint)
+        loop = asyncio.get_running_loop()
+        big = "x" * 60_000
+        while conn.write_stalled_for(loop.time()) == 0:
+            await alice.chat("p/alice", "all", big, channel="ops")
+            await asyncio.sleep(0.01)
+        await alice.chat("p/alice", "all", "both?", channel="ops", client_msg_id="s1",
+                         receipt_requested=True)
+        receipt = await alice.recv_type("delivery_receipt", client_msg_id="s1", timeout=15)
+        assert (receipt["delivered"], receipt["recipients"], receipt["matched_recipients"]) == \
+            (True, ["p/carol"], ["p/bob", "p/carol"])
+        # carol leaves: bob, stalled, is the only member left
+        await ask(carol, "p/carol", "channel_leave", channel="ops")
+        await alice.chat("p/alice", "all", "bob?", channel="ops", client_msg_id="s2",
+                         receipt_requested=True)
+        alone = await alice.recv_type("delivery_receipt", client_msg_id="s2", timeout=15)
+        assert (alone["delivered"], alone["reason"], alone["recipients"],
+                alone["matched_recipients"], alone["dead_lettered"]) == \
+            (False, "recipient_transport_unavailable", [], ["p/bob"], False)
+        await alice.chat("p/alice", "all", "bob?", channel="ops", client_msg_id="s2",
+                         receipt_requested=True)
+        again = await alice.recv(lambda f: f.get("type") in ("delivery_receipt", "system")
+                                 and f.get("client_msg_id") == "s2", timeout=15)
+        assert again["type"] == "delivery_receipt"  # routed again, not a duplicate
+        assert again["message_seq"] > alone["message_seq"]
+        bob.close()
+        await alice.close()
+        await carol.close()
