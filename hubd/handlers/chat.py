@@ -95,6 +95,8 @@ def _is_retry(router: Router, session: Session, client_msg_id: str, frame: dict)
                  "msg_id": first.msg_id, "seq": first.seq}
     if first.forward_id:
         duplicate["forward_id"] = first.forward_id
+    if chat_channel(first.frame):
+        duplicate["channel"] = chat_channel(first.frame)  # the seed's: when the first had one
     router.reply(session, "system",
                  f"Chat '{client_msg_id}' was already accepted as message "
                  f"{first.msg_id}; it was not routed again.", **duplicate)

@@ -204,3 +204,55 @@ async def test_observe_grant_and_channel_privacy_under_private_routing(private_h
     assert seen["p/alice"] == ["for bob", "sentinel p/alice"], (kind, seen)
     for p in (alice, bob, carol, watch, outsider):
         await p.close()
+
+
+async def _ask(probe: WsProbe, sender: str, type_: str, **fields) -> tuple:
+    await probe.send_json({"sender": sender, "target": "System", "type": type_, "payload": "",
+                           **fields})
+    f = await probe.recv(lambda f: f.get("type") in ("channel_result", "error"))
+    return f["type"], f.get("channel"), f.get("ok"), f.get("members"), f["payload"]
+
+
+async def test_owner_leaves_and_comes_back_and_ids_are_trimmed(hub):
+    alice, bob = await _joined(hub.url, "p/alice"), await _joined(hub.url, "p/bob")
+    ok = ("channel_result", "ops", True)
+    assert (await _ask(alice, "p/alice", "channel_create", channel="  ops  "))[:3] == ok
+    assert (await _ask(alice, "p/alice", "channel_invite", channel="ops",
+                       invitee=" p/bob "))[4] == "invited 'p/bob' to 'ops'"
+    assert (await _ask(bob, "p/bob", "channel_join", channel="ops"))[3] == ["p/alice", "p/bob"]
+    # the owner leaves; the channel stays with bob, and the owner may join
+    # back without an invite (it still owns the channel)
+    assert await _ask(alice, "p/alice", "channel_leave", channel="ops") == \
+        ("channel_result", "ops", True, [], "left 'ops'")
+    assert await _ask(alice, "p/alice", "channel_join", channel="ops") == \
+        ("channel_result", "ops", True, ["p/alice", "p/bob"], "joined 'ops'")
+    assert (await _ask(alice, "p/alice", "channel_join", channel="ops"))[4] == \
+        "already a member of 'ops'"
+    # the last member out removes the channel
+    await _ask(alice, "p/alice", "channel_leave", channel="ops")
+    await _ask(bob, "p/bob", "channel_leave", channel="ops")
+    assert await _ask(bob, "p/bob", "channel_leave", channel="ops") == \
+        ("channel_result", "ops", False, [], "channel 'ops' does not exist")
+    assert await _ask(bob, "p/bob", "channel_create", channel="ops") == \
+        ("channel_result", "ops", True, ["p/bob"], "created channel 'ops'")
+    # a retried channel chat is answered as a duplicate
+    await bob.chat("p/bob", "all", "once", channel="ops", client_msg_id="d-1")
+    await bob.chat("p/bob", "all", "once", channel="ops", client_msg_id="d-1")
+    await bob.chat("p/bob", "p/bob", "sentinel")
+    frames = [f for f in await bob.drain(0.5) if f.get("type") in ("system", "error")]
+    assert frames == [], (hub.kind, frames)  # bob alone: it reached nobody, so no memory
+    # with a member online the first copy is remembered: the retry is a duplicate
+    await _ask(bob, "p/bob", "channel_invite", channel="ops", invitee="p/alice")
+    await _ask(alice, "p/alice", "channel_join", channel="ops")
+    await bob.chat("p/bob", "all", "twice", channel="ops", client_msg_id="d-2")
+    first = await alice.recv_type("chat", payload="twice")
+    await bob.chat("p/bob", "all", "twice", channel="ops", client_msg_id="d-2")
+    dup = await bob.recv_type("system", client_msg_id="d-2")
+    # (the reference stamps no seq on a channel chat, so both are absent there)
+    assert (dup["duplicate"], dup["msg_id"], dup.get("seq"), dup["channel"]) == \
+        (True, first["msg_id"], first.get("seq"), "ops"), (hub.kind, dup)
+    await bob.chat("p/bob", "all", "changed", channel="ops", client_msg_id="d-2")
+    err = await bob.recv_type("error")  # (the reference's error has no client_msg_id)
+    assert "already used for a different message" in err["payload"], (hub.kind, err)
+    await alice.close()
+    await bob.close()
