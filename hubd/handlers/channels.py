@@ -86,6 +86,7 @@ def channel_history_request(router: Router, session: Session, frame: dict, size:
     book = ch.channels_of(router.state)
     cid = ch.requested_id(channel_id)
     if not book.is_member(channel_id, session.name):
+        router.metrics.channel_refusals += 1
         router.reply(session, "channel_result", ch.not_a_member(channel_id), channel=cid,
                      ok=False, members=[])
         return

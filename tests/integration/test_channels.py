@@ -137,8 +137,10 @@ async def test_membership_routing_receipts_and_refusals(hub):
     long_id = await ask(alice, "p/alice", "channel_create", channel="x" * 201)
     assert (long_id["ok"], long_id["payload"]) == (False, "invalid channel id")
     assert (await ask(alice, "p/alice", "channel_create", channel="y" * 200))["ok"]
-    metrics = hub.get_json("/health")
-    assert metrics is not None
+    metrics = hub.get_text("/metrics")
+    # refused: a create, an invite, 2 joins, 2 chats, a history, a leave, a 201-char id
+    assert "hubd_channel_refusals_total 9.0" in metrics
+    assert "hubd_channel_chats_total 3.0" in metrics
     for p in (alice, bob, carol, dan):
         await p.close()
 
@@ -195,6 +197,7 @@ async def test_private_directed_with_the_observe_grant(tmp_path):
         await watch.recv_type("chat", payload="for bob")  # observe on agent:p/*, mon's rule
         receipt = await alice.recv_type("delivery_receipt")
         assert receipt["recipients"] == ["p/bob"]  # an observer is not a recipient
+        assert "hubd_observer_copies_total 1.0" in proc.get_text("/metrics")
         # a target outside the grant's pattern reaches no observer
         await alice.chat("p/alice", "q/zed", "nobody")
         await sentinel(alice, "p/alice", (carol, "p/carol"), (watch, "mon/watch"))
