@@ -98,13 +98,14 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
             router.send(dests, message, "chat")
     elif (directed or "@" in target.raw) and router.private_directed:
         dests = recipient_endpoints(presence, recipients)
-        observers = observer_endpoints(router, target.raw, sender, recipients)
-        if observers:
-            metrics.observer_copies += len(observers)
-            dests += observers
-        sender_session = presence.by_name.get(sender)
-        if sender_session is not None:  # the sender's own echo (the reference's)
-            dests += (sender_session.endpoint,)
+        if directed:  # a local directed chat: its observers, and the sender's echo
+            observers = observer_endpoints(router, target.raw, sender, recipients)
+            if observers:
+                metrics.observer_copies += len(observers)
+                dests += observers
+            sender_session = presence.by_name.get(sender)
+            if sender_session is not None:
+                dests += (sender_session.endpoint,)
         if dests:
             router.send(tuple(dict.fromkeys(dests)), message, "chat")
     elif presence.endpoints:
@@ -194,15 +195,25 @@ def observer_endpoints(router: Router, target: str, sender: str, recipients: lis
     policy grants `observe` on agent:<target> (a rule's namespace scopes
     it to observers of that project), the sender and recipients aside.
     Without an ACL policy there are no observers."""
-    signed = router.hub.identity.signed
-    rules = signed.acl
-    if not rules or not any(rule.permission == "observe" for rule in rules):
+    rules = observe_rules(router.hub.identity.signed.acl)
+    if not rules:
         return ()
     skip = set(recipients)
     skip.add(sender)
     return tuple(session.endpoint for name, session in router.presence.by_name.items()
                  if name not in skip and name.removesuffix(RX_SUFFIX) not in skip
                  and allowed(rules, name, "observe", "agent", target))
+
+
+_observe_cache: list = [None, ()]  # [the policy's rules, its observe rules]
+
+
+def observe_rules(rules) -> tuple:
+    """The policy's `observe` rules, found once per loaded policy (a reload
+    replaces the rules object), not once per chat."""
+    if rules is not _observe_cache[0]:
+        _observe_cache[:] = [rules, tuple(r for r in rules or () if r.permission == "observe")]
+    return _observe_cache[1]
 
 
 # -- any target, from a door's own sender (REDSYN, the broker)
