@@ -13,7 +13,7 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hubd.actors.journal_writer import Flush
@@ -135,6 +135,12 @@ async def scenario(folder: Path, steps):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.data_too_large])
 @given(steps_of)
+@example([("channel_create", 0, "ops", ""), ("channel_invite", 0, "ops", "p/b"),
+          ("channel_invite", 1, "ops", "p/c"), ("channel_join", 2, "ops", ""),
+          ("channel_join", 1, " ops ", ""), ("chat", 0, "ops", ""), ("chat", 2, "ops", ""),
+          ("restart",), ("channel_leave", 0, "ops", ""), ("channel_join", 0, "ops", ""),
+          ("channel_leave", 1, "ops", ""), ("channel_leave", 0, "ops", ""),
+          ("channel_leave", 0, "ops", ""), ("chat", 1, "ops", "")])
 def test_channel_state_equals_replay_and_refusals_change_nothing(steps):
     with tempfile.TemporaryDirectory() as folder:
         asyncio.run(scenario(Path(folder), steps))
