@@ -256,3 +256,66 @@ async def test_owner_leaves_and_comes_back_and_ids_are_trimmed(hub):
     assert "already used for a different message" in err["payload"], (hub.kind, err)
     await alice.close()
     await bob.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_team_secure_profile(kind, tmp_path, request):
+    """--team-secure on both hubs with the same files: the same startup
+    refusals, an unsigned registration closed 4013, a directed chat reaching
+    only its recipient and the sender's echo."""
+    import subprocess
+    import sys
+
+    from tests.support.procs import reference_env
+    from tests.support.signed_site import TOKEN, SignedSite, envelope, sign_registration
+
+    site = SignedSite.make(tmp_path / "files", None,
+                           {"p/alice": [], "p/bob": [], "p/carol": []}, [])
+    trust = str(tmp_path / "files" / "identity-trust.json")
+    grants = str(tmp_path / "files" / "role-grants.json")
+    if kind == "reference":
+        venv = _need_reference(request.getfixturevalue("reference_venv_status"))
+        argv0, env = [str(venv / "bin" / "synapse"), "hub"], reference_env(tmp_path / "home")
+    else:
+        argv0, env = [sys.executable, "-m", "hubd"], None
+    for args, text in [
+        ((), "team-secure mode requires --token or --token-file (identity and role grants "
+             "are only as strong as the connect gate)"),
+        (("--token", TOKEN), "team-secure mode requires --identity-trust"),
+        (("--token", TOKEN, "--identity-trust", trust),
+         "team-secure mode requires --role-grants")]:
+        done = subprocess.run([*argv0, "--port", "0", "--db", str(tmp_path / "x.db"),
+                               "--team-secure", *args], capture_output=True, text=True,
+                              timeout=60, env=env)
+        assert done.returncode == 2 and text in done.stderr, (kind, done.stderr)
+
+    flags = ["--team-secure", "--token", TOKEN, "--identity-trust", trust,
+             "--role-grants", grants]
+    proc = (reference_hub_process(tmp_path / "ref", *flags) if kind == "reference"
+            else hubd_process(tmp_path / "hubd", *flags)).start()
+    try:
+        unsigned = await WsProbe.open(proc.url)
+        await unsigned.register("p/alice", token=TOKEN)
+        assert (await unsigned.wait_closed()).code == 4013, kind
+        assert unsigned.seen("error")[0]["payload"] == \
+            "identity binding failed: missing_signature", kind
+        seats = {}
+        for name in ("p/alice", "p/bob", "p/carol"):
+            seat = site.seats[name]
+            probe = await WsProbe.open(proc.url)
+            hello = envelope(name, "heartbeat", target="System", payload="online", token=TOKEN)
+            await probe.send_json(sign_registration(hello, seat.pem, seat.key_id))
+            await probe.recv_type("welcome")
+            seats[name] = probe
+        alice, bob, carol = seats["p/alice"], seats["p/bob"], seats["p/carol"]
+        await alice.chat("p/alice", "p/bob", "just bob")
+        await bob.recv_type("chat", payload="just bob")
+        await alice.chat("p/alice", "p/carol", "sentinel")
+        await carol.recv_type("chat", payload="sentinel")
+        await alice.recv_type("chat", payload="sentinel")
+        assert [f["payload"] for f in carol.seen("chat")] == ["sentinel"], kind
+        assert [f["payload"] for f in alice.seen("chat")] == ["just bob", "sentinel"], kind
+        for probe in seats.values():
+            await probe.close()
+    finally:
+        proc.stop()
