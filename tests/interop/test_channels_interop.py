@@ -319,3 +319,27 @@ async def test_team_secure_profile(kind, tmp_path, request):
             await probe.close()
     finally:
         proc.stop()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_acl_gates_the_channel_verbs(kind, tmp_path, request):
+    """Under --require-acl the mutating channel verbs need `message` on
+    channel:<id>: refused with the reference's access-denied error when no
+    rule grants it, answered when one does. The same files on both hubs."""
+    from tests.support.signed_site import SignedProbe, envelope, start_signed_hub
+
+    if kind == "reference":
+        _need_reference(request.getfixturevalue("reference_venv_status"))
+    acl = [{"permission": "message", "target_kind": "channel", "target_pattern": "ops"}]
+    site = start_signed_hub(kind, tmp_path, {"p/alice": []}, acl, reference_files=False)
+    try:
+        conn = await SignedProbe.open(site.proc.url, site.seats["p/alice"])
+        probe = conn.probe
+        for cid, expect in (("ops", "created channel 'ops'"),
+                            ("dev", "access denied: message on channel:dev")):
+            await probe.send_json(envelope("p/alice", "channel_create", channel=cid))
+            answer = await probe.recv(lambda f: f.get("type") in ("channel_result", "error"))
+            assert answer["payload"] == expect, (kind, answer)
+        await conn.close()
+    finally:
+        site.proc.stop()
