@@ -36,6 +36,11 @@ class HubMetrics:
         self.dead_letter_pointers: dict[str, int] = {}
         # chats to a seat on a hub this hub has no route to (refused)
         self.chats_no_route = 0
+        # private channels (hubd/handlers/channels.py): requests refused,
+        # channel chats routed, observer copies of private directed chats
+        self.channel_refusals = 0
+        self.channel_chats = 0
+        self.observer_copies = 0
         # consume-live receipts (hubd/handlers/receipts.py): verdicts by kind,
         # liveness warnings, dark-seat alerts, receipts decided unwritten
         # because too many awaited writes
@@ -237,6 +242,15 @@ class _Collector:
                                   "Chats refused because they name a seat on a hub this hub "
                                   "has no route to (not a configured message peer).",
                                   value=m.chats_no_route)
+        yield CounterMetricFamily("hubd_channel_refusals",
+                                  "Channel requests refused (not owner, not invited, a bound "
+                                  "such as the channel or member limit).",
+                                  value=m.channel_refusals)
+        yield CounterMetricFamily("hubd_channel_chats", "Chats routed to a private channel's "
+                                  "members.", value=m.channel_chats)
+        yield CounterMetricFamily("hubd_observer_copies", "Private directed chats copied to an "
+                                  "identity holding the ACL observe grant.",
+                                  value=m.observer_copies)
         yield CounterMetricFamily("hubd_auth_denied", "Connections refused for a missing or wrong token.",
                                   value=m.auth_denied)
         yield CounterMetricFamily("hubd_name_conflicts", "Registrations refused with name_conflict.",

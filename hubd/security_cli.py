@@ -30,10 +30,50 @@ ATTACHMENTS_NEED = ("--attachment-root requires token, bound identity, durable s
                     "ACL, role grants, and --db")
 
 
+# --team-secure (the reference's profile; docs/channels.md): what it needs, in
+# the reference's check order and words
+TEAM_SECURE_NEEDS = (
+    ("token", "team-secure mode requires --token or --token-file (identity and role grants "
+              "are only as strong as the connect gate)"),
+    ("identity_trust", "team-secure mode requires --identity-trust (Ed25519 trust bundle for "
+                       "connection identity binding)"),
+    ("role_grants", "team-secure mode requires --role-grants (deny-by-default store for which "
+                    "identities may claim which roles)"),
+)
+
+
+def team_secure_problem(args: argparse.Namespace, token: str | None) -> str | None:
+    """Why --team-secure cannot start (the first missing need), or None."""
+    have = {"token": token, "identity_trust": (args.identity_trust or "").strip(),
+            "role_grants": (args.role_grants or "").strip()}
+    for need, text in TEAM_SECURE_NEEDS:
+        if not have[need]:
+            return text
+    return None
+
+
+def apply_team_secure(args: argparse.Namespace, token: str | None,
+                      problems: list[str]) -> None:
+    """--team-secure: refuse to start without a token, an identity trust
+    bundle and role grants; else force identity binding and private directed
+    messages (the reference's profile, as far as hubd has the gates)."""
+    if not getattr(args, "team_secure", False):
+        return
+    problem = team_secure_problem(args, token)
+    if problem is not None:
+        problems.append(problem)
+        return
+    args.require_identity_binding = True
+    args.private_directed_messages = True
+
+
 def add_security_flags(parser: argparse.ArgumentParser) -> None:
     ident = parser.add_argument_group(
         "identity, ACL and signed frames (the reference hub's flags and files; "
         "docs/identity.md)")
+    ident.add_argument("--team-secure", action="store_true",
+                       help="needs --token, --identity-trust and --role-grants; forces "
+                            "--require-identity-binding and --private-directed-messages")
     ident.add_argument("--identity-trust", metavar="FILE",
                        help="trust bundle of Ed25519 identity keys ({\"keys\": [...]})")
     ident.add_argument("--require-identity-binding", action="store_true",
@@ -106,6 +146,7 @@ def _keys(args: argparse.Namespace, problems: list[str]) -> tuple[MacKey, ...]:
 def security_config(args: argparse.Namespace, token: str | None,
                     problems: list[str]) -> SecurityConfig:
     """The SecurityConfig the flags say; a problem found is appended."""
+    apply_team_secure(args, token, problems)
     if args.require_identity_binding and not args.identity_trust:
         problems.append(BINDING_WITHOUT_TRUST)
     if (args.identity_trust or args.role_grants) and not args.require_identity_binding \

@@ -7,21 +7,22 @@ from hubd.core.commands import Ack, Register, Request, Send, Take
 from hubd.core.plugin import Plugin
 from hubd.state import board as board_state
 from hubd.state import capabilities as capability_state
+from hubd.state import channels as channel_state
 from hubd.state import claims as claim_state
 from hubd.state import dead_letter_escalation as dead_letter_state
 from hubd.state import delivery_intents as delivery_state
 from hubd.state import hub as hub_state
 from hubd.state import idem as idem_state
 
-from . import (board, capabilities, chat, claims, delivery, dialects, mailbox, queries,
-               receipts, routing, sessions, status)
+from . import (board, capabilities, channels, chat, claims, delivery, dialects, mailbox,
+               queries, receipts, routing, sessions, status)
 
 
 def core_plugin() -> Plugin:
     """Everything a single hub does: chat, mailbox, receipts, presence
     queries, claims and leases, the board, capability cards."""
     state_modules = (hub_state, board_state, capability_state, claim_state, idem_state,
-                     delivery_state, dead_letter_state)
+                     delivery_state, dead_letter_state, channel_state)
     appliers: dict[str, list] = {}
     projections: dict = {}
     for module in state_modules:
@@ -29,7 +30,7 @@ def core_plugin() -> Plugin:
             appliers.setdefault(kind, []).extend(fns)
         projections.update(getattr(module, "PROJECTIONS", {}))
     verbs: dict = {}
-    for module in (board, capabilities, chat, claims, delivery, mailbox, queries):
+    for module in (board, capabilities, channels, chat, claims, delivery, mailbox, queries):
         overlap = verbs.keys() & module.verbs.keys()
         if overlap:
             raise ValueError(f"verbs {sorted(overlap)} declared twice")

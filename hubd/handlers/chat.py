@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
+from hubd.state.channels import channels_of, chat_channel, not_a_member
 from hubd.state.chat import same_content
 from hubd.state.presence import Session
 from hubd.wire.envelope import valid_client_msg_id
@@ -25,6 +26,12 @@ verbs = Verbs()
 @verbs.handles("chat")
 def chat(router: Router, session: Session, frame: dict, size: int) -> None:
     name = session.name
+    channel = chat_channel(frame)
+    if channel and not channels_of(router.state).is_member(channel, name):
+        # refused before the quota is charged: a refusal changes nothing
+        router.metrics.channel_refusals += 1
+        router.error(session, not_a_member(channel), channel=channel)
+        return
     refused = router.quota.admit(session.principal, size, router.now)
     if refused is not None:
         router.metrics.refuse_quota(refused)
@@ -36,11 +43,15 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
     frame.pop("redsyn", None)
     target_raw = frame.get("target") or "all"
     remote = None
-    if "@" in target_raw:
-        remote = parse_remote(target_raw)
-        if isinstance(remote, RemoteTargetError):
-            router.error(session, remote.text)
-            return
+    if not channel:
+        # a blank `channel` is none (the reference's reading); a channel chat
+        # follows the channel's rules and is never forwarded
+        frame.pop("channel", None)
+        if "@" in target_raw:
+            remote = parse_remote(target_raw)
+            if isinstance(remote, RemoteTargetError):
+                router.error(session, remote.text)
+                return
 
     client_msg_id = valid_client_msg_id(frame.get("client_msg_id"))
     if client_msg_id is not None and _is_retry(router, session, client_msg_id, frame):
@@ -58,7 +69,10 @@ def chat(router: Router, session: Session, frame: dict, size: int) -> None:
     router.fail_privately(session, "Chat was not journalled; it was not routed. Retry with the "
                                    "same client_msg_id.", client_msg_id=frame.get("client_msg_id"))
     if wants_receipt:
-        receipts.request(router, session, frame, event.seq, recipients, directed)
+        if channel:
+            receipts.request_channel(router, session, frame, event.seq, recipients)
+        else:
+            receipts.request(router, session, frame, event.seq, recipients, directed)
 
 
 # route facts of a chat whose (sender, client_msg_id) is remembered once routed
@@ -81,6 +95,8 @@ def _is_retry(router: Router, session: Session, client_msg_id: str, frame: dict)
                  "msg_id": first.msg_id, "seq": first.seq}
     if first.forward_id:
         duplicate["forward_id"] = first.forward_id
+    if chat_channel(first.frame):
+        duplicate["channel"] = chat_channel(first.frame)  # the seed's: when the first had one
     router.reply(session, "system",
                  f"Chat '{client_msg_id}' was already accepted as message "
                  f"{first.msg_id}; it was not routed again.", **duplicate)

@@ -30,6 +30,7 @@ from hubd.actors.router import Router
 from hubd.state import receipt_table
 from hubd.state import events as ev
 from hubd.state import receipt_rules as rules
+from hubd.state.channels import chat_channel
 from hubd.state.presence import RX_SUFFIX, Presence, Session
 
 log = structlog.get_logger("hubd.receipts")
@@ -209,6 +210,28 @@ def request(router: Router, session: Session, frame: dict, seq: int,
                                                           stale, wake))
 
 
+def request_channel(router: Router, session: Session, frame: dict, seq: int,
+                    recipients: list[str]) -> None:
+    """The sender asked for a receipt on a private-channel chat: the
+    completed-write rule over the members' own sockets (no -rx waiter, no
+    consume-liveness partition: the audience is exact membership). A positive
+    receipt lists only the members whose write completed; a negative one is
+    not dead-lettered and never waits for a deferred verdict (a channel has no
+    mailbox). `message_target` is the channel (the reference's)."""
+    channel = chat_channel(frame)
+    chat_ref = receipt_table.ChatRef(session.name, seq, frame["msg_id"], channel,
+                                     frame.get("client_msg_id"))
+    wake = wake_of(router.presence, recipients)
+    router.event(ev.DELIVERY_RECEIPT_REQUESTED, {
+        "chat_seq": seq, "sender": session.name, "target": channel, "channel": channel,
+        "client_msg_id": chat_ref.client_msg_id, "msg_id": chat_ref.msg_id,
+        "matched_recipients": recipients, "stale_recipients": []})
+    await_writes(router, seq, [], recipients,
+                 lambda router, written: settle_immediate(router, chat_ref, written, recipients,
+                                                          [], wake, channel=True),
+                 waiters=False)
+
+
 def consume_live_partition(router: Router, recipients: list[str]
                            ) -> tuple[list[str], list[str], list[str]]:
     """(served, live, stale) among a directed chat's socket-level matches:
@@ -224,21 +247,24 @@ def consume_live_partition(router: Router, recipients: list[str]
 
 
 def await_writes(router: Router, seq: int, served: list[str], live: list[str],
-                 decided: Callable[[Router, list[str]], None]) -> None:
+                 decided: Callable[[Router, list[str]], None], waiters: bool = True) -> None:
     """Call `decided(router, written)` once the writes of the chat `seq` to
     every live name's socket and -rx waiter have reported (after its
     release; the door's drain deadline bounds the wait), `written` being the
     names with a completed write plus `served`. With no live name, or too
     many chats already waiting, it is called at once, in this round, with
     `served` alone (never a false positive). Local receipts and forwarded
-    chats' answers (federation/handlers/receiver.py) both decide through this."""
+    chats' answers (federation/handlers/receiver.py) both decide through this.
+    `waiters=False` (a channel chat, sent to members' own sockets only)
+    waits for those sockets alone."""
     if not live:
         decided(router, list(served))
         return
     endpoints = []
     by_name = router.presence.by_name
     for name in live:
-        for sess in (by_name.get(name), by_name.get(name + RX_SUFFIX)):
+        waiter = by_name.get(name + RX_SUFFIX) if waiters else None
+        for sess in (by_name.get(name), waiter):
             if sess is not None:
                 endpoints.append((name, sess.endpoint))
     the_desk = desk(router)
@@ -262,20 +288,26 @@ def await_writes(router: Router, seq: int, served: list[str], live: list[str],
 
 def settle_immediate(router: Router, chat_ref: receipt_table.ChatRef,
                      written: list[str], matched: list[str], stale: list[str],
-                     wake: dict) -> None:
+                     wake: dict, channel: bool = False) -> None:
     """Journal the immediate verdict with its outbox row (and, for a negative
     one that would overflow the pending window, the oldest pending receipt's
-    expiry first, in the same commit), then tell whoever is online."""
+    expiry first, in the same commit), then tell whoever is online. A
+    channel chat's negative verdict is final: not pending, not dead-lettered."""
     verdict = rules.immediate_verdict(matched, stale, written)
-    pending = verdict in rules.NEGATIVE
+    pending = verdict in rules.NEGATIVE and not channel
     notify = {chat_ref.sender}
     if pending:
         notify.update(expire_oldest(router))
     text, fields = receipt_table.receipt(verdict, chat_ref, written, wake=wake,
                                          matched=matched, stale=stale)
+    if channel:
+        fields["dead_lettered"] = False
     receipt = router.frame("delivery_receipt", chat_ref.sender, text, **fields)
-    router.event(ev.DELIVERY_RECEIPT_IMMEDIATE, {"chat_seq": chat_ref.seq, "verdict": verdict,
-                                                 "pending": pending, "receipt": receipt})
+    immediate = {"chat_seq": chat_ref.seq, "verdict": verdict, "pending": pending,
+                 "receipt": receipt}
+    if channel and verdict in rules.NEGATIVE:
+        immediate["retryable"] = True  # it reached no member: a retry routes again
+    router.event(ev.DELIVERY_RECEIPT_IMMEDIATE, immediate)
     router.metrics.count_receipt(verdict)
     for name in sorted(notify):
         session = router.presence.session_of(name)

@@ -33,6 +33,8 @@ from hubd.core.message import Message
 from hubd.logs import LimitedLog
 from hubd.handlers.dead_letters import after_dead_letter
 from hubd.state import events as ev
+from hubd.state.acl import allowed
+from hubd.state.channels import channels_of, chat_channel
 from hubd.state.chat import is_directed
 from hubd.state.presence import RX_SUFFIX, Presence, Session
 from hubd.wire.envelope import finite_number
@@ -53,7 +55,12 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
     presence = router.presence
     boxes: dict = {}
     mailboxes = router.installed.mailboxes
-    if directed:
+    channel = chat_channel(frame)
+    if channel:
+        # a private channel: its online members, never a broadcast, never a
+        # mailbox, never forwarded (the chat verb refused a non-member's)
+        recipients = channel_recipients(router, channel, sender)
+    elif directed:
         recipients = resolve_recipients(presence, target, sender)
         reached: tuple = ()
         extensions = router.state.extensions
@@ -73,7 +80,7 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
     else:
         recipients = [n for n in presence.by_name if n != sender]
     text = ev.encode_payload(ev.CHAT, frame)
-    route = {"recipients": recipients if directed else [], "boxes": boxes}
+    route = {"recipients": recipients if directed or channel else [], "boxes": boxes}
     if route_extra:
         route.update(route_extra)  # copied: the callers' route constants are shared
     event = router.event(ev.CHAT, frame, route, payload_text=text)
@@ -85,10 +92,23 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
     message = Message(frame, text)
     metrics = router.metrics
     metrics.chats_routed += 1
-    if (directed or "@" in target.raw) and router.private_directed:
-        dests = recipient_endpoints(presence, recipients)
+    if channel:
+        metrics.channel_chats += 1
+        dests = member_endpoints(presence, recipients)
         if dests:
             router.send(dests, message, "chat")
+    elif (directed or "@" in target.raw) and router.private_directed:
+        dests = recipient_endpoints(presence, recipients)
+        if directed:  # a local directed chat: its observers, and the sender's echo
+            observers = observer_endpoints(router, target.raw, sender, recipients)
+            if observers:
+                metrics.observer_copies += len(observers)
+                dests += observers
+            sender_session = presence.by_name.get(sender)
+            if sender_session is not None:
+                dests += (sender_session.endpoint,)
+        if dests:
+            router.send(tuple(dict.fromkeys(dests)), message, "chat")
     elif presence.endpoints:
         router.send(presence.endpoints, message, "chat")
     if directed and not recipients:
@@ -156,6 +176,50 @@ def recipient_endpoints(presence: Presence, recipients: list[str]) -> tuple:
         if sidecar is not None:
             endpoints.append(sidecar.endpoint)
     return tuple(endpoints)
+
+
+def channel_recipients(router: Router, channel: str, sender: str) -> list[str]:
+    """A channel chat's audience: the channel's members online now, not the
+    sender; nobody when the sender is not a member (the chat verb refuses
+    that; another door's frame carrying a `channel` reaches no one)."""
+    book = channels_of(router.state)
+    if not book.is_member(channel, sender):
+        return []
+    by_name = router.presence.by_name
+    return sorted(m for m in book.members(channel) if m != sender and m in by_name)
+
+
+def member_endpoints(presence: Presence, members: list[str]) -> tuple:
+    """Channel routing: each member's own socket (the audience is exact
+    membership: no -rx sidecar, no observer)."""
+    by_name = presence.by_name
+    return tuple(by_name[name].endpoint for name in members if name in by_name)
+
+
+def observer_endpoints(router: Router, target: str, sender: str, recipients: list[str]) -> tuple:
+    """Private directed routing: the sockets of online identities the ACL
+    policy grants `observe` on agent:<target> (a rule's namespace scopes
+    it to observers of that project), the sender and recipients aside.
+    Without an ACL policy there are no observers."""
+    rules = observe_rules(router.hub.identity.signed.acl)
+    if not rules:
+        return ()
+    skip = set(recipients)
+    skip.add(sender)
+    return tuple(session.endpoint for name, session in router.presence.by_name.items()
+                 if name not in skip and name.removesuffix(RX_SUFFIX) not in skip
+                 and allowed(rules, name, "observe", "agent", target))
+
+
+_observe_cache: list = [None, ()]  # [the policy's rules, its observe rules]
+
+
+def observe_rules(rules) -> tuple:
+    """The policy's `observe` rules, found once per loaded policy (a reload
+    replaces the rules object), not once per chat."""
+    if rules is not _observe_cache[0]:
+        _observe_cache[:] = [rules, tuple(r for r in rules or () if r.permission == "observe")]
+    return _observe_cache[1]
 
 
 # -- any target, from a door's own sender (REDSYN, the broker)

@@ -160,6 +160,9 @@ def required_accesses(type_: str, frame: dict, sender: str) -> list[tuple[str, s
         return [("release", "claim", _task(frame, "task_id", "payload"))]
     if type_ in ("task_update", "handoff", "checkpoint"):
         return [("claim", "claim", _task(frame, "task_id", "id", "payload"))]
+    if type_ in ("channel_create", "channel_invite", "channel_join", "channel_leave"):
+        channel = frame.get("channel")  # the reference's: message on channel:<id>
+        return [("message", "channel", channel.strip() if isinstance(channel, str) else "")]
     if type_ in ("chat", "delivery_request"):
         target = frame.get("target")
         return [("message", "agent", target if isinstance(target, str) else "")]

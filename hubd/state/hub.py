@@ -129,6 +129,7 @@ def _apply_receipt_immediate(state: HubState, event: Event) -> None:
         state.receipts.await_deferred(payload["chat_seq"], PendingReceipt(
             frame["target"], frame["message_target"], frame.get("client_msg_id"),
             frame["message_id"]))
+    if payload.get("pending") or payload.get("retryable"):  # retryable: a channel chat's
         client_msg_id = frame.get("client_msg_id")
         if client_msg_id is not None:
             # it reached no live recipient: a retry is a redelivery attempt

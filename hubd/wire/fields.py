@@ -75,7 +75,18 @@ _DELIVERY_FIELDS = ("request_id", "idempotency_key", "target_incarnation", "mode
                     "allowed_fallbacks", "task_id", "body", "deadline", "operation_key",
                     "mutation_id", "stage", "evidence")
 
+
 VERB_FIELDS: dict[str, dict[str, Rule]] = {
+    # private channels (hubd/handlers/channels.py); `channel` is the envelope's text
+    "channel_create": {"label": text()},
+    "channel_invite": {"invitee": text()},
+    "channel_join": {},
+    "channel_leave": {},
+    "channel_list_request": {},
+    "channel_history_request": {
+        "limit": passed_on("a non-integer limit is 20, a negative one 0 (reference); hubd "
+                           "caps it at the retained history"),
+    },
     "chat": {
         "client_msg_id": text(MAX_CLIENT_MSG_ID_BYTES),
         "receipt_requested": boolean(),

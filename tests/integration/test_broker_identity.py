@@ -151,6 +151,7 @@ async def test_a_seat_a_principal_holds_is_not_the_brokers_to_speak_for(tmp_path
         await carol.chat("PROJ/carol", "local/alice", "for alice")
         got = await lalice.recv_type("chat", sender="PROJ/carol")
         assert got["payload"] == "for alice"
+        await carol.recv_type("chat", payload="for alice")  # her echo (private routing)
         assert [p["handle"] for p in (await c.call("status"))["peers"]] == ["bob"]
 
         # a handle registered before a principal held its seat: refused once it does

@@ -19,13 +19,16 @@ stdout (one JSON object per line)
 
 stdin (one JSON object per line)
     {"op": "chat", "target": T, "payload": P, ...}    agent.chat(); extra keys: priority,
-                                                       metadata, client_msg_id
+                                                       metadata, client_msg_id, channel
     {"op": "send", "type": TYPE, "target": T, "payload": P, "fields": {...}}
                                                        agent.send_message() with extra fields
     {"op": "ack", "seq": N}                           agent.ack(seq)
     {"op": "who"} / {"op": "history", "limit": N}     the client's query helpers
     {"op": "gate", "open": bool}                      let the mailbox cursor advance/auto-ack
     {"op": "attach", "type": TYPE, "fields": {...}}   agent.send_attachment(TYPE, **fields)
+    {"op": "channel", "method": M, "args": [...], "kwargs": {...}}
+                                                       the client's channel helper M
+                                                       (agent.channel_create, ...)
     {"op": "close"}                                   close the socket and exit
 
 Options: --uri, --name, --token, --mailbox, --since-seq N, --mailbox-for NAME,
@@ -42,6 +45,10 @@ import asyncio
 import json
 import sys
 import threading
+
+
+CHANNEL_METHODS = frozenset(("channel_create", "channel_invite", "channel_join",
+                             "channel_leave", "request_channels", "request_channel_history"))
 
 
 def emit(obj: dict) -> None:
@@ -124,11 +131,19 @@ async def main() -> int:
                 if op == "close":
                     return
                 if op == "chat":
-                    extra = {k: cmd[k] for k in ("priority", "metadata", "client_msg_id") if k in cmd}
+                    extra = {k: cmd[k] for k in ("priority", "metadata", "client_msg_id",
+                                                 "channel") if k in cmd}
                     await agent.chat(cmd.get("payload", ""), target=cmd.get("target", "all"), **extra)
                 elif op == "send":
                     await agent.send_message(cmd["type"], target=cmd.get("target", "all"),
                                              payload=cmd.get("payload", ""), **cmd.get("fields", {}))
+                elif op == "channel":
+                    # the client's own channel helpers (channel_create, channel_invite,
+                    # channel_join, channel_leave, request_channels, request_channel_history)
+                    method = cmd["method"]
+                    if method not in CHANNEL_METHODS:
+                        raise ValueError(f"not a channel method: {method!r}")
+                    await getattr(agent, method)(*cmd.get("args", []), **cmd.get("kwargs", {}))
                 elif op == "attach":
                     await agent.send_attachment(cmd["type"], **cmd.get("fields", {}))
                 elif op == "ack":

@@ -246,6 +246,10 @@ class RefAgent:
     def ack(self, seq: int) -> None:
         self.command({"op": "ack", "seq": seq})
 
+    def channel(self, method: str, *args: Any, **kwargs: Any) -> None:
+        """One of the reference client's channel helpers (agent.channel_create, ...)."""
+        self.command({"op": "channel", "method": method, "args": list(args), "kwargs": kwargs})
+
     def attach(self, type_: str, **fields: Any) -> None:
         """The reference client's attachment API: send_attachment(type_, **fields)."""
         self.command({"op": "attach", "type": type_, "fields": fields})
