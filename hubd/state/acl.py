@@ -169,6 +169,8 @@ def required_accesses(type_: str, frame: dict, sender: str) -> list[tuple[str, s
         return [("board", "capability", "*")]
     if type_ in ("resource", "resource_offer", "offer_resource"):
         return [("board", "resource", "*")]
+    if type_ == "guard_denial":  # seed 000: evidence on target evidence:guard-denial
+        return [("evidence", "evidence", "guard-denial")]
     if type_ == "history_request":
         if frame.get("inbox_query") is not None:
             return [("mailbox", "agent", "")]
