@@ -21,6 +21,8 @@ from hubd.state import spend_ledger as spend
 from hubd.state.acl import allowed
 from hubd.state.presence import Session
 
+from federation.handlers import spend_relay
+
 from . import idempotency
 
 log = structlog.get_logger("hubd.evidence")
@@ -160,6 +162,14 @@ def spend_request(router: Router, session: Session, frame: dict, size: int) -> N
         router.error(session, spend.MALFORMED)
         return
     action, document = frame["spend_action"], frame["spend"]
+    owner = frame.get("owner_hub")
+    if session.peer_hub is None and owner is not None:
+        # an agent of this hub asks a pool owner hub over the peer link
+        if not isinstance(owner, str) or owner == router.hub_id:
+            router.error(session, spend.MALFORMED)
+            return
+        spend_relay.relay(router, session, owner, action, document)
+        return
     answer = spend.REFUSALS[action]
     ledger = _ledger(router) if _serves(router, session) else None
     if ledger is None:
@@ -180,4 +190,6 @@ def evidence_plugin() -> Plugin:
     for module in (guard, ent):
         for kind, fns in module.appliers.items():
             appliers.setdefault(kind, []).extend(fns)
-    return Plugin("evidence", verbs=verbs, appliers=appliers, live=(EvidenceLive,))
+    return Plugin("evidence", verbs=verbs, appliers=appliers,
+                  live=(EvidenceLive, spend_relay.SpendAsks),
+                  commands={spend_relay.SpendAnswered: spend_relay.answered})

@@ -234,7 +234,9 @@ VERB_FIELDS: dict[str, dict[str, Rule]] = {
         "hubd/state/entitlements.py read_advert: entitlement_advert_result applied:false")},
     "spend_request": {name: passed_on("hubd/state/spend_ledger.py: 'Malformed spend request' "
                                       "or the uniform not-admitted spend_result")
-                      for name in ("spend_action", "spend")},
+                      for name in ("spend_action", "spend")} | {
+                          "owner_hub": passed_on("hubd/handlers/evidence.py: 'Malformed spend "
+                                                 "request' unless a peer hub's id")},
 }
 
 # the verbs whose refusals the reference client matches by request_id: the
