@@ -32,7 +32,7 @@ from federation.state import outbox_of
 from federation.config import FederationConfig
 from federation.handlers import authority as authority_state
 from federation.handlers import (attachment_reads, claims, delivery_forward, forwarding,
-                                 logpull, receiver)
+                                 logpull, receiver, spend_relay)
 from federation.health_problems import federation_problems
 
 log = structlog.get_logger("hubd.federation")
@@ -79,12 +79,12 @@ class Federation:
             projections={**forward_state.PROJECTIONS, **authority_state.PROJECTIONS,
                          **remote_leases.PROJECTIONS, **delivery_forward_rules.PROJECTIONS},
             peer_claims=(receiver.claim_peer_link,),
-            live=(receiver.ForwardVerdicts, attachment_reads.PeerAsks),
+            live=(receiver.ForwardVerdicts, attachment_reads.PeerAsks, spend_relay.SpendAsks),
             claim_gate=claims.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
             replaces_state_sections={"active_claims": claims.active_claims_with_remote},
             remote_hubs=self,
-            commands={**COMMANDS, **attachment_reads.COMMANDS},
+            commands={**COMMANDS, **attachment_reads.COMMANDS, **spend_relay.COMMANDS},
             health_sections={"message_forward": self._health_forwarding,
                              "multihub": self._health_authority},
             health_problems=(federation_problems,),
@@ -96,6 +96,11 @@ class Federation:
             reload=self.reload,
             listener_ssl=self.listener_ssl,
         )
+
+    def relay_spend(self, router, session, owner: str, action: str, document: dict) -> None:
+        """An agent's spend_request for pool owner hub `owner`, over its link
+        (hubd/handlers/evidence.py calls this; federation/handlers/spend_relay.py)."""
+        spend_relay.relay(router, session, owner, action, document)
 
     # -- lifetime
 

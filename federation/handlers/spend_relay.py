@@ -72,3 +72,6 @@ def relay(router: Router, session: Session, owner: str, action: str, document: d
 def answered(router: Router, command: SpendAnswered) -> None:
     router.live_of(SpendAsks).waiting -= 1
     _answer(router, command.endpoint, command.target, command.action, command.result)
+
+
+COMMANDS = {SpendAnswered: answered}

@@ -21,8 +21,6 @@ from hubd.state import spend_ledger as spend
 from hubd.state.acl import allowed
 from hubd.state.presence import Session
 
-from federation.handlers import spend_relay
-
 from . import idempotency
 
 log = structlog.get_logger("hubd.evidence")
@@ -168,7 +166,12 @@ def spend_request(router: Router, session: Session, frame: dict, size: int) -> N
         if not isinstance(owner, str) or owner == router.hub_id:
             router.error(session, spend.MALFORMED)
             return
-        spend_relay.relay(router, session, owner, action, document)
+        relay = getattr(getattr(router.hub, "federation", None), "relay_spend", None)
+        if relay is None:
+            router.reply(session, spend.RESULT, spend.RESULT_TEXT, spend_action=action,
+                         spend_result=dict(spend.REFUSALS[action]))
+        else:
+            relay(router, session, owner, action, document)
         return
     answer = spend.REFUSALS[action]
     ledger = _ledger(router) if _serves(router, session) else None
@@ -190,6 +193,4 @@ def evidence_plugin() -> Plugin:
     for module in (guard, ent):
         for kind, fns in module.appliers.items():
             appliers.setdefault(kind, []).extend(fns)
-    return Plugin("evidence", verbs=verbs, appliers=appliers,
-                  live=(EvidenceLive, spend_relay.SpendAsks),
-                  commands={spend_relay.SpendAnswered: spend_relay.answered})
+    return Plugin("evidence", verbs=verbs, appliers=appliers, live=(EvidenceLive,))
