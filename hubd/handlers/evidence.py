@@ -57,7 +57,7 @@ def guard_denial(router: Router, session: Session, frame: dict, size: int) -> No
     window = router.live_of(EvidenceLive).window
     limit = window.check(session.credential, size, router.now)
     if limit is not None:
-        router.metrics.count_signed_refusal("guard_evidence", limit)
+        router.metrics.count_refused(guard.CODE_RATE_LIMITED)
         log.warning("guard evidence refused: the credential's window is full",
                     limit_reason=limit, sender=session.name)
         router.error(session, guard.RATE_LIMITED_TEXT, error_code=guard.CODE_RATE_LIMITED,
