@@ -7,8 +7,11 @@ module translates and answers, always to the requester only.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
+from collections import deque
+from typing import NamedTuple
 
 import structlog
 
@@ -27,6 +30,9 @@ log = structlog.get_logger("hubd.evidence")
 
 verbs = Verbs()
 
+# authorised spend requests waiting while the ledger file is being written
+MAX_WAITING = 256
+
 
 class EvidenceLive:
     """Live bookkeeping: the guard-evidence window (per connect credential)
@@ -37,6 +43,9 @@ class EvidenceLive:
         self.window = guard.EvidenceWindow(config.window_events, config.window_bytes,
                                            router.config.timing.guard_evidence_window)
         self.ledger: dict | None = None
+        # a ledger write in flight, and the authorised requests waiting for it
+        self.writing = False
+        self.waiting: deque = deque()
 
 
 # -- guard_denial
@@ -128,14 +137,14 @@ def _ledger(router: Router) -> dict | None:
     return live.ledger
 
 
-def _write_ledger(router: Router, ledger: dict) -> bool:
-    """Replace the ledger file atomically (0600, fsynced): all or nothing."""
-    path = router.config.evidence.spend_ledger
+def _write_ledger(path, data: bytes) -> bool:
+    """Replace the ledger file atomically (0600, fsynced): all or nothing.
+    Runs on a worker thread."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, temp = tempfile.mkstemp(prefix=".spend-ledger-", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(spend.dump(ledger))
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, path)
@@ -152,6 +161,63 @@ def _write_ledger(router: Router, ledger: dict) -> bool:
             pass
         return False
     return True
+
+
+class LedgerWritten(NamedTuple):
+    """A ledger write finished (on its worker thread): answer its request."""
+    ask: "SpendAsk"
+    answer: dict
+    after: dict
+    ok: bool
+
+
+class SpendAsk(NamedTuple):
+    endpoint: int
+    target: str
+    caller: str
+    action: str
+    document: dict
+
+
+def _send_result(router: Router, ask: SpendAsk, answer: dict) -> None:
+    router.send(ask.endpoint, router.frame(spend.RESULT, ask.target, spend.RESULT_TEXT,
+                                           spend_action=ask.action, spend_result=dict(answer)))
+
+
+def _decide(router: Router, ask: SpendAsk) -> None:
+    """Decide one authorised request; a change is written (off the Router's
+    task) before it is answered or applied, and requests that arrive
+    meanwhile wait their turn (in order, bounded)."""
+    live = router.live_of(EvidenceLive)
+    ledger = _ledger(router)
+    if ledger is None:
+        _send_result(router, ask, spend.REFUSALS[ask.action])
+        return
+    answer, after = spend.decide(ledger, ask.caller, ask.action, ask.document)
+    if after is ledger:
+        _send_result(router, ask, answer)
+        return
+    live.writing = True
+    path, data = router.config.evidence.spend_ledger, spend.dump(after)
+    future = asyncio.get_running_loop().run_in_executor(None, _write_ledger, path, data)
+
+    def written(done: asyncio.Future) -> None:
+        ok = not done.cancelled() and done.exception() is None and done.result()
+        router.post_control(LedgerWritten(ask, answer, after, bool(ok)))
+
+    future.add_done_callback(written)
+
+
+def ledger_written(router: Router, command: LedgerWritten) -> None:
+    live = router.live_of(EvidenceLive)
+    live.writing = False
+    if command.ok:
+        live.ledger = command.after
+        _send_result(router, command.ask, command.answer)
+    else:  # the file keeps the old ledger, and so does the hub
+        _send_result(router, command.ask, spend.REFUSALS[command.ask.action])
+    while live.waiting and not live.writing:
+        _decide(router, live.waiting.popleft())
 
 
 @verbs.handles("spend_request", peers=True)
@@ -173,19 +239,23 @@ def spend_request(router: Router, session: Session, frame: dict, size: int) -> N
         else:
             relay(router, session, owner, action, document)
         return
-    answer = spend.REFUSALS[action]
-    ledger = _ledger(router) if _serves(router, session) else None
-    if ledger is None:
+    ask = SpendAsk(session.endpoint, session.name or session.peer_hub or "", session.peer_hub or "",
+                   action, document)
+    if not _serves(router, session):
         log.warning("spend request refused: peer not served", sender=session.name,
                     action=action)
-    else:
-        decided, after = spend.decide(ledger, session.peer_hub, action, document)
-        if after is ledger or _write_ledger(router, after):
-            answer = decided
-            router.live_of(EvidenceLive).ledger = after
-    router.send(session.endpoint, router.frame(
-        spend.RESULT, session.name or session.peer_hub, spend.RESULT_TEXT,
-        spend_action=action, spend_result=dict(answer)))
+        _send_result(router, ask, spend.REFUSALS[action])
+        return
+    live = router.live_of(EvidenceLive)
+    if live.writing:
+        if len(live.waiting) >= MAX_WAITING:
+            log.warning("spend request refused: too many waiting", waiting=len(live.waiting))
+            router.metrics.count_refused("spend_ledger_busy")
+            _send_result(router, ask, spend.REFUSALS[action])
+        else:
+            live.waiting.append(ask)
+        return
+    _decide(router, ask)
 
 
 def evidence_plugin() -> Plugin:
@@ -193,4 +263,5 @@ def evidence_plugin() -> Plugin:
     for module in (guard, ent):
         for kind, fns in module.appliers.items():
             appliers.setdefault(kind, []).extend(fns)
-    return Plugin("evidence", verbs=verbs, appliers=appliers, live=(EvidenceLive,))
+    return Plugin("evidence", verbs=verbs, appliers=appliers, live=(EvidenceLive,),
+                  commands={LedgerWritten: ledger_written})

@@ -222,3 +222,34 @@ def test_a_peer_hub_relays_its_agents_spend_requests_over_the_link(tmp_path, pki
     assert [(r["caller"], r["key"]) for r in saved["reservations"]] == [("east", "r1")]
     assert spend_rows(tmp_path / "owner" / "hubd.db") == 0
     assert spend_rows(tmp_path / "east" / "hubd.db") == 0
+
+
+def test_pipelined_reserves_are_decided_in_order_one_write_at_a_time(tmp_path, pki):
+    """Requests that arrive while the ledger file is being written wait their
+    turn: twenty reserves of 1 on a pool of 10, sent without waiting, get
+    ten admissions then ten refusals, and the file holds exactly ten."""
+    policy = write_serving_policy(tmp_path / "policy", pki, {"east": ["PROJ"]})
+    ledger = ledger_file(tmp_path, {"gpu": {"limit": "10", "unit": "t", "grantees": ["east"]}})
+    owner = hubd_process(tmp_path / "owner", *site_flags(pki, "owner", policy).serve,
+                         "--spend-ledger", ledger, hub_id="owner", scheme="wss").start()
+    try:
+        async def scenario():
+            east = await peer(owner.url, pki, "east")
+            for i in range(20):
+                await east.send_json({"sender": "east", "target": "System",
+                                      "type": "spend_request", "spend_action": "reserve",
+                                      "spend": {"pool_id": "gpu", "key": f"k{i}",
+                                                "upper_bound": "1"}})
+            answers = []
+            for _ in range(20):
+                got = await east.recv(lambda f: f.get("type") == "spend_result", timeout=20)
+                east._cursor = east.frames.index(got) + 1
+                answers.append(got["spend_result"])
+            await east.close()
+            return answers
+        answers = asyncio.run(scenario())
+    finally:
+        owner.stop()
+    assert [a.get("key") for a in answers[:10]] == [f"k{i}" for i in range(10)]
+    assert answers[10:] == [NOT_ADMITTED] * 10
+    assert len(json.loads(open(ledger).read())["reservations"]) == 10
