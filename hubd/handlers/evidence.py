@@ -197,8 +197,14 @@ def _decide(router: Router, ask: SpendAsk) -> None:
     if after is ledger:
         _send_result(router, ask, answer)
         return
-    live.writing = True
     path, data = router.config.evidence.spend_ledger, spend.dump(after)
+    if len(data) > spend.MAX_FILE_BYTES:
+        log.warning("spend request refused: the ledger file would be over its bound",
+                    bytes=len(data), limit=spend.MAX_FILE_BYTES)
+        router.metrics.count_refused("spend_ledger_full")
+        _send_result(router, ask, spend.REFUSALS[ask.action])
+        return
+    live.writing = True
     future = asyncio.get_running_loop().run_in_executor(None, _write_ledger, path, data)
 
     def written(done: asyncio.Future) -> None:

@@ -41,7 +41,7 @@ MALFORMED = "Malformed spend request"
 MAX_POOLS = 256
 MAX_GRANTEES = 256
 MAX_RESERVATIONS = 10_000
-MAX_FILE_BYTES = 16 * 1024 * 1024
+MAX_FILE_BYTES = 4 * 1024 * 1024  # hubd/owner_only.py reads at most this
 MAX_DIGITS = 30
 
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
@@ -110,7 +110,7 @@ def parse(data: bytes) -> dict:
 
 
 def dump(ledger: dict) -> bytes:
-    return json.dumps(ledger, sort_keys=True, indent=1).encode()
+    return json.dumps(ledger, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _find(ledger: dict, caller: str, pool_id, key) -> dict | None:
