@@ -110,7 +110,10 @@ def entitlement_advert(router: Router, session: Session, frame: dict, size: int)
         "advertiser": session.name, "hub_id": router.hub_id, "advert": advert})
     router.reply(session, ent.RESULT, f"advertisement recorded for {alias!r}",
                  pool_alias=alias, applied=True, audit_seq=event.seq)
-    router.fail_privately(session, ent.NOT_DURABLE)
+    # not committed: the same private verdict shape, refused
+    router.send_on_failure(session.endpoint, ent.RESULT, lambda: router.frame(
+        ent.RESULT, session.name, ent.NOT_DURABLE, pool_alias=alias, applied=False,
+        audit_seq=None))
 
 
 # -- spend_request
