@@ -10,7 +10,8 @@ evidence"):
 - bad fields get error_code guard_evidence in the reference's words;
 - the per-credential window refuses evidence over it (a second name on the
   same token shares the bucket) and frees up once the window has passed;
-- under --require-acl the evidence permission on evidence:guard-denial is needed.
+- under --require-acl the evidence permission on evidence:guard-denial is needed;
+- a SIGKILL just after or just before the commit neither loses nor doubles a denial.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 
 from hubd.timing import Timing
 from tests.support.procs import hubd_process
@@ -217,3 +219,47 @@ def test_acl_needs_the_evidence_permission(tmp_path):
     finally:
         hub.stop()
     assert len(rows(tmp_path / "h" / "hubd.db")) == 1
+
+
+def test_a_crash_around_the_commit_loses_nothing_and_doubles_nothing(tmp_path):
+    """SIGKILL right after the denial's commit, before its answer left: the
+    reporter's keyed retry after the restart gets the recorded seq and no
+    second row. SIGKILL right before the commit: nothing was recorded, and
+    the retry records it once."""
+    for stage, rows_after_crash in (("kill-after-commit", 1), ("kill-before-commit", 0)):
+        folder = tmp_path / stage
+        db = folder / "hubd.db"
+        hub = hubd_process(folder, "--token", TOKEN,
+                           env={"HUBD_FAULT": f"{stage}:guard_denial"})
+        hub.start()
+        try:
+            async def crash():
+                hook = await seat(hub.url, HOOK)
+                await hook.send_json(denial(idem_key="c-1"))
+                closed = await hook.wait_closed(20)
+                assert closed is not None
+                assert not hook.seen("guard_denial_recorded")  # nothing left before the kill
+                await hook.close()
+            asyncio.run(crash())
+            for _ in range(100):
+                if hub.proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+            assert hub.proc.returncode == -9, hub.log()[-2000:]
+            assert len(rows(db)) == rows_after_crash, stage
+            hub.env = {k: v for k, v in hub.env.items() if k != "HUBD_FAULT"}
+            hub.start()
+
+            async def retry():
+                hook = await seat(hub.url, HOOK)
+                got = await ask(hook, denial(idem_key="c-1"))
+                again = await ask(hook, denial(idem_key="c-1"))
+                await hook.close()
+                return got, again
+            got, again = asyncio.run(retry())
+        finally:
+            hub.stop()
+        assert got["type"] == "guard_denial_recorded" and again == got, (stage, got)
+        recorded = rows(db)
+        assert len(recorded) == 1, (stage, recorded)
+        assert got["audit_seq"] == recorded[0][0]
