@@ -139,8 +139,8 @@ def test_guard_denial_live_equals_replay_and_refusals_change_nothing(steps):
 
 advert_steps = st.lists(st.one_of(
     st.tuples(st.sampled_from(["team-gpu", "team-cpu", "other"]),
-              st.sampled_from([None, None, None, ("schema", 2), ("as_of", "2026-12-02"), ("extra", 1),
-                               ("remaining_bucket", "lots")])),
+              st.sampled_from([None, None, None, ("schema", 2), ("as_of", "2026-12-02"),
+                               ("extra", 1), ("remaining_bucket", "lots")])),
     st.just("restart")), max_size=10)
 
 
