@@ -66,7 +66,7 @@ def guard_denial(router: Router, session: Session, frame: dict, size: int) -> No
     window = router.live_of(EvidenceLive).window
     limit = window.check(session.credential, size, router.now)
     if limit is not None:
-        router.metrics.count_refused(guard.CODE_RATE_LIMITED)
+        router.metrics.count_evidence_refusal(guard.CODE_RATE_LIMITED)
         log.warning("guard evidence refused: the credential's window is full",
                     limit_reason=limit, sender=session.name)
         router.error(session, guard.RATE_LIMITED_TEXT, error_code=guard.CODE_RATE_LIMITED,
@@ -204,7 +204,7 @@ def _decide(router: Router, ask: SpendAsk) -> None:
     if len(data) > spend.MAX_FILE_BYTES:
         log.warning("spend request refused: the ledger file would be over its bound",
                     bytes=len(data), limit=spend.MAX_FILE_BYTES)
-        router.metrics.count_refused("spend_ledger_full")
+        router.metrics.count_evidence_refusal("spend_ledger_full")
         _send_result(router, ask, spend.REFUSALS[ask.action])
         return
     live.writing = True
@@ -259,7 +259,7 @@ def spend_request(router: Router, session: Session, frame: dict, size: int) -> N
     if live.writing:
         if len(live.waiting) >= MAX_WAITING:
             log.warning("spend request refused: too many waiting", waiting=len(live.waiting))
-            router.metrics.count_refused("spend_ledger_busy")
+            router.metrics.count_evidence_refusal("spend_ledger_busy")
             _send_result(router, ask, spend.REFUSALS[action])
         else:
             live.waiting.append(ask)

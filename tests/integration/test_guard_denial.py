@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sqlite3
 import time
 
@@ -174,9 +175,13 @@ def test_window_is_per_credential_and_slides(tmp_path):
             await hook.close()
             await twin.close()
         asyncio.run(scenario())
+        metrics = hub.get_text("/metrics")
     finally:
         hub.stop()
     assert len(rows(db)) == 4
+    refused = re.search(r'hubd_evidence_refused_total\{reason="guard_evidence_rate_limited"\} '
+                        r'([0-9.]+)', metrics)
+    assert refused and float(refused.group(1)) >= 2, metrics[-2000:]
 
 
 def test_window_bytes_bound(tmp_path):
