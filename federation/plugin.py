@@ -33,7 +33,7 @@ from federation.config import FederationConfig
 from federation.handlers import authority as authority_state
 from federation.handlers import (attachment_reads, claims, dead_letter_pointer,
                                  delivery_forward, delivery_notices, forwarding, logpull,
-                                 peer_versions, receiver)
+                                 peer_versions, receiver, spend_relay)
 from federation.health_problems import federation_problems
 
 log = structlog.get_logger("hubd.federation")
@@ -85,13 +85,14 @@ class Federation:
             peer_claims=(receiver.claim_peer_link,),
             live=(receiver.ForwardVerdicts, attachment_reads.PeerAsks,
                   dead_letter_pointer.PointerLog, dead_letter_pointer.UnsentPointers,
-                  delivery_notices.NoticeLinks, peer_versions.InboundVersions),
+                  delivery_notices.NoticeLinks, peer_versions.InboundVersions,
+                  spend_relay.SpendAsks),
             claim_gate=claims.gate,
             # the claimant's snapshot lists its leases on other hubs' namespaces
             replaces_state_sections={"active_claims": claims.active_claims_with_remote},
             remote_hubs=self,
             commands={**COMMANDS, **attachment_reads.COMMANDS, **dead_letter_pointer.COMMANDS,
-                      **delivery_notices.COMMANDS},
+                      **delivery_notices.COMMANDS, **spend_relay.COMMANDS},
             health_sections={"message_forward": self._health_forwarding,
                              "multihub": self._health_authority,
                              "peer_versions": self._health_versions,
@@ -107,6 +108,11 @@ class Federation:
             reload=self.reload,
             listener_ssl=self.listener_ssl,
         )
+
+    def relay_spend(self, router, session, owner: str, action: str, document: dict) -> None:
+        """An agent's spend_request for pool owner hub `owner`, over its link
+        (hubd/handlers/evidence.py calls this; federation/handlers/spend_relay.py)."""
+        spend_relay.relay(router, session, owner, action, document)
 
     # -- lifetime
 

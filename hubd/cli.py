@@ -24,6 +24,7 @@ from hubd.config_file import ConfigProblems, Layers
 from hubd.config import BrokerConfig, HubConfig, broker_files_beside
 from federation.config import FederationConfigError, build_federation_config
 from hubd.http.host_trust import AuthorityError, parse_advertised
+from hubd.evidence_config import evidence_config
 from hubd.security_cli import security_config
 from hubd.state.claims import LeaseLimits
 from hubd.state.dead_letter_escalation import flag_problems as dead_letter_flag_problems
@@ -152,6 +153,7 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
     if not args.no_broker:
         broker = _broker_config(args, problems)
     security = security_config(args, token, problems)
+    evidence = evidence_config(args, problems)
     if problems:
         raise ConfigProblems(problems)
     claims = LeaseLimits(min_ttl=args.lease_min_ttl,
@@ -181,7 +183,7 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
         dead_letter_escalation_threshold=args.dead_letter_escalation_threshold,
         dead_letter_escalation_window=args.dead_letter_escalation_window,
         snapshot_events=args.snapshot_every, snapshot_keep=args.snapshot_keep,
-        checkpoint_events=args.checkpoint_every)
+        checkpoint_events=args.checkpoint_every, evidence=evidence)
 
 
 def _broker_config(args: argparse.Namespace, problems: list[str]) -> BrokerConfig | None:

@@ -10,6 +10,7 @@ from hubd import __version__
 from hubd.config import (BROKER_SOCKET_SUFFIX, BROKER_TOKEN_SUFFIX, DEFAULT_DB, DEFAULT_PORT,
                          DEFAULT_QUOTA_BYTES, DEFAULT_QUOTA_EVENTS, DEFAULT_QUOTA_WINDOW,
                          DEFAULT_SNAPSHOT_EVENTS, DEFAULT_CHECKPOINT_EVENTS)
+from hubd.evidence_config import add_evidence_flags
 from hubd.security_cli import add_security_flags
 from hubd.state.claims import LeaseLimits
 from hubd.state.receipts import PENDING_RECEIPTS
@@ -292,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--broker-no-rate-limit", action="store_true",
                         help="lift the 20 sends per 60 s per handle limit (benchmarks only)")
     add_security_flags(parser)
+    add_evidence_flags(parser)
     logging_ = parser.add_argument_group("logging")
     logging_.add_argument("--log-format", choices=("text", "json"), default="text")
     logging_.add_argument("--log-level", default="INFO",

@@ -12,6 +12,7 @@ from hubd.doors.redsyn.install import redsyn_door
 from hubd.handlers import core_plugin
 from hubd.handlers.attachments import attachments_plugin
 from hubd.handlers.broker import broker_plugin
+from hubd.handlers.evidence import evidence_plugin
 from hubd.handlers.identity_recovery import identity_recovery_plugin
 from hubd.handlers.redsyn import redsyn_plugin
 from hubd.handlers.signed import signed_plugin
@@ -27,7 +28,7 @@ def plugins_for(config: HubConfig) -> list[Plugin]:
     plugins = [core_plugin(), signed_plugin(config.security),
                identity_recovery_plugin(config.security), attachments_plugin(config),
                Federation(federation).plugin(),
-               redsyn_plugin(config.redsyn), broker_plugin(config.broker)]
+               redsyn_plugin(config.redsyn), broker_plugin(config.broker), evidence_plugin()]
     if config.redsyn:
         plugins.append(redsyn_door())
     if config.broker is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hubd.evidence_config import EvidenceConfig
 from hubd.state.claims import LeaseLimits
 from hubd.state.message_auth import DEFAULT_CAPACITY, DEFAULT_WINDOW, MacKey
 from hubd.state.redsyn import Limits as RedsynLimits
@@ -151,6 +152,8 @@ class HubConfig:
     # every deadline, period and back-off of the hub (hubd/timing.py)
     timing: Timing = field(default_factory=Timing)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    # guard_denial's window and the spend ledger (hubd/evidence_config.py)
+    evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
 
     @property
     def liveness(self) -> LivenessPolicy:

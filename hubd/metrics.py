@@ -72,6 +72,8 @@ class HubMetrics:
         # frames and registrations the reference's checks refused (identity
         # binding, per-message auth, ACL), by the check's result
         self.signed_refusals: dict[str, int] = {}
+        # guard evidence and spend requests refused at a bound (hubd/handlers/evidence.py)
+        self.evidence_refusals: dict[str, int] = {}
         self.journal_failures = 0
         self.checkpoints = 0
         self.checkpoint_seconds = 0.0
@@ -118,6 +120,9 @@ class HubMetrics:
     def count_signed_refusal(self, check: str, result: str) -> None:
         key = f"{check}:{result}"
         self.signed_refusals[key] = self.signed_refusals.get(key, 0) + 1
+
+    def count_evidence_refusal(self, reason: str) -> None:
+        self.evidence_refusals[reason] = self.evidence_refusals.get(reason, 0) + 1
 
     def count_refused(self, code: str) -> None:
         refused = self.frames_refused
@@ -298,6 +303,9 @@ class _Collector:
         yield _by_label("hubd_frames_refused", "Frames the WebSocket door refused before the "
                         "Router (typed error, socket kept), by error_code.", "code",
                         m.frames_refused)
+        yield _by_label("hubd_evidence_refused", "guard_denial and spend_request refused at a "
+                        "bound (the guard-evidence window, the spend ledger's wait or size), "
+                        "by reason.", "reason", m.evidence_refusals)
         yield _by_label("hubd_signed_frames_refused", "Registrations and frames refused by "
                         "identity binding, per-message authentication or the ACL, by "
                         "check:result.", "reason", m.signed_refusals)

@@ -34,6 +34,8 @@ class Timing:
     # How often the sweeper runs the Router's timers (lease, delivery and
     # receipt deadlines) and checks for stalled writes: how late they can fire.
     sweep: float = 1.0
+    # The per-credential guard_denial evidence window (seed 000: 60 s).
+    guard_evidence_window: float = 60.0
     # A write to a client that has not drained for this long closes the client
     # (1013); it also bounds a receipt's wait for that write.
     send_stall: float = 5.0

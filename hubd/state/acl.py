@@ -178,6 +178,8 @@ def required_accesses(type_: str, frame: dict, sender: str) -> list[tuple[str, s
     if type_ in ("identity_enroll", "identity_revoke"):
         name = frame.get("name")
         return [("identity-enroll", "agent", name if isinstance(name, str) else "")]
+    if type_ == "guard_denial":  # seed 000: evidence on target evidence:guard-denial
+        return [("evidence", "evidence", "guard-denial")]
     if type_ == "history_request":
         if frame.get("inbox_query") is not None:
             return [("mailbox", "agent", "")]

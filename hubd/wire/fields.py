@@ -263,6 +263,21 @@ VERB_FIELDS: dict[str, dict[str, Rule]] = {
     "multihub_claim_request": {
         name: passed_on("federation/handlers/claims.py: 'Malformed multi-hub claim request'")
         for name in ("namespace", "claimant", "task_id", "claim", "request_id")},
+    # hubd/handlers/evidence.py (docs/guard-evidence-and-spend.md)
+    "guard_denial": {
+        **{name: passed_on("hubd/state/guard_evidence.py read_denial: error_code "
+                           "guard_evidence with the reference's text")
+           for name in ("provider", "reason_code", "path_count", "actor_sha256",
+                        "call_sha256", "scope_sha256")},
+        "idem_key": idem_key(),
+    },
+    "entitlement_advert": {"advert": passed_on(
+        "hubd/state/entitlements.py read_advert: entitlement_advert_result applied:false")},
+    "spend_request": {name: passed_on("hubd/state/spend_ledger.py: 'Malformed spend request' "
+                                      "or the uniform not-admitted spend_result")
+                      for name in ("spend_action", "spend")} | {
+                          "owner_hub": passed_on("hubd/handlers/evidence.py: 'Malformed spend "
+                                                 "request' unless a peer hub's id")},
 }
 
 # the verbs whose refusals the reference client matches by request_id: the

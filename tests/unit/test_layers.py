@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("wire", ("hubd.wire",)),
     ("base", ("hubd.logs", "hubd.metrics", "hubd.faults", "hubd.state", "hubd.journal",
               "hubd.config", "hubd.config_file", "hubd.owner_only", "hubd.timing",
+              "hubd.evidence_config",
               "hubd.health", "hubd.auth_log")),
     ("core", ("hubd.core",)),
     ("actors", ("hubd.actors",)),
