@@ -242,7 +242,13 @@ def spend_request(router: Router, session: Session, frame: dict, size: int) -> N
             router.error(session, spend.MALFORMED)
             return
         relay = getattr(getattr(router.hub, "federation", None), "relay_spend", None)
-        if relay is None:
+        signed = router.hub.identity.signed
+        # a hubd extension (the seed's spend_request is a peer hub's): an agent
+        # spends its hub's reservations only where the ACL policy lets it
+        if relay is None or signed.acl is None or not allowed(
+                signed.acl, session.name or "", spend.RELAY_PERMISSION, "hub", owner):
+            if relay is not None:
+                router.metrics.count_evidence_refusal("spend_relay_denied")
             router.reply(session, spend.RESULT, spend.RESULT_TEXT, spend_action=action,
                          spend_result=dict(spend.REFUSALS[action]))
         else:

@@ -19,7 +19,7 @@ PERMISSIONS = frozenset((
     "message", "claim", "release", "board", "metrics", "dashboard", "a2a", "namespace",
     "sandbox", "observe", "mailbox", "role-claim", "identity-pin-reclaim", "identity-enroll",
     "entitlement-advertise", "evidence", "recall", "delivery-control", "attachment-read",
-    "attachment-write", "attachment-admin"))
+    "attachment-write", "attachment-admin", "spend-request"))
 
 # bounds on what a file may hold (a wrong path must not become a huge table)
 MAX_RULES = 4096

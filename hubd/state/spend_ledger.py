@@ -34,6 +34,9 @@ REFUSALS = {
     "settle": {"settled": False, "reason": "not-admitted"},
     "query": {"found": False},
 }
+# the ACL permission an agent needs to have its hub relay its spend_request
+# to the pool owner hub `owner_hub` (target hub:<owner_hub>)
+RELAY_PERMISSION = "spend-request"
 RESULT = "spend_result"
 RESULT_TEXT = "Spend result"
 MALFORMED = "Malformed spend request"

@@ -181,8 +181,14 @@ def test_a_peer_hub_relays_its_agents_spend_requests_over_the_link(tmp_path, pki
     owner = hubd_process(tmp_path / "owner", *site_flags(pki, "owner", policy).serve,
                          "--spend-ledger", ledger, hub_id="owner", scheme="wss").start()
     site = site_flags(pki, "east", None)
+    # east relays only for the agents its ACL policy lets spend at the owner
+    acl = tmp_path / "east-acl.json"
+    acl.write_text(json.dumps({"rules": [{"permission": "spend-request", "target_kind": "hub",
+                                          "target_pattern": "owner",
+                                          "namespace": "PROJ"}]}))
+    acl.chmod(0o600)
     east = hubd_process(tmp_path / "east", *site.peer_flags(pki, "owner", owner.url),
-                        *site.connect, hub_id="east").start()
+                        *site.connect, "--acl-policy", str(acl), hub_id="east").start()
     try:
         wait_for(lambda: east.get_json("/health")["message_forward"]["owner"]["link"] == "up",
                  what="east's link to the owner")
@@ -190,14 +196,20 @@ def test_a_peer_hub_relays_its_agents_spend_requests_over_the_link(tmp_path, pki
         async def scenario():
             alice = await joined(east.url, "PROJ/alice")
 
-            async def ask(action, document, **extra):
-                alice._cursor = len(alice.frames)
-                await alice.send_json({"sender": "PROJ/alice", "target": "System",
+            async def ask(action, document, agent=alice, name="PROJ/alice", **extra):
+                agent._cursor = len(agent.frames)
+                await agent.send_json({"sender": name, "target": "System",
                                        "type": "spend_request", "owner_hub": "owner",
                                        "spend_action": action, "spend": document, **extra})
-                return await alice.recv(lambda f: f.get("type") in ("spend_result", "error"),
+                return await agent.recv(lambda f: f.get("type") in ("spend_result", "error"),
                                         timeout=20)
 
+            # an agent of another project: no rule lets it spend, nothing reaches the owner
+            other = await joined(east.url, "OTHER/mallory")
+            denied = await ask("reserve", {"pool_id": "gpu", "key": "m1", "upper_bound": "1"},
+                               agent=other, name="OTHER/mallory")
+            assert denied["spend_result"] == NOT_ADMITTED, denied
+            await other.close()
             got = await ask("reserve", {"pool_id": "gpu", "key": "r1", "upper_bound": "7"})
             assert got["spend_result"]["admitted"] is True, got
             assert got["target"] == "PROJ/alice"
