@@ -143,7 +143,7 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
             relay_peer_token=args.relay_peer_token)
     except FederationConfigError as exc:
         problems.append(str(exc))
-    positive("max_claims_per_agent", "max_paths_per_claim")
+    positive("max_claims_per_agent", "max_paths_per_claim", "max_offers_per_agent")
     if args.lease_offline_ttl is not None and args.lease_offline_ttl < 0:
         problems.append("--lease-offline-ttl must not be negative")
     if not 0 < args.lease_min_ttl <= LeaseLimits.default_ttl:
@@ -175,6 +175,7 @@ def hub_config(args: argparse.Namespace) -> HubConfig:
         allow_origins=frozenset(args.allow_origin), advertised_hosts=advertised,
         log_format=args.log_format,
         log_level=args.log_level, federation=federation, claims=claims,
+        max_offers_per_agent=args.max_offers_per_agent,
         redsyn=not args.no_redsyn,
         redsyn_allow_loopback_webhooks=args.redsyn_allow_loopback_webhooks,
         redsyn_limits=redsyn_limits, broker=broker,

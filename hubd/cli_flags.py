@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     leases.add_argument("--max-claims-per-agent", type=int, default=LeaseLimits.max_claims_per_agent,
                         help="most live claims one agent may hold before further claims are "
                              f"refused (default {LeaseLimits.max_claims_per_agent})")
+    leases.add_argument("--max-offers-per-agent", type=int, default=64,
+                        help="most distinct resource offers one agent may hold before new "
+                             "offers are refused (default 64)")
     leases.add_argument("--max-paths-per-claim", type=int, default=LeaseLimits.max_paths_per_claim,
                         help="most distinct paths one claim may declare before its scope widens "
                              f"to the worktree (default {LeaseLimits.max_paths_per_claim})")

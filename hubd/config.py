@@ -127,6 +127,8 @@ class HubConfig:
     # its defaults, no peers); the core does not look inside
     federation: object | None = None
     claims: LeaseLimits = field(default_factory=LeaseLimits)
+    # distinct resource offers one agent may hold (the reference's flag and default)
+    max_offers_per_agent: int = 64
     redsyn: bool = True
     redsyn_allow_loopback_webhooks: bool = False
     redsyn_limits: RedsynLimits = field(default_factory=RedsynLimits)

@@ -39,6 +39,7 @@ class HubMetrics:
         # private channels (hubd/handlers/channels.py): requests refused,
         # channel chats routed, observer copies of private directed chats
         self.channel_refusals = 0
+        self.resource_refusals = 0
         self.channel_chats = 0
         self.observer_copies = 0
         # consume-live receipts (hubd/handlers/receipts.py): verdicts by kind,
@@ -247,6 +248,10 @@ class _Collector:
                                   "Chats refused because they name a seat on a hub this hub "
                                   "has no route to (not a configured message peer).",
                                   value=m.chats_no_route)
+        yield CounterMetricFamily("hubd_resource_refusals",
+                                  "Resource offers refused (no kind or name, a field hubd does "
+                                  "not take, the per-agent or hub-wide bound).",
+                                  value=m.resource_refusals)
         yield CounterMetricFamily("hubd_channel_refusals",
                                   "Channel requests refused (not owner, not invited, a bound "
                                   "such as the channel or member limit).",

@@ -13,16 +13,17 @@ from hubd.state import dead_letter_escalation as dead_letter_state
 from hubd.state import delivery_intents as delivery_state
 from hubd.state import hub as hub_state
 from hubd.state import idem as idem_state
+from hubd.state import resources as resource_state
 
 from . import (board, capabilities, channels, chat, claims, delivery, dialects, mailbox,
-               queries, receipts, routing, sessions, status)
+               queries, receipts, resources, routing, sessions, status)
 
 
 def core_plugin() -> Plugin:
     """Everything a single hub does: chat, mailbox, receipts, presence
     queries, claims and leases, the board, capability cards."""
     state_modules = (hub_state, board_state, capability_state, claim_state, idem_state,
-                     delivery_state, dead_letter_state, channel_state)
+                     delivery_state, dead_letter_state, channel_state, resource_state)
     appliers: dict[str, list] = {}
     projections: dict = {}
     for module in state_modules:
@@ -30,7 +31,8 @@ def core_plugin() -> Plugin:
             appliers.setdefault(kind, []).extend(fns)
         projections.update(getattr(module, "PROJECTIONS", {}))
     verbs: dict = {}
-    for module in (board, capabilities, channels, chat, claims, delivery, mailbox, queries):
+    for module in (board, capabilities, channels, chat, claims, delivery, mailbox, queries,
+                   resources):
         overlap = verbs.keys() & module.verbs.keys()
         if overlap:
             raise ValueError(f"verbs {sorted(overlap)} declared twice")
@@ -54,6 +56,6 @@ def core_plugin() -> Plugin:
         live=(routing.Unroutable, receipts.ReceiptDesk, receipts.DarkSeats, claims.ClaimsLive,
               delivery.DeliveryLive, capabilities.LiveCards),
         rebuilt=receipts.rebuilt,
-        state_sections=claims.STATE_SECTIONS,
+        state_sections={**claims.STATE_SECTIONS, "resources": resources.snapshot_resources},
         health_sections={"active_claims": claims.health_active_claims},
     )

@@ -85,7 +85,6 @@ def state_request(router: Router, session: Session, frame: dict, size: int) -> N
     snapshot = {
         "active_claims": [],  # the claims module's state section fills it
         "agents": [{"agent": n, "last_seen": ts} for n, ts in sorted(agents.items())],
-        "resources": [],
         "generated_at": router.now,
         "dead_letters": state.chat.dead_letters.listing(),
         "pending_relay_approvals": [],

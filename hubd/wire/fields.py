@@ -191,6 +191,10 @@ VERB_FIELDS: dict[str, dict[str, Rule]] = {
     },
     "board_request": {},
     "manifest_request": {},
+    # hubd/state/resources.py: an empty kind or name gets the reference's own
+    # sentence there; capacity at least 1 and meta's size are checked there too
+    **{verb: {"kind": text(256), "name": text(256), "capacity": integer(), "meta": obj()}
+       for verb in ("resource", "resource_offer")},
     "advertise": {
         "agent": text(),
         "description": _FREE_TEXT,
