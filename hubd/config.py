@@ -71,6 +71,7 @@ class SecurityConfig:
     so its command line starts hubd unchanged. All off by default."""
 
     identity_trust: Path | None = None
+    capability_card_trust: Path | None = None
     require_identity_binding: bool = False
     acl_policy: Path | None = None
     require_acl: bool = False

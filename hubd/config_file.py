@@ -32,7 +32,7 @@ PATH_KEYS = frozenset({
     "multihub-serving-policy", "message-peer-token-file", "multihub-client-certfile",
     "multihub-client-keyfile", "broker-socket", "broker-token-file", "identity-trust",
     "acl-policy", "role-grants", "message-auth-key-file", "attachment-root",
-    "attachment-recipient-policy", "message-auth-replay-db", "identity-enrollments",
+    "attachment-recipient-policy", "message-auth-replay-db", "identity-enrollments", "capability-card-trust",
     "spend-ledger"})
 # HUB=PIN or HUB=@FILE: the FILE resolves beside the config file
 PIN_KEYS = frozenset({"message-peer-pin", "multihub-watch-pin", "claim-peer-pin",

@@ -76,6 +76,10 @@ def add_security_flags(parser: argparse.ArgumentParser) -> None:
                             "--require-identity-binding and --private-directed-messages")
     ident.add_argument("--identity-trust", metavar="FILE",
                        help="trust bundle of Ed25519 identity keys ({\"keys\": [...]})")
+    ident.add_argument("--capability-card-trust", metavar="FILE",
+                       help="Ed25519 keys that sign capability cards ({\"keys\": [{key_id, "
+                            "public_key, agents, projects}]}); a card's verification is "
+                            "projected on it, never used to authorise (docs/capabilities.md)")
     ident.add_argument("--require-identity-binding", action="store_true",
                        help="a registration must carry a signature by a key the trust "
                             "bundle binds to its sender")
@@ -180,6 +184,7 @@ def security_config(args: argparse.Namespace, token: str | None,
 
     return SecurityConfig(
         identity_trust=path(args.identity_trust),
+        capability_card_trust=path(args.capability_card_trust),
         require_identity_binding=args.require_identity_binding,
         acl_policy=path(args.acl_policy), require_acl=args.require_acl,
         role_grants=path(args.role_grants), message_auth_keys=keys,

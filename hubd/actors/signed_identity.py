@@ -19,6 +19,7 @@ from pathlib import Path
 from hubd.config import SecurityConfig
 from hubd.owner_only import open_to_others
 from hubd.state.acl import PolicyError, Rule, parse_acl_policy, parse_role_grants
+from hubd.state.card_trust import CardKey, parse_card_trust
 from hubd.state.identity_binding import TrustedKey, parse_trust_bundle
 from hubd.state.message_auth import KeyFormatError, MacKey, keyring, parse_key_file
 
@@ -35,6 +36,7 @@ class SignedIdentity:
     acl: tuple[Rule, ...] | None = None  # None: no --acl-policy
     role_grants: dict[str, tuple[str, ...]] = field(default_factory=dict)
     mac_keys: dict[str, MacKey] = field(default_factory=dict)
+    card_keys: dict[str, CardKey] = field(default_factory=dict)  # --capability-card-trust
 
     @property
     def binding_required(self) -> bool:
@@ -125,4 +127,6 @@ def load_signed_identity(config: SecurityConfig) -> SignedIdentity:
     trusted = load(config.identity_trust, "identity trust bundle", parse_trust_bundle) or {}
     acl = load(config.acl_policy, "ACL policy", parse_acl_policy)
     roles = load(config.role_grants, "role grants", parse_role_grants) or {}
-    return SignedIdentity(config, trusted, acl, roles, mac_keyring(config))
+    cards = load(config.capability_card_trust, "capability-card trust bundle",
+                 parse_card_trust) or {}
+    return SignedIdentity(config, trusted, acl, roles, mac_keyring(config), cards)

@@ -7,6 +7,7 @@ from hubd.core.commands import Ack, Register, Request, Send, Take
 from hubd.core.plugin import Plugin
 from hubd.state import board as board_state
 from hubd.state import capabilities as capability_state
+from hubd.state import card_trust as card_state
 from hubd.state import channels as channel_state
 from hubd.state import claims as claim_state
 from hubd.state import dead_letter_escalation as dead_letter_state
@@ -23,7 +24,8 @@ def core_plugin() -> Plugin:
     """Everything a single hub does: chat, mailbox, receipts, presence
     queries, claims and leases, the board, capability cards."""
     state_modules = (hub_state, board_state, capability_state, claim_state, idem_state,
-                     delivery_state, dead_letter_state, channel_state, resource_state)
+                     delivery_state, dead_letter_state, channel_state, resource_state,
+                     card_state)
     appliers: dict[str, list] = {}
     projections: dict = {}
     for module in state_modules:

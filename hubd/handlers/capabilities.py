@@ -10,6 +10,7 @@ from __future__ import annotations
 from hubd.actors.router import Router
 from hubd.core.plugin import Verbs
 from hubd.state import capabilities as cap
+from hubd.state import card_trust
 from hubd.state.presence import Session
 
 # this module's verbs (its plugin installs them)
@@ -33,6 +34,12 @@ def advertise(router: Router, session: Session, frame: dict, size: int) -> None:
         router.error(session, advert)
         return
     card = cap.card(frame, advert.agent, router.now)
+    verdict = card_trust.verify_card(card, router.hub.identity.signed.card_keys,
+                                     card_trust.history_of(router.state), router.now,
+                                     advert.agent, card["project"])
+    card["verification"] = verdict.verification
+    if verdict.remember is not None:  # a signed card's sequence, kept across restarts
+        router.event(card_trust.CARD_ACCEPTED, verdict.remember)
     shown = dict(card)
     if advert.persist:
         router.event(cap.CAPABILITY_REGISTERED, {

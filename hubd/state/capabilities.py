@@ -33,11 +33,6 @@ MAX_CONTRACTS = 64
 MAX_LIST_ITEMS = 256
 RX_SUFFIX = "-rx"
 
-UNSIGNED = {"detail": "card is unsigned and remains advisory discovery",
-            "result": "missing_signature"}
-UNVERIFIED = {"detail": "card is signed but this hub holds no capability-card trust; "
-                        "it remains advisory discovery",
-              "result": "unverified"}
 
 
 @dataclass
@@ -151,7 +146,7 @@ def card(frame: dict, agent: str, now: float) -> dict:
         "contracts": contracts(frame.get("contracts")),
         "meta": meta,
         "signature": signature,
-        "verification": dict(UNVERIFIED if signature else UNSIGNED),
+        "verification": {},  # hubd/state/card_trust.py verify_card fills it
         "advertised_at": now,
     }
 

@@ -70,6 +70,9 @@ async def main() -> int:
     ap.add_argument("--identity-key-id", default="")
     ap.add_argument("--mac-kid", default=None)
     ap.add_argument("--mac-secret", default=None)
+    ap.add_argument("--card-key", default=None)
+    ap.add_argument("--card-key-id", default="")
+    ap.add_argument("--card-project", default="")
     args = ap.parse_args()
 
     from synapse_channel.client.agent import SynapseAgent  # reference venv only
@@ -96,6 +99,9 @@ async def main() -> int:
         identity_key_id=args.identity_key_id,
         per_message_auth_key_id=args.mac_kid,
         per_message_auth_secret=args.mac_secret,
+        **({"capability_card_key_path": args.card_key,
+            "capability_card_key_id": args.card_key_id,
+            "capability_card_project": args.card_project} if args.card_key else {}),
     )
     agent_box["agent"] = agent
     loop = asyncio.get_running_loop()
@@ -137,6 +143,8 @@ async def main() -> int:
                 elif op == "send":
                     await agent.send_message(cmd["type"], target=cmd.get("target", "all"),
                                              payload=cmd.get("payload", ""), **cmd.get("fields", {}))
+                elif op == "advertise":  # the client's own (signed when built with a card key)
+                    await agent.advertise(**cmd.get("kwargs", {}))
                 elif op == "channel":
                     # the client's own channel helpers (channel_create, channel_invite,
                     # channel_join, channel_leave, request_channels, request_channel_history)

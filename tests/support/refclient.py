@@ -246,6 +246,10 @@ class RefAgent:
     def ack(self, seq: int) -> None:
         self.command({"op": "ack", "seq": seq})
 
+    def advertise(self, **kwargs: Any) -> None:
+        """The reference client's advertise() (signed when the agent has a card key)."""
+        self.command({"op": "advertise", "kwargs": kwargs})
+
     def channel(self, method: str, *args: Any, **kwargs: Any) -> None:
         """One of the reference client's channel helpers (agent.channel_create, ...)."""
         self.command({"op": "channel", "method": method, "args": list(args), "kwargs": kwargs})
@@ -362,7 +366,8 @@ class RefClient:
               manual_ack: bool = False, token: str | None = None, ready: bool = True,
               mailbox_for: str = "", registered: bool = True,
               identity: tuple[Path, str] | None = None,
-              mac: tuple[str, str] | None = None) -> RefAgent:
+              mac: tuple[str, str] | None = None,
+              card_key: tuple[Path, str, str] | None = None) -> RefAgent:
         """`identity`: (private key PEM, key id) to sign the registration;
         `mac`: (key id, secret) for per-message auth."""
         argv = [str(DRIVER), "--uri", self.url, "--name", name,
@@ -371,6 +376,9 @@ class RefClient:
             argv += ["--identity-key", str(identity[0]), "--identity-key-id", identity[1]]
         if mac is not None:
             argv += ["--mac-kid", mac[0], "--mac-secret", mac[1]]
+        if card_key:  # (private key PEM, key id, project): the client signs its cards
+            argv += ["--card-key", str(card_key[0]), "--card-key-id", card_key[1],
+                     "--card-project", card_key[2]]
         if mailbox:
             argv += ["--mailbox", "--since-seq", str(since_seq)]
         if mailbox_for:
