@@ -21,7 +21,6 @@ wait at once; each gives up after 15 s.
 
 from __future__ import annotations
 
-import asyncio
 from typing import NamedTuple
 
 import pybase64
@@ -36,7 +35,7 @@ from hubd.state.attachment_grants import (MAX_POLICY_BYTES, PEER_VERSION, PeerRe
 from hubd.state.attachment_rules import CHUNK_BYTES, DENIED, UNAVAILABLE, access_error
 from hubd.state.presence import Session
 
-from federation.actors.link import Ask
+from federation.actors.peer_ask import ask_peer
 
 RESULT = "attachment_peer_result"
 REFUSED = {"ok": False, "error": UNAVAILABLE}
@@ -149,19 +148,13 @@ def ask_source(router: Router, session: Session, frame: dict) -> None:
            "scope": request.scope, "digest": request.digest}
     if request.action == "read":
         out["offset"] = request.offset
-    loop = asyncio.get_running_loop()
-    reply = loop.create_future()
-    timer = loop.call_later(ASK_SECONDS, lambda: reply.done() or reply.cancel())
     endpoint, name = session.endpoint, session.name
     asks.waiting += 1
 
-    def answered(future: asyncio.Future) -> None:
-        timer.cancel()
-        got = None if future.cancelled() or future.exception() is not None else future.result()
+    def answered(got: dict | None) -> None:
         router.post_control(PeerReadAnswered(endpoint, name, _relayed(got, request, source)))
 
-    reply.add_done_callback(answered)
-    links.link(source).post(Ask(out, None, RESULT, reply))
+    ask_peer(links.link(source), out, RESULT, ASK_SECONDS, answered)
 
 
 def _relayed(got: dict | None, request: PeerRequest, source: str) -> dict:

@@ -12,14 +12,13 @@ not-admitted refusal. Nothing is journaled on either side.
 
 from __future__ import annotations
 
-import asyncio
 from typing import NamedTuple
 
 from hubd.actors.router import Router
 from hubd.state import spend_ledger as spend
 from hubd.state.presence import Session
 
-from federation.actors.link import Ask
+from federation.actors.peer_ask import ask_peer
 
 MAX_ASKS = 64
 ASK_SECONDS = 15.0
@@ -50,23 +49,17 @@ def relay(router: Router, session: Session, owner: str, action: str, document: d
         return
     out = {"sender": router.hub_id, "target": "SynapseHub", "type": "spend_request",
            "payload": "", "timestamp": router.now, "spend_action": action, "spend": document}
-    loop = asyncio.get_running_loop()
-    reply = loop.create_future()
-    timer = loop.call_later(ASK_SECONDS, lambda: reply.done() or reply.cancel())
     endpoint, name = session.endpoint, session.name
     asks.waiting += 1
 
-    def answered(future: asyncio.Future) -> None:
-        timer.cancel()
-        got = None if future.cancelled() or future.exception() is not None else future.result()
+    def answered(got: dict | None) -> None:
         result = got.get("spend_result") if isinstance(got, dict) else None
         if (not isinstance(got, dict) or got.get("spend_action") != action
                 or not isinstance(result, dict)):
             result = spend.REFUSALS[action]
         router.post_control(SpendAnswered(endpoint, name, action, result))
 
-    reply.add_done_callback(answered)
-    links.link(owner).post(Ask(out, None, spend.RESULT, reply))
+    ask_peer(links.link(owner), out, spend.RESULT, ASK_SECONDS, answered)
 
 
 def answered(router: Router, command: SpendAnswered) -> None:
