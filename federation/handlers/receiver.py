@@ -40,7 +40,7 @@ from hubd.actors.router import Router
 from hubd.core.message import CLOSE_AUTH
 from hubd.core.plugin import Verbs
 from hubd.handlers import receipts
-from hubd.handlers.routing import route_chat
+from hubd.handlers.routing import dead_letter_unwritten, route_chat
 from hubd.state.presence import Session
 from hubd.wire import codec
 from hubd.wire.envelope import HUB_ID_RE, strict_int
@@ -430,6 +430,8 @@ def admit(router: Router, session: Session, origin, forward: dict, size: int) ->
         result = verdict_result(seq, msg_id, recipients, stale, written)
         entry["result"] = result
         verdicts.decide(router, forward_id, result)
+        if live and not written:
+            dead_letter_unwritten(router, target_seat, f"{sender_seat}@{origin}", seq)
     receipts.await_writes(router, seq, served, live, decided)
     return entry
 

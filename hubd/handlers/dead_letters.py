@@ -1,8 +1,12 @@
 """Dead-letter escalation: a directed chat that reached nobody, made an active signal.
 
-The routing service (hubd/handlers/routing.py) records a directed chat with
-no recipient in the dead-letter ledger (hubd/state/chat.py, by the chat's
-journaled route). When the target's count crosses the escalation threshold
+A directed chat is a dead letter when it matched no live connection (the
+seed's words): no recipient at all, or only stale ones (the routing service,
+hubd/handlers/routing.py, says so in the chat's journaled route), or live
+ones whose every write failed (known only where the hub awaits the writes: a
+chat with a receipt requested, and every forwarded chat; journaled as
+`dead_letter_unwritten` once they reported). Either way the ledger
+(hubd/state/chat.py) counts it. When the target's count crosses the escalation threshold
 (`--dead-letter-escalation-threshold N`, the reference's option; 0, the
 default, is off), at most once per target per
 `--dead-letter-escalation-window SECONDS`, this module:
@@ -14,10 +18,10 @@ default, is off), at most once per target per
    (the reference's fields and text), after the commit: the target is not
    connected, that is why it is dead-lettering; the sender and the operators
    who can act are;
-3. returns, and the routing service hands the target to the federation
-   plugin when it is installed (`RemoteHubs.dead_letter_escalated`): if a peer hub owns the target's
-   namespace and a relay route leads there, it forwards the content-free
-   pointer (federation/handlers/dead_letter_pointer.py).
+3. returns, and the routing service (`dead_lettered`) hands the target to the
+   federation plugin when it is installed (`RemoteHubs.dead_letter_escalated`):
+   if a peer hub owns the target's namespace and a relay route leads there,
+   it forwards the content-free pointer (federation/handlers/dead_letter_pointer.py).
 
 It never re-delivers anything: the ledger holds counts and names, not bodies.
 The decision is hubd/state/dead_letter_escalation.py `escalation_due`.
@@ -33,9 +37,17 @@ from hubd.state import dead_letter_escalation as rules
 log = structlog.get_logger("hubd.dead_letters")
 
 
+def journal_unwritten(router: Router, target: str, sender: str, chat_seq: int) -> None:
+    """The dead letter of a chat whose every write failed: its own row."""
+    router.event(rules.DEAD_LETTER_UNWRITTEN, {"target": target, "sender": sender,
+                                               "chat_seq": chat_seq})
+    log.info("directed chat reached no recipient: every write failed", target=target,
+             sender=sender, seq=chat_seq)
+
+
 def after_dead_letter(router: Router, target: str) -> int | None:
-    """A directed chat to `target` was just journaled with no recipient (its
-    ledger entry is counted): escalate if due. Inside the chat's command.
+    """A dead letter to `target` was just journaled (its ledger entry is
+    counted): escalate if due. Inside the command that journaled it.
     Returns the count escalated at (the routing service then tells the
     federation plugin, the one module that asks it), or None."""
     config = router.config

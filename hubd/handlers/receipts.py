@@ -27,11 +27,13 @@ from typing import Callable, Iterable, NamedTuple
 import structlog
 
 from hubd.actors.router import Router
+from hubd.handlers import routing
 from hubd.state import receipt_table
 from hubd.state import events as ev
 from hubd.state import receipt_rules as rules
 from hubd.state.channels import chat_channel
 from hubd.state.presence import RX_SUFFIX, Presence, Session
+from hubd.wire.targets import parse_target
 
 log = structlog.get_logger("hubd.receipts")
 
@@ -157,20 +159,11 @@ def policy(router: Router) -> rules.LivenessPolicy:
     return router.config.liveness
 
 
-def liveness_of(presence: Presence, name: str, now: float,
-                policy: rules.LivenessPolicy) -> rules.Liveness:
-    by_name = presence.by_name
-    seat = by_name.get(name)
-    waiter = by_name.get(name + RX_SUFFIX)
-    return rules.liveness(seat.last_reaction if seat is not None else None,
-                          waiter.last_heard if waiter is not None else None, now, policy)
-
-
 def agent_liveness(router: Router) -> dict:
     """who_snapshot.agent_liveness: every connected seat (waiters are shown
     through their seat's has_live_waiter, as the reference does)."""
     presence, now, pol = router.presence, router.now, policy(router)
-    return {name: liveness_of(presence, name, now, pol).as_wire()
+    return {name: rules.seat_liveness(presence.by_name, name, now, pol).as_wire()
             for name in presence.by_name if not name.endswith(RX_SUFFIX)}
 
 
@@ -242,7 +235,7 @@ def consume_live_partition(router: Router, recipients: list[str]
     served = [n for n in recipients if not presence.live(n)]
     live, stale = rules.partition(
         (n for n in recipients if presence.live(n)),
-        lambda n: liveness_of(presence, n, now, pol).proven_live)
+        lambda n: rules.seat_liveness(presence.by_name, n, now, pol).proven_live)
     return served, live, stale
 
 
@@ -309,6 +302,9 @@ def settle_immediate(router: Router, chat_ref: receipt_table.ChatRef,
         immediate["retryable"] = True  # it reached no member: a retry routes again
     router.event(ev.DELIVERY_RECEIPT_IMMEDIATE, immediate)
     router.metrics.count_receipt(verdict)
+    if verdict == rules.TRANSPORT_UNAVAILABLE and not channel:
+        routing.dead_letter_unwritten(router, parse_target(chat_ref.target).raw,
+                                      chat_ref.sender, chat_ref.seq)
     for name in sorted(notify):
         session = router.presence.session_of(name)
         if session is not None:

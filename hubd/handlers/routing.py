@@ -31,8 +31,9 @@ import structlog
 from hubd.actors.router import Router
 from hubd.core.message import Message
 from hubd.logs import LimitedLog
-from hubd.handlers.dead_letters import after_dead_letter
+from hubd.handlers.dead_letters import after_dead_letter, journal_unwritten
 from hubd.state import events as ev
+from hubd.state import receipt_rules
 from hubd.state.acl import allowed
 from hubd.state.channels import channels_of, chat_channel
 from hubd.state.chat import is_directed
@@ -81,6 +82,13 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
         recipients = [n for n in presence.by_name if n != sender]
     text = ev.encode_payload(ev.CHAT, frame)
     route = {"recipients": recipients if directed or channel else [], "boxes": boxes}
+    # the seed's dead letter is a directed chat that matched no live
+    # connection: none at all, or only stale ones (journaled, so the ledger
+    # a replay builds counts it the same)
+    stale_only = directed and not channel and recipients and receipt_rules.only_stale(
+        recipients, presence.by_name, router.now, router.config.liveness, presence.live)
+    if stale_only:
+        route["stale_only"] = True
     if route_extra:
         route.update(route_extra)  # copied: the callers' route constants are shared
     event = router.event(ev.CHAT, frame, route, payload_text=text)
@@ -111,14 +119,28 @@ def route_chat(router: Router, frame: dict, sender: str, route_extra: dict | Non
             router.send(tuple(dict.fromkeys(dests)), message, "chat")
     elif presence.endpoints:
         router.send(presence.endpoints, message, "chat")
-    if directed and not recipients:
-        metrics.dead_letters += 1
-        escalated = after_dead_letter(router, target.raw)
-        remote_hubs = router.installed.remote_hubs
-        if escalated is not None and remote_hubs is not None:
-            # a peer hub may own the target's namespace: its pointer goes there
-            remote_hubs.dead_letter_escalated(router, target.raw, escalated)
+    if directed and (stale_only or not recipients):
+        dead_lettered(router, target.raw)
     return event, recipients, directed
+
+
+def dead_lettered(router: Router, target: str) -> None:
+    """A dead letter to `target` was just journaled (the ledger counts it):
+    count it, escalate if due, and hand an escalation to the federation
+    plugin (a peer hub may own the target's namespace: its pointer goes
+    there). Inside the command that journaled it."""
+    router.metrics.dead_letters += 1
+    escalated = after_dead_letter(router, target)
+    remote_hubs = router.installed.remote_hubs
+    if escalated is not None and remote_hubs is not None:
+        remote_hubs.dead_letter_escalated(router, target, escalated)
+
+
+def dead_letter_unwritten(router: Router, target: str, sender: str, chat_seq: int) -> None:
+    """Every write of the directed chat `chat_seq` to its live matches
+    failed (its receipt or its forward's answer says so): a dead letter."""
+    journal_unwritten(router, target, sender, chat_seq)
+    dead_lettered(router, target)
 
 
 def stamp_chat(router: Router, frame: dict, sender: str) -> None:

@@ -30,6 +30,9 @@ from .events import Event
 # event kinds (journaled; the reference's EventKind names)
 DEAD_LETTER_ESCALATION = "dead_letter_escalation"
 DEAD_LETTER_FORWARDING = "dead_letter_forwarding"
+# a directed chat whose every write to its live matches failed, known once
+# the writes reported ({target, sender, chat_seq}; hubd's, counted in the ledger)
+DEAD_LETTER_UNWRITTEN = "dead_letter_unwritten"
 # the two sides of one forward (the reference's `direction` values)
 DIRECTION_OUT = "out"
 DIRECTION_IN = "in"
@@ -187,6 +190,12 @@ def received_of(state: HubState) -> ReceivedPointers:
 def _apply_escalation(state: HubState, event: Event) -> None:
     p = event.payload
     state.chat.dead_letters.escalated_at(p["target"], p["count"], event.ts)
+
+
+@appliers.applies(DEAD_LETTER_UNWRITTEN)
+def _apply_unwritten(state: HubState, event: Event) -> None:
+    p = event.payload
+    state.chat.dead_letters.record(p["target"], p["sender"], event.ts)
 
 
 @appliers.applies(DEAD_LETTER_FORWARDING)

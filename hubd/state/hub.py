@@ -101,13 +101,13 @@ def _apply_chat(state: HubState, event: Event) -> None:
     recipients = route.get("recipients", ())
     if directed:
         state.mailbox.index(event.seq, sender, target)
-        if not recipients:
+        if not recipients or route.get("stale_only"):
             chat.dead_letters.record(target.raw, sender, event.ts)
-            # a chat routed with the receipt aggregate (route "receipt") waits
-            # for its delivery_receipt_immediate; older journals seeded here
-            if frame.get("receipt_requested") is True and "receipt" not in route:
-                state.receipts.await_deferred(event.seq, PendingReceipt(
-                    sender, target.raw, frame.get("client_msg_id"), msg_id))
+        # a chat routed with the receipt aggregate (route "receipt") waits
+        # for its delivery_receipt_immediate; older journals seeded here
+        if not recipients and frame.get("receipt_requested") is True and "receipt" not in route:
+            state.receipts.await_deferred(event.seq, PendingReceipt(
+                sender, target.raw, frame.get("client_msg_id"), msg_id))
     if route.get("retry") and (recipients or remote):
         chat.retry.remember(sender, frame["client_msg_id"], Remembered(
             frame, msg_id, event.seq, event.ts, frame.get("forward_id") if remote else None))

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from hubd.state.presence import RX_SUFFIX
+
 
 @dataclass(frozen=True, slots=True)
 class LivenessPolicy:
@@ -45,6 +47,31 @@ def liveness(reacted_at: float | None, waiter_heard_at: float | None, now: float
     age = None if reacted_at is None else max(0.0, now - reacted_at)
     reacted = age is not None and age <= policy.reaction_window
     return Liveness(reacted or waiter or not policy.enabled, waiter, age)
+
+
+def seat_liveness(by_name: dict, name: str, now: float, policy: LivenessPolicy) -> Liveness:
+    """`name`'s liveness from the connected sessions (`Presence.by_name`):
+    its own reactions and its exact -rx waiter's."""
+    seat = by_name.get(name)
+    waiter = by_name.get(name + RX_SUFFIX)
+    return liveness(seat.last_reaction if seat is not None else None,
+                    waiter.last_heard if waiter is not None else None, now, policy)
+
+
+def only_stale(matched: Iterable[str], by_name: dict, now: float, policy: LivenessPolicy,
+               connected: Callable[[str], bool]) -> bool:
+    """Every match of a directed chat is a connected seat not proven
+    consume-live: the seed's dead letter ("matched no live connection"). A
+    match served outside presence (not `connected`) counts as live; with
+    stale-recipient tracking off no seat is stale."""
+    if not policy.enabled:
+        return False
+    found = False
+    for name in matched:
+        if not connected(name) or seat_liveness(by_name, name, now, policy).proven_live:
+            return False
+        found = True
+    return found
 
 
 def partition(matched: Iterable[str], live: Callable[[str], bool]) -> tuple[list[str], list[str]]:

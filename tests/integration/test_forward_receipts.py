@@ -12,7 +12,7 @@ import pytest
 from federation.tls import peer_client_context
 from hubd.cli import build_parser, config_from_args
 from hubd.timing import Timing
-from tests.support.inproc import running_hub
+from tests.support.inproc import running_hub, settled
 from tests.support.rawws import RawWs, text
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
@@ -157,7 +157,8 @@ def test_a_duplicate_after_the_receiver_restarted_claims_no_delivery(tmp_path, p
 async def test_a_forward_to_a_stalled_recipient_is_answered_transport_unavailable(tmp_path, pki):
     """West in-process (so the test can see bob's write stall), serving pinned
     mTLS; bob registers and never reads; a forward to him is answered once
-    the drain deadline failed the write, inside the origin's answer bound."""
+    the drain deadline failed the write, inside the origin's answer bound,
+    and counted in west's dead-letter ledger."""
     policy = write_serving_policy(tmp_path / "west-policy", pki, {"east": ["PROJ"]})
     parser = build_parser()
     args = parser.parse_args(["--hub-id", "west", *site_flags(pki, "west", policy).serve])
@@ -193,6 +194,10 @@ async def test_a_forward_to_a_stalled_recipient_is_answered_transport_unavailabl
             assert result["matched_recipients"] == ["PROJ/bob"]
             assert result["stale_recipients"] == [] and result["recipients"] == []
             assert west.hub.metrics.send_timeouts >= 1
+            # a dead letter in west's ledger too, journaled as such (docs/dead-letters.md)
+            await settled(west)
+            entry = west.hub.router.state.chat.dead_letters.by_target["PROJ/bob"]
+            assert (entry["count"], entry["last_sender"]) == (1, "PROJ/carol@east")
         finally:
             bob.close()
             await peer.close()

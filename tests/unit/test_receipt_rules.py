@@ -31,6 +31,27 @@ def test_partition_sorts_live_from_stale():
         ["p/a", "p/c"], ["p/b"])
 
 
+class Seat:
+    def __init__(self, last_reaction=None, last_heard=None):
+        self.last_reaction, self.last_heard = last_reaction, last_heard
+
+
+def test_only_stale_is_the_seeds_dead_letter():
+    by_name = {"p/stale": Seat(0.0), "p/live": Seat(95.0), "p/vouched": Seat(0.0),
+               "p/vouched-rx": Seat(last_heard=99.0)}
+    connected = by_name.__contains__
+    assert rules.only_stale(["p/stale"], by_name, 100.0, POLICY, connected) is True
+    # one live match, a waiter that vouches, a seat served outside presence
+    assert rules.only_stale(["p/stale", "p/live"], by_name, 100.0, POLICY, connected) is False
+    assert rules.only_stale(["p/vouched"], by_name, 100.0, POLICY, connected) is False
+    assert rules.only_stale(["p/stale", "b/box"], by_name, 100.0, POLICY, connected) is False
+    # no match is the other dead letter, not this one; tracking off: nothing is stale
+    assert rules.only_stale([], by_name, 100.0, POLICY, connected) is False
+    off = rules.LivenessPolicy(False, 90.0, 20.0)
+    assert rules.only_stale(["p/stale"], by_name, 100.0, off, connected) is False
+    assert rules.seat_liveness(by_name, "p/vouched", 100.0, POLICY).has_live_waiter is True
+
+
 def test_immediate_verdicts():
     verdict = rules.immediate_verdict
     assert verdict(["p/b"], [], ["p/b"]) == rules.DELIVERED
