@@ -68,10 +68,22 @@ def only_stale(matched: Iterable[str], by_name: dict, now: float, policy: Livene
         return False
     found = False
     for name in matched:
-        if not connected(name) or seat_liveness(by_name, name, now, policy).proven_live:
+        if not connected(name) or proven_live(by_name, name, now, policy):
             return False
         found = True
     return found
+
+
+def proven_live(by_name: dict, name: str, now: float, policy: LivenessPolicy) -> bool:
+    """`seat_liveness(...).proven_live` for an enabled policy, without making
+    the Liveness (every directed chat asks: the routing hot path)."""
+    seat = by_name.get(name)
+    reacted = seat.last_reaction if seat is not None else None
+    if reacted is not None and now - reacted <= policy.reaction_window:
+        return True
+    waiter = by_name.get(name + RX_SUFFIX)
+    heard = waiter.last_heard if waiter is not None else None
+    return heard is not None and now - heard <= policy.waiter_window
 
 
 def partition(matched: Iterable[str], live: Callable[[str], bool]) -> tuple[list[str], list[str]]:

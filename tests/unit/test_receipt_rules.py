@@ -50,6 +50,10 @@ def test_only_stale_is_the_seeds_dead_letter():
     off = rules.LivenessPolicy(False, 90.0, 20.0)
     assert rules.only_stale(["p/stale"], by_name, 100.0, off, connected) is False
     assert rules.seat_liveness(by_name, "p/vouched", 100.0, POLICY).has_live_waiter is True
+    for name in ("p/stale", "p/live", "p/vouched", "p/absent"):
+        for now in (0.0, 99.0, 100.0, 185.0, 190.0, 200.0):
+            assert rules.proven_live(by_name, name, now, POLICY) == \
+                rules.seat_liveness(by_name, name, now, POLICY).proven_live, (name, now)
 
 
 def test_immediate_verdicts():
