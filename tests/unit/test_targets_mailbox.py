@@ -39,3 +39,22 @@ def test_mailbox_counts_exact_project_role_and_glob_mail():
     assert box.watermark("p/bob") == 2
     assert box.directed_to(3, "p/bob", ()) and not box.directed_to(5, "p/bob", ())
     assert not box.directed_to(6, "p/bob", ())
+
+
+def test_a_key_keeps_its_newest_window_and_is_trimmed_in_steps():
+    from hubd.state import mailbox as mb
+    box = mb.MailboxState()
+    target = parse_target("p/bob")
+    sizes = []
+    for seq in range(1, mb.PER_KEY_WINDOW + 2 * mb.TRIM_SLACK + 3):
+        box.index(seq, "p/alice", target)
+        sizes.append(len(box.by_key["p/bob"].seqs))
+        assert box.entries == sizes[-1]  # the global count follows every trim
+    assert max(sizes) == mb.PER_KEY_WINDOW + mb.TRIM_SLACK
+    assert sizes.count(mb.PER_KEY_WINDOW) == 3  # reached once, then after each of two trims
+    entries = box.by_key["p/bob"]
+    assert entries.seqs[-1] == seq and entries.seqs == sorted(entries.seqs)
+    assert len(entries.senders) == len(entries.seqs)
+    # the newest window is always there for replay
+    assert list(entries.after(seq - mb.PER_KEY_WINDOW, "p/x")) == \
+        list(range(seq - mb.PER_KEY_WINDOW + 1, seq + 1))
