@@ -5,7 +5,8 @@ The recipient's hub (west) journals every transition of an operation a peer
 forwarded with the notification it owes the requester `seat@ORIGIN`, as it
 does for a local requester. When the origin (east) has said, in its link's
 registering heartbeat, that it takes these back (`hubd_features` lists
-FEATURE; or a replayed transition was relayed to it before a restart), west
+FEATURE: journaled with each operation it forwards from then on, in the
+admission's row; or a replayed transition was relayed to it before), west
 queues that notification in its durable, bounded delivery
 outbox under the audience `seat@ORIGIN` (the event carries `relay_to`, so a
 replay queues the same) and pushes it over east's inbound link as
@@ -96,10 +97,15 @@ def _apply_relayed(state: HubState, event: Event) -> None:
 # -- pure decisions
 
 
-def relay_to(audience: str, origin_hub: str, takers: set) -> str | None:
+def relay_to(audience: str, origin_hub: str, taker_at_admission: bool, *takers) -> str | None:
     """The peer a notification for `audience` goes back to: a forwarded
-    requester (`seat@ORIGIN`) whose origin takes notices."""
-    if audience.endswith(f"@{origin_hub}") and origin_hub in takers:
+    requester (`seat@ORIGIN`) whose origin takes notices: it said so when
+    the operation was admitted (journaled with it), or its link says so now,
+    or a transition was relayed to it before (journaled). Each of `takers` is
+    a collection of peer ids."""
+    if not audience.endswith(f"@{origin_hub}"):
+        return None
+    if taker_at_admission or any(origin_hub in known for known in takers):
         return origin_hub
     return None
 

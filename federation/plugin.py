@@ -281,8 +281,12 @@ class Federation:
             return True
         return self.delivery.follow_up(router, session, frame, key)
 
-    def notice_peer(self, router, audience: str, origin_hub: str) -> str | None:
-        return delivery_notices.notice_peer(router, audience, origin_hub)
+    def takes_notices(self, router, peer: str) -> bool:
+        return delivery_notices.takes_notices(router, peer)
+
+    def notice_peer(self, router, audience: str, origin_hub: str,
+                    taker_at_admission: bool) -> str | None:
+        return delivery_notices.notice_peer(router, audience, origin_hub, taker_at_admission)
 
     def push_notices(self, router, peer: str, notes: list) -> None:
         delivery_notices.push_notices(router, peer, notes)

@@ -8,6 +8,9 @@ Recipient hub side (inside Router commands):
   registration must not write the served hub's journal; never taken back: a
   connection of the peer without the feature is another door of it, not a
   downgrade), and everything still queued for its requesters is pushed at once.
+  An operation the peer forwards while it takes notices says so in its
+  admission's row (`takes_notices`, asked by hubd/handlers/delivery.py), so
+  its stage changes are queued for the peer across restarts.
 - `notice_peer` / `push_notices` (the core's RemoteHubs hooks, from
   hubd/handlers/delivery.py `_transition`): whether a notification is relayed,
   and the push over the peer's link, released after the transition's commit.
@@ -70,9 +73,15 @@ def peer_registered(router: Router, session: Session, frame: dict) -> None:
         push_notices(router, peer, pending)
 
 
-def notice_peer(router: Router, audience: str, origin_hub: str) -> str | None:
-    origin = nr.relay_to(audience, origin_hub, router.live_of(NoticeLinks).by_peer.keys())
-    return origin or nr.relay_to(audience, origin_hub, nr.notices_of(router.state).takers)
+def takes_notices(router: Router, peer: str) -> bool:
+    return peer in router.live_of(NoticeLinks).by_peer
+
+
+def notice_peer(router: Router, audience: str, origin_hub: str,
+                taker_at_admission: bool) -> str | None:
+    return nr.relay_to(audience, origin_hub, taker_at_admission,
+                       router.live_of(NoticeLinks).by_peer.keys(),
+                       nr.notices_of(router.state).takers)
 
 
 def push_notices(router: Router, peer: str, notes: list) -> None:

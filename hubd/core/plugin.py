@@ -129,7 +129,12 @@ class RemoteHubs(Protocol):
         """A delivery status request or cancel: True if `key` is an operation
         routed to a peer (then it was asked there or refused), else False."""
 
-    def notice_peer(self, router: "Router", audience: str, origin_hub: str) -> str | None:
+    def takes_notices(self, router: "Router", peer: str) -> bool:
+        """Whether `peer` says it takes delivery notifications back (asked
+        when an operation it forwarded is admitted, and journaled with it)."""
+
+    def notice_peer(self, router: "Router", audience: str, origin_hub: str,
+                    taker_at_admission: bool) -> str | None:
         """The peer hub a forwarded requester's delivery notification goes
         back to (it takes them), or None."""
 

@@ -195,7 +195,7 @@ def _transition(router: Router, op: di.Operation, kind: str, stage: str, source:
     # a forwarded requester (seat@ORIGIN): its origin may take the notice back
     # over the link (federation/delivery_notice_rules.py); the event says so,
     # so a replay queues it the same
-    relay = routing.notice_peer(router, audience, op.origin_hub)
+    relay = routing.notice_peer(router, audience, op.origin_hub, op.origin_takes_notices)
     if relay is not None:
         payload = {**payload, "relay_to": relay}
     router.event(kind, {"operation_key": op.key, "stage": stage, "source": source,
@@ -345,14 +345,20 @@ def delivery_request(router: Router, session: Session, frame: dict, size: int) -
         no(caps.reason_code, caps.text)
         return
     _journal_settled(router)
-    router.event(di.ACCEPTED, {
+    accepted = {
         "operation_key": key, "origin_hub": origin, "sender": session.name,
         "target": request.target, "target_incarnation": request.target_incarnation,
         "request_id": request.request_id, "idempotency_key": request.idempotency_key,
         "task_id": request.task_id, "requested_mode": request.mode,
         "allowed_fallbacks": list(request.allowed_fallbacks),
         "selected_mode": selection.mode, "quality": selection.quality, "body": request.body,
-        "deadline": request.deadline, "request_digest": digest})
+        "deadline": request.deadline, "request_digest": digest}
+    if session.peer_hub is not None and routing.takes_notices(router, origin):
+        # the origin takes stage changes back: a fact of the operation, so a
+        # restart of this hub before the origin's link registers again still
+        # queues them for it (federation/delivery_notice_rules.py)
+        accepted["origin_takes_notices"] = True
+    router.event(di.ACCEPTED, accepted)
     router.event(di.QUEUED, {"operation_key": key, "stage": rules.QUEUED,
                              "notification_id": rules.notification_id(key, 1),
                              "notification_number": 1})

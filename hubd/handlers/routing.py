@@ -350,14 +350,22 @@ def routed_delivery(router: Router, session: Session, frame: dict, key: str) -> 
     return remote_hubs.routed_delivery(router, session, frame, key)
 
 
-def notice_peer(router: Router, audience: str, origin_hub: str) -> str | None:
+def takes_notices(router: Router, peer: str) -> bool:
+    """Whether the peer hub that forwarded a delivery request takes its stage
+    changes back (the admission journals the answer with the operation)."""
+    remote_hubs = router.installed.remote_hubs
+    return remote_hubs is not None and remote_hubs.takes_notices(router, peer)
+
+
+def notice_peer(router: Router, audience: str, origin_hub: str,
+                taker_at_admission: bool) -> str | None:
     """The peer hub a forwarded requester's (`seat@ORIGIN`) delivery
     notification goes back to, or None (no federation, or its origin does not
     take them: then it is journaled only)."""
     remote_hubs = router.installed.remote_hubs
     if remote_hubs is None or "@" not in audience:
         return None
-    return remote_hubs.notice_peer(router, audience, origin_hub)
+    return remote_hubs.notice_peer(router, audience, origin_hub, taker_at_admission)
 
 
 def push_notices(router: Router, peer: str, notes: list) -> None:

@@ -76,6 +76,8 @@ class Operation:
     mutations: dict = field(default_factory=dict)
     notifications: int = 0  # the highest notification number issued
     latest_event_seq: int = 0
+    # a forwarded operation whose origin hub takes its stage changes back
+    origin_takes_notices: bool = False
 
     @property
     def unfinished(self) -> bool:
@@ -201,7 +203,8 @@ def _apply_accepted(state: HubState, event: Event) -> None:
         p["operation_key"], p["origin_hub"], p["sender"], p["target"], p["target_incarnation"],
         p["request_id"], p["idempotency_key"], p["task_id"], p["requested_mode"],
         tuple(p["allowed_fallbacks"]), p["selected_mode"], p["quality"], p["body"],
-        p["deadline"], p["request_digest"], event.seq, latest_event_seq=event.seq)
+        p["deadline"], p["request_digest"], event.seq, latest_event_seq=event.seq,
+        origin_takes_notices=p.get("origin_takes_notices") is True)
     d.ops[op.key] = op
     # the first admission keeps the key (a journal from before the key was
     # checked may hold two operations with one key)

@@ -185,6 +185,67 @@ def test_stages_while_the_origin_is_down_are_kept_and_delivered_after(tmp_path, 
         west.stop()
 
 
+def test_stages_after_the_recipients_hub_restarted_before_the_origin_is_back(tmp_path, pki):
+    """West restarts after admitting east's operation and before any stage
+    changed: it learns that east takes notices from the admission's row,
+    not from east's link (which is down), so every stage made in the gap is
+    queued for east and pushed once east's link registers again (not left
+    to polling); alice gets each once."""
+    west = start_west(tmp_path, pki)
+    east = east_process(tmp_path, pki, west).start()
+    key = operation_key("east", "PROJ/alice@east", "r1")
+    try:
+        wait_for(lambda: link_up(east), what="east's link to west")
+
+        async def admit():
+            bob = await Agent.join(west.url, "PROJ/bob", recipient=True)
+            alice = await Agent.join(east.url, "PROJ/alice")
+            await alice.request("PROJ/bob@west", bob.incarnation, "r1")
+            await bob.offer("r1")
+            await alice.close()
+            await bob.close()
+            return bob.token
+
+        token = asyncio.run(admit())
+        east.stop()
+        west.stop()
+        west.start()
+
+        async def report_in_the_gap():
+            # the same process token: the same incarnation, its offer sent again
+            bob = await Agent.join(west.url, "PROJ/bob", token=token)
+            offer = await bob.offer("r1")
+            for stage in ("boundary_delivered", "acknowledged", "completed"):
+                await bob.report(offer, stage)
+            await bob.close()
+
+        asyncio.run(report_in_the_gap())
+        assert west_outbox(west) == 3  # queued for east, durable, before its link is back
+        east.start()
+        wait_for(lambda: link_up(east), what="east's link after the restarts")
+        wait_for(lambda: west_outbox(west) == 0, what="west's outbox drained")
+
+        async def read():
+            alice = await Agent.join(east.url, "PROJ/alice")
+            notes = [await told(alice, stage) for stage in ("boundary_delivered",
+                                                            "acknowledged", "completed")]
+            await alice.probe.drain(0.5)
+            counts = [len(seen_notes(alice, s)) for s in ("boundary_delivered",
+                                                          "acknowledged", "completed")]
+            await alice.close()
+            return notes, counts
+
+        notes, counts = asyncio.run(read())
+        assert [n["operation_key"] for n in notes] == [key] * 3
+        assert counts == [1, 1, 1]
+        ids = [r["notification"]["notification_id"]
+               for r in relayed_rows(tmp_path / "east" / "hubd.db")]
+        assert len(ids) == len(set(ids)) == 3
+    finally:
+        east.stop()
+        west.stop()
+
+
 def test_the_origin_takes_only_routed_notices_once_and_acknowledges_all(tmp_path, pki):
     """A hand-written west (mutual TLS) answers alice's request, then pushes
     notices: one for her routed operation (twice: the second is a duplicate),

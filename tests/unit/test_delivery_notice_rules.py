@@ -26,10 +26,19 @@ def routes(peer="west", sender="PROJ/alice", rid="r1") -> DeliveryRoutes:
 
 
 def test_relay_only_to_an_origin_that_takes_notices():
-    assert nr.relay_to("PROJ/alice@east", "east", {"east"}) == "east"
-    assert nr.relay_to("PROJ/alice@east", "east", set()) is None
-    assert nr.relay_to("PROJ/alice", "west", {"west"}) is None  # a local requester
-    assert nr.relay_to("PROJ/alice@east", "north", {"north"}) is None  # not its origin
+    assert nr.relay_to("PROJ/alice@east", "east", False, {"east"}) == "east"
+    assert nr.relay_to("PROJ/alice@east", "east", False, set(), {"east"}) == "east"
+    assert nr.relay_to("PROJ/alice@east", "east", False, set(), set()) is None
+    assert nr.relay_to("PROJ/alice", "west", False, {"west"}) is None  # a local requester
+    assert nr.relay_to("PROJ/alice@east", "north", False, {"north"}) is None  # not its origin
+
+
+def test_an_origin_that_took_notices_at_admission_takes_them_with_no_link_up():
+    assert nr.relay_to("PROJ/alice@east", "east", True) == "east"
+    assert nr.relay_to("PROJ/alice@east", "east", True, set(), set()) == "east"
+    # the requester is still the one that decides where it goes
+    assert nr.relay_to("PROJ/alice", "east", True) is None
+    assert nr.relay_to("PROJ/alice@north", "east", True) is None
 
 
 def test_a_routed_notice_becomes_the_local_seats_notification():
