@@ -25,21 +25,23 @@ def _canonical(value) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _signed_frame(private, sequence: int) -> dict:
+def signed_frame(private, sequence: int, sender: str = "p/alice", key_id: str = "card-1",
+                 task_classes: tuple = ("code",)) -> dict:
     """An advertise frame signed over the card the hub projects from it."""
     now = time.time()
-    frame = {"sender": "p/alice", "target": "System", "type": "advertise", "payload": "",
-             "description": "builder", "skills": ["python"], "task_classes": ["code"]}
-    stable = {k: v for k, v in card(frame, "p/alice", now).items()
+    frame = {"sender": sender, "target": "System", "type": "advertise", "payload": "",
+             "description": "builder", "skills": ["python"], "task_classes": list(task_classes)}
+    stable = {k: v for k, v in card(frame, sender, now).items()
               if k not in ("advertised_at", "verification", "signature")}
-    signature = {"algorithm": "ed25519", "version": 1, "key_id": "card-1",
+    signature = {"algorithm": "ed25519", "version": 1, "key_id": key_id,
                  "sequence": sequence, "signed_at": now, "expires_at": now + 300,
                  "card_digest": hashlib.sha256(ct.DIGEST_DOMAIN + _canonical(stable)).hexdigest()}
     value = private.sign(ct.SIGNATURE_DOMAIN + _canonical({**stable, "signature": signature}))
     return {**frame, "signature": {**signature, "value": base64.b64encode(value).decode()}}
 
 
-def _trust(tmp_path, private) -> str:
+def trust_file(tmp_path, private) -> str:
+    """A trust file with one key, card-1, for p/alice in project p."""
     public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     path = tmp_path / "card-trust.json"
     path.write_text(json.dumps({"keys": [{"key_id": "card-1", "agents": ["p/alice"],
@@ -58,18 +60,18 @@ async def _advertised(url: str, frame: dict) -> dict:
 
 def test_a_replayed_signed_card_is_refused_across_a_restart(tmp_path):
     private = Ed25519PrivateKey.generate()
-    hub = hubd_process(tmp_path / "hub", "--capability-card-trust", _trust(tmp_path, private))
+    hub = hubd_process(tmp_path / "hub", "--capability-card-trust", trust_file(tmp_path, private))
     hub.start()
     try:
-        first = _signed_frame(private, 1)
+        first = signed_frame(private, 1)
         shown = asyncio.run(_advertised(hub.url, first))
         assert (shown["result"], shown["key_id"], shown["sequence"]) == ("valid", "card-1", 1)
         hub.stop()
         hub.start()
         assert asyncio.run(_advertised(hub.url, first))["result"] == "sequence_mismatch"
-        assert asyncio.run(_advertised(hub.url, _signed_frame(private, 2)))["result"] == "valid"
+        assert asyncio.run(_advertised(hub.url, signed_frame(private, 2)))["result"] == "valid"
         # a card changed after signing: advertised all the same, but not valid
-        tampered = dict(_signed_frame(private, 3), description="something else")
+        tampered = dict(signed_frame(private, 3), description="something else")
         shown = asyncio.run(_advertised(hub.url, tampered))
         assert (shown["result"], shown["detail"]) == (
             "bad_signature", "card digest does not match its stable advertisement fields")
