@@ -67,6 +67,16 @@ async def told(agent, stage: str, timeout: float = 10.0) -> dict:
     return seen_notes(agent, stage)[0]
 
 
+async def admitted(west, east):
+    """alice on east asks bob on west (r1); bob, online, has its offer."""
+    bob = await Agent.join(west.url, "PROJ/bob", recipient=True)
+    alice = await Agent.join(east.url, "PROJ/alice")
+    await alice.request("PROJ/bob@west", bob.incarnation, "r1")
+    offer = await bob.offer("r1")
+    await alice.close()
+    return bob, offer
+
+
 def west_outbox(west) -> int:
     """Notices west holds for east's requesters, not yet acknowledged."""
     return west.get_json("/health")["delivery_notices"]["waiting"].get("east", 0)
@@ -144,16 +154,8 @@ def test_stages_while_the_origin_is_down_are_kept_and_delivered_after(tmp_path, 
     try:
         wait_for(lambda: link_up(east), what="east's link to west")
 
-        async def admit():
-            bob = await Agent.join(west.url, "PROJ/bob", recipient=True)
-            alice = await Agent.join(east.url, "PROJ/alice")
-            await alice.request("PROJ/bob@west", bob.incarnation, "r1")
-            offer = await bob.offer("r1")
-            await alice.close()
-            return bob, offer
-
         async def report_while_east_is_down():
-            bob, offer = await admit()
+            bob, offer = await admitted(west, east)
             await asyncio.to_thread(east.stop)
             await bob.report(offer, "boundary_delivered")
             await bob.report(offer, "acknowledged")
@@ -198,11 +200,7 @@ def test_stages_after_the_recipients_hub_restarted_before_the_origin_is_back(tmp
         wait_for(lambda: link_up(east), what="east's link to west")
 
         async def admit():
-            bob = await Agent.join(west.url, "PROJ/bob", recipient=True)
-            alice = await Agent.join(east.url, "PROJ/alice")
-            await alice.request("PROJ/bob@west", bob.incarnation, "r1")
-            await bob.offer("r1")
-            await alice.close()
+            bob, _ = await admitted(west, east)
             await bob.close()
             return bob.token
 
