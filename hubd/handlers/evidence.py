@@ -133,7 +133,7 @@ def _ledger(router: Router) -> dict | None:
     if live.ledger is None:
         path = router.config.evidence.spend_ledger
         try:
-            live.ledger = spend.parse(read_owner_only_file(path, "spend ledger"))
+            live.ledger = spend.parse(read_owner_only_file(path, "spend ledger"), router.hub_id)
         except (OwnerOnlyFileError, spend.LedgerError) as exc:
             log.error("spend ledger unavailable", path=str(path), error=str(exc))
             return None
@@ -196,7 +196,10 @@ def _decide(router: Router, ask: SpendAsk) -> None:
     if ledger is None:
         _send_result(router, ask, spend.REFUSALS[ask.action])
         return
-    answer, after = spend.decide(ledger, ask.caller, ask.action, ask.document)
+    answer, after, refused = spend.decide(ledger, ask.caller, ask.action, ask.document,
+                                          spend.utc(router.now))
+    if refused is not None:
+        log.info("spend request refused", peer=ask.caller, action=ask.action, reason=refused)
     if after is ledger:
         _send_result(router, ask, answer)
         return

@@ -29,6 +29,7 @@ from hubd.server import HubServer
 from tests.integration.test_entitlement_advert import ACL, ADVERT
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.signed_site import SignedProbe, SignedSite, envelope
+from tests.support.spend_docs import ledger_file, pool_config, query_doc, reserve_doc, settle_doc
 from tests.support.wsprobe import WsProbe
 
 TOKEN = "prop-token-0123456789"
@@ -36,7 +37,18 @@ SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 
 
-OUTCOMES: list[tuple[str, bool]] = []  # (answer type, accepted): for a manual look
+OUTCOMES: list[tuple[str, bool]] = []  # (answer type, accepted) of the property running
+
+
+def accepted_and_refused(prop):
+    """The property, checked to have seen its verb both accepted and refused
+    over all its examples (so it cannot pass vacuously)."""
+    def check():
+        OUTCOMES.clear()
+        prop()
+        assert {True, False} <= {ok for _, ok in OUTCOMES}, OUTCOMES
+    check.__name__ = prop.__name__
+    return check
 
 
 class Hub:
@@ -114,6 +126,7 @@ guard_steps = st.lists(st.one_of(
     st.just("restart")), max_size=14)
 
 
+@accepted_and_refused
 @SETTINGS
 @given(steps=guard_steps)
 def test_guard_denial_live_equals_replay_and_refusals_change_nothing(steps):
@@ -144,6 +157,7 @@ advert_steps = st.lists(st.one_of(
     st.just("restart")), max_size=10)
 
 
+@accepted_and_refused
 @SETTINGS
 @given(steps=advert_steps)
 def test_entitlement_advert_live_equals_replay_and_refusals_change_nothing(steps):
@@ -180,19 +194,28 @@ spend_steps = st.lists(st.one_of(
 
 
 
+@accepted_and_refused
 @SETTINGS
 @given(steps=spend_steps)
 def test_spend_request_live_equals_replay_and_refusals_change_nothing(steps):
+    granted: dict[str, str] = {}  # key -> the reservation_id its reserve was admitted with
+
     async def ask(probe, step):
         action, pool, key, amount = step
-        document = {"pool_id": pool, "key": key}
         if action == "reserve":
-            document["upper_bound"] = amount
+            document = reserve_doc(key, amount, pool_id=pool)
         elif action == "settle":
-            document["actual"] = amount
-        return await exchange(probe, {"sender": "east", "target": "System",
-                                      "type": "spend_request", "spend_action": action,
-                                      "spend": document}, ("spend_result", "error"))
+            document = settle_doc(granted.get(key, "rsv-none"), "u-" + amount, amount,
+                                  pool_id=pool)
+        else:
+            document = query_doc(key, pool_id=pool)
+        answer = await exchange(probe, {"sender": "east", "target": "System",
+                                        "type": "spend_request", "spend_action": action,
+                                        "spend": document}, ("spend_result", "error"))
+        result = answer.get("spend_result") or {}
+        if result.get("admitted") is True:
+            granted[key] = result["reservation_id"]
+        return answer
 
     def admitted(answer) -> bool:
         result = answer.get("spend_result") or {}
@@ -202,11 +225,9 @@ def test_spend_request_live_equals_replay_and_refusals_change_nothing(steps):
         root = Path(folder)
         pki = make_pki(root / "pki", ["prop", "east"])
         policy = write_serving_policy(root / "policy", pki, {"east": ["PROJ"]})
-        ledger = root / "ledger.json"
-        ledger.write_text(json.dumps({"pools": {
-            "gpu": {"limit": "10", "unit": "t", "grantees": ["east"]},
-            "cpu": {"limit": "10", "unit": "t", "grantees": ["north"]}}}))
-        ledger.chmod(0o600)
+        ledger = Path(ledger_file(root, pool_config("gpu", owner="prop", hard_bound="10"),
+                                  pool_config("cpu", owner="prop", hard_bound="10",
+                                              grantees=(("north", "PROJ"),))))
         hub = Hub(root, [*site_flags(pki, "prop", policy).serve, "--spend-ledger", str(ledger)])
 
         async def connect(hub):

@@ -24,6 +24,7 @@ import pytest
 from federation.tls import peer_client_context
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
+from tests.support.spend_docs import ledger_file, pool_config, query_doc, reserve_doc, settle_doc
 from tests.support.waiting import wait_for
 from tests.support.wsprobe import WsProbe, joined
 
@@ -35,13 +36,6 @@ NOT_FOUND = {"found": False}
 @pytest.fixture
 def pki(tmp_path):
     return make_pki(tmp_path / "pki", ["owner", "east", "north"])
-
-
-def ledger_file(folder, pools) -> str:
-    path = folder / "spend-ledger.json"
-    path.write_text(json.dumps({"pools": pools, "reservations": []}))
-    path.chmod(0o600)
-    return str(path)
 
 
 async def peer(url, pki, hub):
@@ -67,45 +61,41 @@ def spend_rows(db) -> int:
 
 def test_granted_peer_reserves_settles_and_queries(tmp_path, pki):
     policy = write_serving_policy(tmp_path / "policy", pki, {"east": ["PROJ"], "north": ["PROJ"]})
-    ledger = ledger_file(tmp_path, {
-        "gpu": {"limit": "100", "unit": "tokens", "grantees": ["east"]},
-        "cpu": {"limit": "10", "unit": "tokens", "grantees": ["north"]}})
+    ledger = ledger_file(tmp_path, pool_config("gpu"),
+                         pool_config("cpu", grantees=(("north", "PROJ"),), hard_bound="10"))
     owner = hubd_process(tmp_path / "owner", *site_flags(pki, "owner", policy).serve,
-                         "--spend-ledger", ledger, hub_id="owner", scheme="wss")
+                         "--spend-ledger", ledger, "--log-format", "json", hub_id="owner",
+                         scheme="wss")
     owner.start()
     try:
         async def scenario():
             east = await peer(owner.url, pki, "east")
-            got = await spend(east, "east", "reserve",
-                              {"pool_id": "gpu", "key": "job-1", "upper_bound": "60"})
+            got = await spend(east, "east", "reserve", reserve_doc("job-1", "60"))
             assert got["type"] == "spend_result" and got["spend_action"] == "reserve", got
             first = got["spend_result"]
-            assert first["admitted"] is True and first["upper_bound"] == "60", first
+            assert (first["admitted"], first["exposure"], first["pool_id"]) == \
+                (True, "60", "gpu"), first
             # a retry answers the same reservation; the ledger is unchanged
-            again = await spend(east, "east", "reserve",
-                                {"pool_id": "gpu", "key": "job-1", "upper_bound": "60"})
+            again = await spend(east, "east", "reserve", reserve_doc("job-1", "60"))
             assert again["spend_result"] == first
-            # over the pool's limit, another pool, a malformed document: one shape
-            for document in ({"pool_id": "gpu", "key": "job-2", "upper_bound": "50"},
-                             {"pool_id": "cpu", "key": "job-3", "upper_bound": "1"},
-                             {"pool_id": "nope", "key": "job-4", "upper_bound": "1"},
-                             {"pool_id": "gpu", "key": "job-5", "upper_bound": "1.5e999"},
-                             {"pool_id": "gpu", "key": "job-6"}):
+            # over the pool's bound, another pool, a malformed document: one shape
+            for document in (reserve_doc("job-2", "50"), reserve_doc("job-3", "1", pool_id="cpu"),
+                             reserve_doc("job-4", "1", pool_id="nope"),
+                             reserve_doc("job-5", "1.5e999"), reserve_doc("job-1", "61"),
+                             {k: v for k, v in reserve_doc("job-6", "1").items()
+                              if k != "upper_bound"}):
                 refused = await spend(east, "east", "reserve", document)
                 assert refused["spend_result"] == NOT_ADMITTED, (document, refused)
-            settled = await spend(east, "east", "settle",
-                                  {"pool_id": "gpu", "key": "job-1", "actual": "42.5"})
-            assert settled["spend_result"]["settled"] is True, settled
-            assert settled["spend_result"]["actual"] == "42.5"
-            over = await spend(east, "east", "settle",
-                               {"pool_id": "gpu", "key": "job-1", "actual": "43"})
-            assert over["spend_result"] == NOT_SETTLED
-            found = await spend(east, "east", "query", {"pool_id": "gpu", "key": "job-1"})
-            assert found["spend_result"]["found"] is True
-            assert found["spend_result"]["reservation"]["actual"] == "42.5"
+            rid = first["reservation_id"]
+            settled = await spend(east, "east", "settle", settle_doc(rid, "u1", "42.5"))
+            assert settled["spend_result"] == {"settled": True, "reservation_id": rid,
+                                               "usage_ref": "u1", "overrun": False}, settled
+            closed = await spend(east, "east", "settle", settle_doc(rid, "u2", "1"))
+            assert closed["spend_result"] == NOT_SETTLED  # the final settlement closed it
+            found = await spend(east, "east", "query", query_doc("job-1"))
+            assert found["spend_result"] == {"found": True, "response": first}
             # the settled amount frees the rest of the pool
-            more = await spend(east, "east", "reserve",
-                               {"pool_id": "gpu", "key": "job-7", "upper_bound": "57.5"})
+            more = await spend(east, "east", "reserve", reserve_doc("job-7", "57.5"))
             assert more["spend_result"]["admitted"] is True, more
             # an unknown action, a missing document: a plain error
             for frame in ({"spend_action": "drain", "spend": {}}, {"spend_action": "query"},
@@ -119,32 +109,39 @@ def test_granted_peer_reserves_settles_and_queries(tmp_path, pki):
 
             # north: served by the policy, but another caller: sees nothing of east's
             north = await peer(owner.url, pki, "north")
-            hidden = await spend(north, "north", "query", {"pool_id": "gpu", "key": "job-1"})
+            hidden = await spend(north, "north", "query", query_doc("job-1"))
             assert hidden["spend_result"] == NOT_FOUND
-            settle = await spend(north, "north", "settle",
-                                 {"pool_id": "gpu", "key": "job-1", "actual": "1"})
+            settle = await spend(north, "north", "settle", settle_doc(rid, "u9", "1"))
             assert settle["spend_result"] == NOT_SETTLED
             await north.close()
 
             # a plain client is never served
             client = await joined(owner.url, "PROJ/alice")
-            plain = await spend(client, "PROJ/alice", "query", {"pool_id": "gpu", "key": "job-1"})
+            plain = await spend(client, "PROJ/alice", "query", query_doc("job-1"))
             assert plain["spend_result"] == NOT_FOUND
             await client.close()
         asyncio.run(scenario())
     finally:
         owner.stop()
     saved = json.loads(open(ledger).read())
-    assert [(r["key"], r["settled"]) for r in saved["reservations"]] == \
-        [("job-1", True), ("job-7", False)]
+    assert sorted((r["caller"], r["settled"], r["closed"]) for r in
+                  saved["reservations"].values()) == [("east", "0", False),
+                                                      ("east", "42.5", True)]
     assert stat.S_IMODE(os.stat(ledger).st_mode) == 0o600
     assert spend_rows(tmp_path / "owner" / "hubd.db") == 0
+    # the peers saw one shape; the owner's log says each refusal's cause
+    logged = [json.loads(line) for line in owner.log().splitlines() if line.startswith("{")]
+    refused = [entry for entry in logged if entry["event"] == "spend request refused"]
+    assert {(r["peer"], r["reason"]) for r in refused} >= {
+        ("east", "bound_exceeded"), ("east", "caller_not_granted"), ("east", "unknown_pool"),
+        ("east", "malformed_document"), ("east", "idempotency_conflict"),
+        ("east", "reservation_closed"), ("north", "not_found"),
+        ("north", "unknown_reservation")}, refused
 
 
 def test_ungranted_peer_and_ledgerless_hub_get_the_uniform_refusal(tmp_path, pki):
     policy = write_serving_policy(tmp_path / "policy", pki, {"east": ["PROJ"]})
-    ledger = ledger_file(tmp_path, {"gpu": {"limit": "100", "unit": "t",
-                                            "grantees": ["east", "north"]}})
+    ledger = ledger_file(tmp_path, pool_config(grantees=(("east", "PROJ"), ("north", "PROJ"))))
     owner = hubd_process(tmp_path / "owner", *site_flags(pki, "owner", policy).serve,
                          "--spend-ledger", ledger, hub_id="owner", scheme="wss")
     bare = hubd_process(tmp_path / "bare", *site_flags(pki, "owner", policy).serve,
@@ -154,30 +151,29 @@ def test_ungranted_peer_and_ledgerless_hub_get_the_uniform_refusal(tmp_path, pki
     try:
         async def scenario():
             north = await peer(owner.url, pki, "north")  # not in the serving policy
-            for action, refusal in (("reserve", NOT_ADMITTED), ("settle", NOT_SETTLED),
-                                    ("query", NOT_FOUND)):
-                got = await spend(north, "north", action,
-                                  {"pool_id": "gpu", "key": "k", "upper_bound": "1",
-                                   "actual": "1"})
+            for action, document, refusal in (
+                    ("reserve", reserve_doc("k", "1"), NOT_ADMITTED),
+                    ("settle", settle_doc("rsv-x", "u1", "1"), NOT_SETTLED),
+                    ("query", query_doc("k"), NOT_FOUND)):
+                got = await spend(north, "north", action, document)
                 assert got["spend_result"] == refusal, got
             await north.close()
             east = await peer(bare.url, pki, "east")
-            got = await spend(east, "east", "reserve",
-                              {"pool_id": "gpu", "key": "k", "upper_bound": "1"})
+            got = await spend(east, "east", "reserve", reserve_doc("k", "1"))
             assert got["spend_result"] == NOT_ADMITTED
             await east.close()
         asyncio.run(scenario())
     finally:
         owner.stop()
         bare.stop()
-    assert json.loads(open(ledger).read())["reservations"] == []
+    assert "reservations" not in json.loads(open(ledger).read())  # never written
 
 
 def test_a_peer_hub_relays_its_agents_spend_requests_over_the_link(tmp_path, pki):
     """Two real hubs over mTLS: east's agent asks the owner through east's
     peer link; the owner scopes the reservation to east (its certificate)."""
     policy = write_serving_policy(tmp_path / "policy", pki, {"east": ["PROJ"]})
-    ledger = ledger_file(tmp_path, {"gpu": {"limit": "10", "unit": "t", "grantees": ["east"]}})
+    ledger = ledger_file(tmp_path, pool_config(hard_bound="10"))
     owner = hubd_process(tmp_path / "owner", *site_flags(pki, "owner", policy).serve,
                          "--spend-ledger", ledger, hub_id="owner", scheme="wss").start()
     site = site_flags(pki, "east", None)
@@ -206,23 +202,23 @@ def test_a_peer_hub_relays_its_agents_spend_requests_over_the_link(tmp_path, pki
 
             # an agent of another project: no rule lets it spend, nothing reaches the owner
             other = await joined(east.url, "OTHER/mallory")
-            denied = await ask("reserve", {"pool_id": "gpu", "key": "m1", "upper_bound": "1"},
-                               agent=other, name="OTHER/mallory")
+            denied = await ask("reserve", reserve_doc("m1", "1"), agent=other,
+                               name="OTHER/mallory")
             assert denied["spend_result"] == NOT_ADMITTED, denied
             await other.close()
-            got = await ask("reserve", {"pool_id": "gpu", "key": "r1", "upper_bound": "7"})
+            got = await ask("reserve", reserve_doc("r1", "7"))
             assert got["spend_result"]["admitted"] is True, got
             assert got["target"] == "PROJ/alice"
-            refused = await ask("reserve", {"pool_id": "gpu", "key": "r2", "upper_bound": "7"})
+            refused = await ask("reserve", reserve_doc("r2", "7"))
             assert refused["spend_result"] == NOT_ADMITTED
-            found = await ask("query", {"pool_id": "gpu", "key": "r1"})
-            assert found["spend_result"]["reservation"]["upper_bound"] == "7"
+            found = await ask("query", query_doc("r1"))
+            assert found["spend_result"]["response"]["exposure"] == "7"
             # a hub east has no link to: the uniform refusal, at once
             alice._cursor = len(alice.frames)
             await alice.send_json({"sender": "PROJ/alice", "target": "System",
                                    "type": "spend_request", "owner_hub": "elsewhere",
                                    "spend_action": "settle",
-                                   "spend": {"pool_id": "gpu", "key": "r1", "actual": "1"}})
+                                   "spend": settle_doc("rsv-x", "u1", "1")})
             nowhere = await alice.recv(lambda f: f.get("type") == "spend_result")
             assert nowhere["spend_result"] == NOT_SETTLED
             await alice.close()
@@ -231,7 +227,7 @@ def test_a_peer_hub_relays_its_agents_spend_requests_over_the_link(tmp_path, pki
         east.stop()
         owner.stop()
     saved = json.loads(open(ledger).read())
-    assert [(r["caller"], r["key"]) for r in saved["reservations"]] == [("east", "r1")]
+    assert [r["caller"] for r in saved["reservations"].values()] == ["east"]
     assert spend_rows(tmp_path / "owner" / "hubd.db") == 0
     assert spend_rows(tmp_path / "east" / "hubd.db") == 0
 
@@ -241,7 +237,7 @@ def test_pipelined_reserves_are_decided_in_order_one_write_at_a_time(tmp_path, p
     turn: twenty reserves of 1 on a pool of 10, sent without waiting, get
     ten admissions then ten refusals, and the file holds exactly ten."""
     policy = write_serving_policy(tmp_path / "policy", pki, {"east": ["PROJ"]})
-    ledger = ledger_file(tmp_path, {"gpu": {"limit": "10", "unit": "t", "grantees": ["east"]}})
+    ledger = ledger_file(tmp_path, pool_config(hard_bound="10", max_agents=20))
     owner = hubd_process(tmp_path / "owner", *site_flags(pki, "owner", policy).serve,
                          "--spend-ledger", ledger, hub_id="owner", scheme="wss").start()
     try:
@@ -250,8 +246,7 @@ def test_pipelined_reserves_are_decided_in_order_one_write_at_a_time(tmp_path, p
             for i in range(20):
                 await east.send_json({"sender": "east", "target": "System",
                                       "type": "spend_request", "spend_action": "reserve",
-                                      "spend": {"pool_id": "gpu", "key": f"k{i}",
-                                                "upper_bound": "1"}})
+                                      "spend": reserve_doc(f"k{i}", "1")})
             answers = []
             for _ in range(20):
                 got = await east.recv(lambda f: f.get("type") == "spend_result", timeout=20)
@@ -262,6 +257,7 @@ def test_pipelined_reserves_are_decided_in_order_one_write_at_a_time(tmp_path, p
         answers = asyncio.run(scenario())
     finally:
         owner.stop()
-    assert [a.get("key") for a in answers[:10]] == [f"k{i}" for i in range(10)]
+    assert [a["admitted"] for a in answers[:10]] == [True] * 10
+    assert [a["sequence"] for a in answers[:10]] == list(range(2, 12))
     assert answers[10:] == [NOT_ADMITTED] * 10
     assert len(json.loads(open(ledger).read())["reservations"]) == 10
