@@ -365,14 +365,13 @@ def _reserve(ledger: dict, caller: str, doc: dict, now: datetime) -> Decision:
 
 
 def _settle(ledger: dict, caller: str, doc: dict) -> Decision:
-    if (not _exactly(doc, SETTLE_FIELDS) or not all(
+    amount = _amount(doc.get("amount")) if isinstance(doc, dict) else None
+    if (amount is None or not _exactly(doc, SETTLE_FIELDS) or not all(
             _token(doc[f]) for f in ("pool_id", "reservation_id", "usage_ref"))
-            or doc["provenance"] not in PROVENANCES or not isinstance(doc["final"], bool)
-            or _amount(doc["amount"]) is None):
+            or doc["provenance"] not in PROVENANCES or not isinstance(doc["final"], bool)):
         return _refused("settle", ledger, "malformed_document")
     if len(ledger["answers"]) >= MAX_ANSWERS:
         return _refused("settle", ledger, "ledger_full")
-    amount = _amount(doc["amount"])
     scope = "\x00".join(("settle", caller, doc["pool_id"], doc["reservation_id"],
                          doc["usage_ref"]))
     digest = _digest(caller, doc)
