@@ -28,7 +28,6 @@ a refusal changes nothing here.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -243,9 +242,9 @@ def _reserve_scope(caller: str, doc: dict, pool: Pool | None) -> str:
 
 
 def _pool(ledger: dict, pool_id: str) -> Pool | None:
+    """The pool's configuration read (`parse` checked that every one reads)."""
     config = ledger["pools"].get(pool_id)
-    pool = read_pool(config) if config is not None else None
-    return pool if isinstance(pool, Pool) else None
+    return None if config is None else read_pool(config)
 
 
 def _held(ledger: dict, pool: Pool, now: datetime) -> tuple[Decimal, Decimal, set, bool]:
@@ -326,13 +325,18 @@ def _stored(ledger: dict, scope: str, digest: str, action: str) -> Decision | No
     return Decision(stored["response"], ledger)
 
 
-def _changed(ledger: dict, pool_id: str, scope: str, digest: str, response: dict) -> dict:
-    """A copy of the ledger with the pool's sequence moved on and `response`
-    stored for `scope` (the caller then records the change itself in it)."""
-    new = copy.deepcopy(ledger)
-    new["sequences"][pool_id] = new["sequences"].get(pool_id, 1) + 1
-    new["answers"][scope] = {"digest": digest, "response": response}
-    return new
+def _changed(ledger: dict, pool_id: str, scope: str, digest: str, response: dict,
+             reservation_id: str, entry: dict) -> dict:
+    """The ledger after a grant or a settlement: the pool's sequence moved on,
+    `response` stored for `scope`, the reservation's entry put in. The ledger
+    before stays as it was: the three maps are copied, not their entries (an
+    entry is replaced, never edited), so a change costs no deep copy of up to
+    MAX_RESERVATIONS entries on the Router's task."""
+    sequences = ledger["sequences"]
+    return {**ledger,
+            "sequences": {**sequences, pool_id: sequences.get(pool_id, 1) + 1},
+            "answers": {**ledger["answers"], scope: {"digest": digest, "response": response}},
+            "reservations": {**ledger["reservations"], reservation_id: entry}}
 
 
 def _reserve(ledger: dict, caller: str, doc: dict, now: datetime) -> Decision:
@@ -356,12 +360,11 @@ def _reserve(ledger: dict, caller: str, doc: dict, now: datetime) -> Decision:
     answer = {"admitted": True, "reservation_id": reservation_id, "pool_id": pool.pool_id,
               "epoch": pool.epoch, "config_revision": 1, "sequence": sequence,
               "expires_at": expires_at, "exposure": exposure, "unit": pool.unit}
-    new = _changed(ledger, pool.pool_id, scope, digest, answer)
-    new["reservations"][reservation_id] = {
-        "caller": caller, "pool_id": pool.pool_id, "seat": doc["seat"],
-        "project": doc["project"], "exposure": exposure, "expires_at": expires_at,
-        "window": pool.window, "settled": "0", "closed": False, "overrun": False}
-    return Decision(answer, new)
+    entry = {"caller": caller, "pool_id": pool.pool_id, "seat": doc["seat"],
+             "project": doc["project"], "exposure": exposure, "expires_at": expires_at,
+             "window": pool.window, "settled": "0", "closed": False, "overrun": False}
+    return Decision(answer, _changed(ledger, pool.pool_id, scope, digest, answer,
+                                     reservation_id, entry))
 
 
 def _settle(ledger: dict, caller: str, doc: dict) -> Decision:
@@ -388,12 +391,10 @@ def _settle(ledger: dict, caller: str, doc: dict) -> Decision:
         overrun = total > Decimal(entry["exposure"])
     answer = {"settled": True, "reservation_id": doc["reservation_id"],
               "usage_ref": doc["usage_ref"], "overrun": overrun}
-    new = _changed(ledger, doc["pool_id"], scope, digest, answer)
-    changed = new["reservations"][doc["reservation_id"]]
-    changed["settled"] = str(total)
-    changed["overrun"] = changed["overrun"] or overrun
-    changed["closed"] = doc["final"]
-    return Decision(answer, new)
+    settled = {**entry, "settled": str(total), "overrun": entry["overrun"] or overrun,
+               "closed": doc["final"]}
+    return Decision(answer, _changed(ledger, doc["pool_id"], scope, digest, answer,
+                                     doc["reservation_id"], settled))
 
 
 def _query(ledger: dict, caller: str, doc: dict) -> Decision:
