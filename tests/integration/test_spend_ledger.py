@@ -24,13 +24,12 @@ import pytest
 from federation.tls import peer_client_context
 from tests.support.federation import make_pki, site_flags, write_serving_policy
 from tests.support.procs import hubd_process
-from tests.support.spend_docs import ledger_file, pool_config, query_doc, reserve_doc, settle_doc
+from tests.support.spend_docs import (REFUSED, ledger_file, pool_config, query_doc, reserve_doc,
+                                      settle_doc)
 from tests.support.waiting import wait_for
 from tests.support.wsprobe import WsProbe, joined
 
-NOT_ADMITTED = {"admitted": False, "reason": "not-admitted"}
-NOT_SETTLED = {"settled": False, "reason": "not-admitted"}
-NOT_FOUND = {"found": False}
+NOT_ADMITTED, NOT_SETTLED, NOT_FOUND = (REFUSED[a] for a in ("reserve", "settle", "query"))
 
 
 @pytest.fixture

@@ -24,15 +24,11 @@ from federation.tls import peer_client_context
 from tests.support.federation import make_pki, write_serving_policy
 from tests.support.prereq import missing
 from tests.support.procs import hubd_process, reference_env, reference_hub_process
-from tests.support.spend_docs import (ledger_file, pool_config, query_doc, reserve_doc,
-                                      settle_doc)
+from tests.support.spend_docs import (REFUSED, ledger_file, pool_config, query_doc,
+                                      reserve_doc, settle_doc)
 from tests.support.wsprobe import WsProbe
 
 pytestmark = pytest.mark.interop
-
-REFUSED = {"reserve": {"admitted": False, "reason": "not-admitted"},
-           "settle": {"settled": False, "reason": "not-admitted"},
-           "query": {"found": False}}
 
 CONFLICT = {"reserve": {"admitted": False, "reason": "idempotency_conflict"},
             "settle": {"settled": False, "reason": "idempotency_conflict"}}

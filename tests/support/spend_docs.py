@@ -9,6 +9,11 @@ import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+# the one refusal a peer gets, per action, whatever the cause
+REFUSED = {"reserve": {"admitted": False, "reason": "not-admitted"},
+           "settle": {"settled": False, "reason": "not-admitted"},
+           "query": {"found": False}}
+
 
 def pool_config(pool_id: str = "gpu", owner: str = "owner", grantees=(("east", "PROJ"),),
                 hard_bound: str = "100", unit: str = "tokens", max_agents: int = 8,
