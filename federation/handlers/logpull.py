@@ -146,7 +146,13 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
                                                   granted, page_chain))
         await _note_pull(hub, sender, after)
 
-    task = asyncio.get_running_loop().create_task(serve(), name=f"log-pull-{target}")
-    serving.add(task)
-    task.add_done_callback(serving.discard)
-    hub.track(task)
+    def start() -> None:
+        task = asyncio.get_running_loop().create_task(serve(), name=f"log-pull-{target}")
+        serving.add(task)
+        task.add_done_callback(serving.discard)
+        hub.track(task)
+
+    # Started once this command is released, so the page goes out after every
+    # answer the link's earlier frames got (they wait for the writer's commit;
+    # the page does not), as the mailbox and inbox pages do.
+    router.after_release(start)

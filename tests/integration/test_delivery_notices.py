@@ -385,3 +385,63 @@ def test_a_bad_acknowledgement_changes_nothing(tmp_path, pki):
         assert journal() == before  # nothing journaled, nothing settled
     finally:
         west.stop()
+
+
+def test_a_log_page_comes_after_the_answers_to_the_links_earlier_frames(tmp_path, pki):
+    """A peer's link sends a malformed ack, then a log pull; a local agent keeps
+    west's writer committing meanwhile. The error (released after the writer's
+    commit of its round) must reach the link before the page (read from the
+    journal on another thread): a link's answers come in the order it asked."""
+    import aiohttp
+
+    from federation.tls import peer_client_context
+    from tests.support.wsprobe import WsProbe
+
+    west = start_west(tmp_path, pki)
+
+    async def scenario() -> list[list[str]]:
+        chatter = await WsProbe.open(west.url)
+        await chatter.recv_type("welcome")
+        await chatter.register("PROJ/chatter")
+        busy = True
+
+        async def chat_on():
+            n = 0
+            while busy:
+                n += 1
+                await chatter.chat("PROJ/chatter", "all", f"note {n}")
+                await asyncio.sleep(0)
+
+        chatting = asyncio.create_task(chat_on())
+        context = peer_client_context(pki.file("east", "client", "cert"),
+                                      pki.file("east", "client", "key"))
+        rounds = []
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.ws_connect(west.url, ssl=context) as ws:
+                    await ws.receive_json(timeout=5)  # the welcome
+                    await ws.send_json({"sender": "east", "target": "System", "type": "heartbeat",
+                                        "payload": "online", "protocol_version": 6})
+                    for _ in range(40):
+                        await ws.send_json({"sender": "east", "target": "System", "payload": "",
+                                            "type": "multihub_delivery_notices_ack", "acks": "x"})
+                        await ws.send_json({"sender": "east", "target": "all", "payload": "",
+                                            "type": "multihub_log_request", "after_seq": 0,
+                                            "limit": 1})
+                        seen = []
+                        while "multihub_log_snapshot" not in seen:
+                            type_ = (await ws.receive_json(timeout=5))["type"]
+                            if type_ in ("error", "multihub_log_snapshot"):
+                                seen.append(type_)
+                        rounds.append(seen)
+        finally:
+            busy = False
+            await chatting
+            await chatter.close()
+        return rounds
+
+    try:
+        rounds = asyncio.run(scenario())
+        assert rounds == [["error", "multihub_log_snapshot"]] * 40, rounds
+    finally:
+        west.stop()
