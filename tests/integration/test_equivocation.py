@@ -187,14 +187,17 @@ async def rogue_claim(url, task_id):
     return granted
 
 
-def assert_quarantined_and_unchanged(east, east_dir, cursor_before):
+def assert_quarantined_and_unchanged(east, east_dir, cursor_before, partitions_before=()):
+    """`partitions_before`: the partition rows east had journaled when it
+    caught up (a poll that lands while west_history's claim is live sees a
+    contest and journals one, healed by the release; nothing after may)."""
     status = watch(east)
     assert status["quarantined"] is True
     assert status["cursor"] == cursor_before  # the refused batch published nothing
     health = east.get_json("/health")["multihub"]
     assert health["quarantined"] == ["west"]
     assert health["partitioned"] == []  # west's post-tamper claim was never folded
-    assert rows(east_dir, "multihub_partition") == []
+    assert rows(east_dir, "multihub_partition") == list(partitions_before)
     polls = status["polls"]
     time.sleep(3 * WATCH_INTERVAL)  # three polls, were east still polling west
     assert watch(east)["polls"] == polls, "east kept polling a quarantined peer"
@@ -209,6 +212,7 @@ def test_rewritten_served_event_quarantines_the_peer(tmp_path, pair):
     wait_for(lambda: caught_up(east, west_dir), what="east caught up with west")
     cursor = watch(east)["cursor"]
     assert east.get_json("/health")["multihub"]["partitioned"] == []
+    partitions = rows(east_dir, "multihub_partition")
 
     # west's operator rewrites a chat east has already accepted
     west.stop()
@@ -226,7 +230,7 @@ def test_rewritten_served_event_quarantines_the_peer(tmp_path, pair):
     assert row["peer_id"] == "west" and row["seq"] == served
     assert row["observer_id"] == "east" and row["status"] == "quarantined"
     assert row["accepted_fingerprint"] != row["conflicting_fingerprint"]
-    assert_quarantined_and_unchanged(east, east_dir, cursor)
+    assert_quarantined_and_unchanged(east, east_dir, cursor, partitions)
     assert len(rows(east_dir, MULTIHUB_EQUIVOCATION)) == 1
     # digests only: the rewritten content never reaches east's journal
     assert not any(MARKER in payload for *_x, payload in journal(east_dir))
@@ -235,7 +239,7 @@ def test_rewritten_served_event_quarantines_the_peer(tmp_path, pair):
     east.stop()
     east.start()
     assert watch(east)["quarantined"] is True
-    assert_quarantined_and_unchanged(east, east_dir, 0)
+    assert_quarantined_and_unchanged(east, east_dir, 0, partitions)
     east.stop()
 
     refused = recover(east_dir, "south")
@@ -304,6 +308,7 @@ def test_journaled_quarantine_survives_restart_and_recovery_repolls_from_zero(tm
     east = make("east").start()
     asyncio.run(west_history(url["west"]))
     wait_for(lambda: caught_up(east, west_dir), what="east caught up with west")
+    partitions = rows(east_dir, "multihub_partition")
     east.stop()
     # the row the watcher journals on equivocation, written while east is stopped
     error = Equivocation("west", 2, "a" * 64, "b" * 64)
@@ -316,12 +321,12 @@ def test_journaled_quarantine_survives_restart_and_recovery_repolls_from_zero(tm
     east.start()
     status = watch(east)
     assert status["quarantined"] is True and status["polls"] == 0
-    assert_quarantined_and_unchanged(east, east_dir, 0)
+    assert_quarantined_and_unchanged(east, east_dir, 0, partitions)
     assert watch(east)["polls"] == 0
     # a second restart: still quarantined
     east.stop()
     east.start()
-    assert_quarantined_and_unchanged(east, east_dir, 0)
+    assert_quarantined_and_unchanged(east, east_dir, 0, partitions)
 
     running = recover(east_dir, "west")
     assert running.returncode == 2 and "stop the hub first" in running.stderr
