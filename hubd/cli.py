@@ -295,10 +295,12 @@ class Reloader:
 
 
 async def serve(config: HubConfig, reloader: Reloader) -> int:
+    from hubd import loop_errors
     from hubd.server import HubServer, StartupError
 
     log = structlog.get_logger("hubd")
     server = HubServer(config)
+    loop_errors.install(asyncio.get_running_loop(), server.hub.metrics)
     collect_again()
     try:
         await server.start()

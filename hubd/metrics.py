@@ -55,6 +55,7 @@ class HubMetrics:
         self.send_queue_overflows = 0
         self.send_timeouts = 0
         self.send_aborts = 0
+        self.transport_closed_twice = 0  # hubd/loop_errors.py
         self.handler_crashes = 0
         # rebuilds of the Router's state from the journal, by why; their time;
         # every event a replay applied (at start and in rebuilds)
@@ -275,6 +276,10 @@ class _Collector:
                                   "Stalled sockets aborted because even their graceful close "
                                   "did not drain within a second.",
                                   value=m.send_aborts)
+        yield CounterMetricFamily("hubd_transport_closed_twice",
+                                  "A closed socket's teardown that CPython's asyncio ran a "
+                                  "second time (hubd/loop_errors.py); the connection was "
+                                  "already gone.", value=m.transport_closed_twice)
         yield CounterMetricFamily("hubd_handler_crashes",
                                   "Connections closed 1011 after an unexpected handler exception.",
                                   value=m.handler_crashes)

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Lowest first. A module may import modules of its own layer or of a lower one.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("wire", ("hubd.wire",)),
-    ("base", ("hubd.logs", "hubd.metrics", "hubd.faults", "hubd.state", "hubd.journal",
+    ("base", ("hubd.logs", "hubd.loop_errors", "hubd.metrics", "hubd.faults", "hubd.state", "hubd.journal",
               "hubd.config", "hubd.config_file", "hubd.owner_only", "hubd.timing",
               "hubd.evidence_config",
               "hubd.health", "hubd.auth_log")),
