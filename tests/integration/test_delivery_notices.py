@@ -9,6 +9,7 @@ stage changed. Polling (delivery_status_request) keeps answering."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import time
@@ -75,6 +76,30 @@ async def admitted(west, east):
     offer = await bob.offer("r1")
     await alice.close()
     return bob, offer
+
+
+# a frame west answers with one page: the round trip that says everything before it was handled
+LOG_ROUND_TRIP = {"sender": "east", "target": "all", "payload": "",
+                  "type": "multihub_log_request", "after_seq": 0, "limit": 1}
+
+
+@contextlib.asynccontextmanager
+async def east_link(west, pki):
+    """A hand-written east's link to west: its client certificate (mutual
+    TLS), welcomed, registered as a peer that takes delivery notices."""
+    import aiohttp
+
+    from federation.tls import peer_client_context
+
+    context = peer_client_context(pki.file("east", "client", "cert"),
+                                  pki.file("east", "client", "key"))
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(west.url, ssl=context) as ws:
+            await ws.receive_json(timeout=5)  # the welcome
+            await ws.send_json({"sender": "east", "target": "System", "type": "heartbeat",
+                                "payload": "online", "protocol_version": 6,
+                                "hubd_features": ["delivery_notices"]})
+            yield ws
 
 
 def west_outbox(west) -> int:
@@ -327,9 +352,6 @@ def test_a_bad_acknowledgement_changes_nothing(tmp_path, pki):
     sends a malformed ack and an ack naming another origin's requester; a
     local agent sends the hub-to-hub verb. Each is refused or ignored and the
     journal does not change."""
-    import aiohttp
-
-    from federation.tls import peer_client_context
     from tests.support.wsprobe import WsProbe
 
     west = start_west(tmp_path, pki)
@@ -343,28 +365,18 @@ def test_a_bad_acknowledgement_changes_nothing(tmp_path, pki):
             con.close()
 
     async def scenario():
-        context = peer_client_context(pki.file("east", "client", "cert"),
-                                      pki.file("east", "client", "key"))
         answers = []
-        async with aiohttp.ClientSession() as http:
-            async with http.ws_connect(west.url, ssl=context) as ws:
-                await ws.receive_json(timeout=5)  # the welcome
-                await ws.send_json({"sender": "east", "target": "System", "type": "heartbeat",
-                                    "payload": "online", "protocol_version": 6,
-                                    "hubd_features": ["delivery_notices"]})
-                for acks in ("x", [{"audience": 1}],
-                             [{"audience": "PROJ/alice@north", "notification_id": "n1"}]):
-                    await ws.send_json({"sender": "east", "target": "System", "payload": "",
-                                        "type": "multihub_delivery_notices_ack", "acks": acks})
-                # a round trip: everything before it was handled
-                await ws.send_json({"sender": "east", "target": "all", "payload": "",
-                                    "type": "multihub_log_request", "after_seq": 0,
-                                    "limit": 1})
-                while True:
-                    frame = await ws.receive_json(timeout=5)
-                    if frame.get("type") == "multihub_log_snapshot":
-                        break
-                    answers.append(frame)
+        async with east_link(west, pki) as ws:
+            for acks in ("x", [{"audience": 1}],
+                         [{"audience": "PROJ/alice@north", "notification_id": "n1"}]):
+                await ws.send_json({"sender": "east", "target": "System", "payload": "",
+                                    "type": "multihub_delivery_notices_ack", "acks": acks})
+            await ws.send_json(LOG_ROUND_TRIP)
+            while True:
+                frame = await ws.receive_json(timeout=5)
+                if frame.get("type") == "multihub_log_snapshot":
+                    break
+                answers.append(frame)
         local = await WsProbe.open(west.url)
         await local.recv_type("welcome")
         await local.register("PROJ/mallory")
@@ -392,9 +404,6 @@ def test_a_log_page_comes_after_the_answers_to_the_links_earlier_frames(tmp_path
     west's writer committing meanwhile. The error (released after the writer's
     commit of its round) must reach the link before the page (read from the
     journal on another thread): a link's answers come in the order it asked."""
-    import aiohttp
-
-    from federation.tls import peer_client_context
     from tests.support.wsprobe import WsProbe
 
     west = start_west(tmp_path, pki)
@@ -406,34 +415,28 @@ def test_a_log_page_comes_after_the_answers_to_the_links_earlier_frames(tmp_path
         busy = True
 
         async def chat_on():
+            # to itself, paced: commits all along, within the chat quota, and
+            # nothing for east's link to queue before it registers
             n = 0
             while busy:
                 n += 1
-                await chatter.chat("PROJ/chatter", "all", f"note {n}")
-                await asyncio.sleep(0)
+                await chatter.chat("PROJ/chatter", "PROJ/chatter", f"note {n}")
+                await asyncio.sleep(0.002)
 
         chatting = asyncio.create_task(chat_on())
-        context = peer_client_context(pki.file("east", "client", "cert"),
-                                      pki.file("east", "client", "key"))
         rounds = []
         try:
-            async with aiohttp.ClientSession() as http:
-                async with http.ws_connect(west.url, ssl=context) as ws:
-                    await ws.receive_json(timeout=5)  # the welcome
-                    await ws.send_json({"sender": "east", "target": "System", "type": "heartbeat",
-                                        "payload": "online", "protocol_version": 6})
-                    for _ in range(40):
-                        await ws.send_json({"sender": "east", "target": "System", "payload": "",
-                                            "type": "multihub_delivery_notices_ack", "acks": "x"})
-                        await ws.send_json({"sender": "east", "target": "all", "payload": "",
-                                            "type": "multihub_log_request", "after_seq": 0,
-                                            "limit": 1})
-                        seen = []
-                        while "multihub_log_snapshot" not in seen:
-                            type_ = (await ws.receive_json(timeout=5))["type"]
-                            if type_ in ("error", "multihub_log_snapshot"):
-                                seen.append(type_)
-                        rounds.append(seen)
+            async with east_link(west, pki) as ws:
+                for _ in range(40):
+                    await ws.send_json({"sender": "east", "target": "System", "payload": "",
+                                        "type": "multihub_delivery_notices_ack", "acks": "x"})
+                    await ws.send_json(LOG_ROUND_TRIP)
+                    seen = []
+                    while "multihub_log_snapshot" not in seen:
+                        type_ = (await ws.receive_json(timeout=5))["type"]
+                        if type_ in ("error", "multihub_log_snapshot"):
+                            seen.append(type_)
+                    rounds.append(seen)
         finally:
             busy = False
             await chatting
