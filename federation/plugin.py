@@ -62,7 +62,9 @@ class Federation:
         self.serving_policy = None  # federation.policy.ServingPolicy, when serving peers
         self.peer_links = None  # federation.actors.peers.PeerLinks: one link per peer hub
         self.server_ssl = None  # the listener's SSLContext (its certificate reloads on SIGHUP)
-        self.log_pulls: set = set()  # log pulls being read (handlers/logpull.py bounds them)
+        # log pulls admitted: each one's task, or its ticket until the task starts
+        # (handlers/logpull.py bounds them)
+        self.log_pulls: set = set()
         self.pulls_noted: dict[str, int] = {}  # peer -> the after_seq last noted in the journal
 
     def plugin(self) -> Plugin:

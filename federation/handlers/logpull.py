@@ -146,7 +146,11 @@ def log_request(router: Router, session: Session, frame: dict, size: int) -> Non
                                                   granted, page_chain))
         await _note_pull(hub, sender, after)
 
+    ticket = object()  # the pull's place in `serving` (the bound) until its task starts
+    serving.add(ticket)
+
     def start() -> None:
+        serving.discard(ticket)
         task = asyncio.get_running_loop().create_task(serve(), name=f"log-pull-{target}")
         serving.add(task)
         task.add_done_callback(serving.discard)
