@@ -28,7 +28,7 @@ from tests.integration.test_equivocation import (agent, caught_up, east_watching
                                                  max_seq, rows, watch)
 from tests.integration.test_journal_chain import change_payload
 from tests.integration.test_journal_verify import verify
-from tests.support.procs import REPO
+from tests.support.procs import REPO, free_port
 from tests.support.waiting import wait_for
 
 EVERY = 4  # west's --checkpoint-every
@@ -107,8 +107,13 @@ def test_two_signed_heads_for_one_seq_are_kept_as_proof(tmp_path, pair):
         (west_dir / f"hubd.db{suffix}").unlink(missing_ok=True)
     shutil.copyfile(backup, west_dir / "hubd.db")
     (west_dir / "hubd.db").chmod(0o600)
-    west.start()
-    asyncio.run(chats(url["west"], "a different history", 2 * EVERY))
+    # the new history written out of east's sight, then served whole: east's
+    # first pull of it holds west's new signed heads (polled while half-written,
+    # it could meet a changed event before any new checkpoint: conflicting_offer)
+    scribe = make("west", port=free_port()).start()
+    asyncio.run(chats(scribe.url, "a different history", 2 * EVERY))
+    scribe.stop()
+    make("west").start()
     assert max_seq(west_dir) >= cursor
 
     found = wait_for(lambda: rows(east_dir, MULTIHUB_EQUIVOCATION), timeout=20,

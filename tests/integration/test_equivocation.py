@@ -102,7 +102,8 @@ def east_watching_west(tmp_path, flags: tuple[str, ...] = ()):
     url = {hub: f"wss://127.0.0.1:{port}/" for hub, port in ports.items()}
     procs = {}
 
-    def make(hub):
+    def make(hub, port=None):
+        """`port`: another than the one east watches (west, out of east's sight)."""
         grants = {"west": ["PROJ"]} if hub == "east" else {"east": ["PROJ"]}
         policy = write_serving_policy(tmp_path / f"{hub}-policy", pki, grants)
         site = site_flags(pki, hub, policy)
@@ -112,7 +113,7 @@ def east_watching_west(tmp_path, flags: tuple[str, ...] = ()):
                       f"west={url['west']}", "--multihub-watch-pin",
                       f"west={pki.server_pin('west')}"]
         proc = hubd_process(tmp_path / hub, *site.serve, *site.connect, *extra, hub_id=hub,
-                            port=ports[hub], scheme="wss",
+                            port=port or ports[hub], scheme="wss",
                             timing=Timing(watch_interval=WATCH_INTERVAL))
         procs[hub] = proc
         return proc
